@@ -1,0 +1,117 @@
+"""Reading records (one JSON object each) from JSONL, JSON and plain-text files given as paths or glob patterns.
+
+- ``.jsonl``: one JSON object per line; blank lines are skipped.
+- ``.json``: a list of JSON objects.
+- ``.txt``: one record ``{"text": ...}`` per paragraph, paragraphs being separated by one or more blank lines.
+  Paragraphs (rather than whole files) keep documents near the sequence length of a finetuning run; join the file
+  into a single paragraph if it must stay one document.
+
+Every record remembers where it came from (``file:line``) so that later errors can name it.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import re
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".txt")
+
+
+@dataclass(frozen=True)
+class Record:
+    """One training example: its fields and its origin (``file:line``) for error messages."""
+
+    data: dict[str, Any] = field(hash=False)
+    origin: str
+
+
+def expand_paths(patterns: str | Iterable[str]) -> list[Path]:
+    """Resolve paths and glob patterns (``**`` allowed) to a sorted, de-duplicated list of files, in pattern order.
+
+    Raises:
+        ValueError: A pattern matches nothing, or a file has an unsupported suffix.
+    """
+    patterns = [patterns] if isinstance(patterns, str) else list(patterns)
+    files: list[Path] = []
+    for pattern in patterns:
+        matches = sorted(glob.glob(str(pattern), recursive=True)) if glob.has_magic(str(pattern)) else [str(pattern)]
+        matches = [m for m in matches if Path(m).is_file()]
+        if not matches:
+            raise ValueError(f"No data file matches {pattern!r} (working directory: {Path.cwd()}); check the path.")
+        files += [Path(m) for m in matches if Path(m) not in files]
+    for path in files:
+        if path.suffix not in SUPPORTED_SUFFIXES:
+            raise ValueError(
+                f"Unsupported data file {str(path)!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)} "
+                "(JSON lines, a JSON list of objects, or plain text)."
+            )
+    return files
+
+
+def read_records(patterns: str | Iterable[str]) -> list[Record]:
+    """Read every record of the files matched by ``patterns``.
+
+    Raises:
+        ValueError: A pattern matches nothing, a file is malformed (the message names file and line), or there are
+            no records at all.
+    """
+    records: list[Record] = []
+    for path in expand_paths(patterns):
+        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_text}[path.suffix]
+        records += reader(path)
+    if not records:
+        raise ValueError(f"The data set {patterns!r} is empty: its files hold no records.")
+    return records
+
+
+def _check_object(value: Any, origin: str) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise ValueError(f'{origin}: expected a JSON object (e.g. {{"text": ...}}), got {type(value).__name__}.')
+    return value
+
+
+def _read_jsonl(path: Path) -> list[Record]:
+    records = []
+    with path.open(encoding="utf-8") as file:
+        for number, line in enumerate(file, start=1):
+            if not line.strip():
+                continue
+            origin = f"{path}:{number}"
+            try:
+                value = json.loads(line)
+            except json.JSONDecodeError as error:
+                raise ValueError(
+                    f"{origin}: invalid JSON ({error.msg}, column {error.colno}). Each line of a .jsonl file must be "
+                    "one complete JSON object."
+                ) from None
+            records.append(Record(_check_object(value, origin), origin))
+    return records
+
+
+def _read_json(path: Path) -> list[Record]:
+    text = path.read_text(encoding="utf-8")
+    try:
+        value = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(
+            f"{path}:{error.lineno}: invalid JSON ({error.msg}, column {error.colno}). A .json data file must hold "
+            "a list of JSON objects."
+        ) from None
+    if not isinstance(value, list):
+        raise ValueError(f"{path}: a .json data file must hold a list of JSON objects, got {type(value).__name__}.")
+    # json does not report element positions; the index is the next best way to point at a record.
+    return [Record(_check_object(item, f"{path}[{index}]"), f"{path}[{index}]") for index, item in enumerate(value)]
+
+
+def _read_text(path: Path) -> list[Record]:
+    text = path.read_text(encoding="utf-8")
+    records = []
+    for match in re.finditer(r"\S(?:.|\n(?![ \t]*\n))*", text):
+        line = text.count("\n", 0, match.start()) + 1
+        records.append(Record({"text": match.group().rstrip()}, f"{path}:{line}"))
+    return records

@@ -1,0 +1,54 @@
+"""LoRA (low-rank adapters, Hu et al. 2021, https://arxiv.org/abs/2106.09685) through the ``peft`` library."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from transformers import PreTrainedModel
+
+
+@dataclass(frozen=True)
+class LoRAArgs:
+    """LoRA settings.
+
+    Args:
+        r: Rank of the update matrices (>= 1).
+        alpha: Scaling numerator; the update is multiplied by ``alpha / r``.
+        dropout: Dropout on the LoRA branch's input, in [0, 1).
+        target_modules: Names of the linear layers to adapt; ``None`` uses peft's default for the architecture
+            (e.g. ``q_proj`` and ``v_proj`` for Llama), ``["all-linear"]`` adapts every linear layer but the head.
+    """
+
+    r: int = 8
+    alpha: int = 16
+    dropout: float = 0.0
+    target_modules: list[str] | None = None
+
+    def problems(self) -> list[str]:
+        found = []
+        if self.r < 1:
+            found.append(f"lora.r must be >= 1, got {self.r}")
+        if not 0.0 <= self.dropout < 1.0:
+            found.append(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        return found
+
+    @property
+    def scaling(self) -> float:
+        return self.alpha / self.r
+
+
+def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
+    """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable."""
+    try:
+        from peft import LoraConfig, get_peft_model
+    except ImportError as err:
+        raise ImportError("LoRA needs the 'peft' package: pip install 'gym-lightning[lora]'.") from err
+    target = args.target_modules
+    config = LoraConfig(
+        r=args.r,
+        lora_alpha=args.alpha,
+        lora_dropout=args.dropout,
+        target_modules="all-linear" if target == ["all-linear"] else target,
+        task_type="CAUSAL_LM",
+    )
+    return get_peft_model(model, config)

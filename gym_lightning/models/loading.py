@@ -1,0 +1,109 @@
+"""Resolve a model reference (preset, local folder or hub name) into a ``transformers`` causal LM.
+
+Resolution order: a built-in preset name, then an existing local folder, then a Hugging Face Hub name. Nothing
+here knows about parallelism: strategies wrap the call in their own construction context (``zero.Init``, meta
+device, ...), which is why the module calls it from ``configure_model``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
+
+from gym_lightning.models.presets import PRESETS, is_preset, preset_config
+
+DType = Literal["auto", "float32", "bfloat16", "float16"]
+AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
+
+_WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+
+
+def _offline_hint(source: str) -> str:
+    return (
+        f"Could not load {source!r}: it is not a built-in preset, not an existing local folder, and could not be "
+        "fetched from the Hugging Face Hub (no network, a typo, or a gated repository). Pass a local folder that "
+        f"holds config.json and weights, or a preset: {', '.join(sorted(PRESETS))}."
+    )
+
+
+def load_model_config(source: str, overrides: dict[str, Any] | None, trust_remote_code: bool) -> PretrainedConfig:
+    """The model config for ``source`` with ``overrides`` applied; errors name unknown override keys."""
+    if is_preset(source):
+        config = preset_config(source)
+    else:
+        try:
+            config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        except OSError as err:
+            raise ValueError(_offline_hint(source)) from err
+    return apply_config_overrides(config, overrides or {})
+
+
+def apply_config_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> PretrainedConfig:
+    """A new config of the same class with ``overrides`` passed to its constructor.
+
+    Rebuilding (rather than setting attributes) lets the class re-derive dependent fields; per-layer lists such as
+    ``layer_types`` are dropped when the layer count changes so that they are derived again for the new count.
+    """
+    unknown = sorted(key for key in overrides if not hasattr(config, key))
+    if unknown:
+        raise ValueError(
+            f"config_overrides has keys that {type(config).__name__} does not define: {', '.join(unknown)}. "
+            "Use attribute names from the model's config.json (e.g. num_hidden_layers, hidden_size)."
+        )
+    if not overrides:
+        return config
+    values = config.to_dict()
+    if "num_hidden_layers" in overrides and "layer_types" not in overrides:
+        values.pop("layer_types", None)
+    values.update(overrides)
+    return type(config)(**values)
+
+
+def _torch_dtype(dtype: DType | None) -> torch.dtype | str | None:
+    return dtype if dtype in (None, "auto") else getattr(torch, dtype)
+
+
+def _has_weights(source: str) -> bool:
+    folder = Path(source)
+    return not folder.is_dir() or any((folder / name).exists() for name in _WEIGHT_FILES)
+
+
+def build_causal_lm(
+    source: str,
+    *,
+    pretrained: bool = True,
+    config_overrides: dict[str, Any] | None = None,
+    dtype: DType | None = None,
+    attn_implementation: AttnImplementation | None = None,
+    trust_remote_code: bool = False,
+) -> PreTrainedModel:
+    """Build the model named by ``source``.
+
+    Presets are always randomly initialised. Folders and hub names load their weights unless ``pretrained`` is
+    False (a config-only folder then gives a randomly initialised model of that shape, e.g. for benchmarks).
+    """
+    config = load_model_config(source, config_overrides, trust_remote_code)
+    options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
+    if dtype is not None:
+        options["dtype"] = _torch_dtype(dtype)
+    if attn_implementation is not None:
+        options["attn_implementation"] = attn_implementation
+    if is_preset(source) or not pretrained:
+        return AutoModelForCausalLM.from_config(config, **options)
+    if not _has_weights(source):
+        raise ValueError(
+            f"The folder {source!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}). "
+            "Add the weights, or set model.pretrained=false to train that shape from a random initialisation."
+        )
+    try:
+        return AutoModelForCausalLM.from_pretrained(source, config=config, **options)
+    except OSError as err:
+        raise ValueError(_offline_hint(source)) from err

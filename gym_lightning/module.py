@@ -1,0 +1,244 @@
+"""``CausalLMModule``: finetune any Hugging Face causal LM with Lightning."""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+from torch.optim.lr_scheduler import LambdaLR
+from torchmetrics import MeanMetric
+from typing_extensions import override
+
+from gym_lightning._compat import rank_zero_warn
+from gym_lightning.data.loader import STEP_TOKENS_KEY
+from gym_lightning.export import export_from_trainer
+from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
+from gym_lightning.lora import LoRAArgs, apply_lora
+from gym_lightning.loss import count_target_tokens, summed_cross_entropy
+from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm
+from gym_lightning.models.presets import is_preset
+from gym_lightning.optim import SchedulerName, lr_multiplier, resolve_warmup_steps, weight_decay_groups
+from gym_lightning.tokenizer import load_tokenizer
+
+
+def resolve_tokenizer_source(model: str, tokenizer: str | None) -> str | None:
+    """The tokenizer to use: an explicit one, else the model's own (presets use the shipped one, ``None``)."""
+    if tokenizer is not None:
+        return tokenizer
+    return None if is_preset(model) else model
+
+
+class CausalLMModule(pl.LightningModule):
+    """Finetune a Hugging Face causal language model.
+
+    The model is built in ``configure_model`` so that strategies can shard it while it is created. The training
+    loss of an optimizer step is the sum of target-token cross-entropies divided by the number of target tokens in
+    the whole step, over all gradient-accumulation micro-batches and all data-parallel ranks (see
+    ``gym_lightning.loss``).
+
+    Args:
+        model: A built-in preset (``tiny-llama``, ``tiny-qwen3``), a local folder with ``config.json`` (and weights),
+            or a Hugging Face Hub name.
+        tokenizer: Tokenizer folder or hub name; ``None`` uses the model's own (the shipped one for presets).
+        pretrained: Load the weights of a folder or hub model; False trains its shape from a random init.
+        config_overrides: Attributes set on the model config before building (e.g. ``{"num_hidden_layers": 2}``).
+        torch_dtype: Parameter dtype: ``auto`` (the checkpoint's), ``float32``, ``bfloat16``, ``float16``; ``None``
+            keeps transformers' default. Mixed precision is the Trainer's ``precision``.
+        attn_implementation: ``eager``, ``sdpa``, ``flash_attention_2``, ``flex_attention``; ``None`` lets
+            transformers choose.
+        gradient_checkpointing: Recompute activations in the backward pass (transformers' own checkpointing).
+        trust_remote_code: Allow code from the model's repository to run. Off by default: it executes remote code.
+        lora: LoRA settings; ``None`` finetunes all parameters.
+        lr: Peak learning rate of AdamW (> 0).
+        weight_decay: AdamW weight decay, applied to matrices only (not to biases and norm weights).
+        betas: AdamW betas.
+        eps: AdamW epsilon.
+        scheduler: ``cosine``, ``linear`` (decay to ``min_lr_ratio * lr``) or ``constant``, after warm-up.
+        warmup_steps: Linear warm-up length in optimizer steps; wins over ``warmup_ratio`` when > 0.
+        warmup_ratio: Warm-up length as a fraction of the Trainer's total optimizer steps, in [0, 1).
+        min_lr_ratio: Final learning rate as a fraction of ``lr``, in [0, 1].
+        generation: How completions are generated for ``predict`` and the exact-match metric.
+        val_exact_match: Also score greedy completions of the validation prompts against their references.
+        export_dir: Write a Hugging Face folder here at the end of ``fit``; ``None`` skips the export.
+    """
+
+    def __init__(
+        self,
+        model: str = "tiny-llama",
+        tokenizer: str | None = None,
+        pretrained: bool = True,
+        config_overrides: dict[str, Any] | None = None,
+        torch_dtype: DType | None = None,
+        attn_implementation: AttnImplementation | None = None,
+        gradient_checkpointing: bool = False,
+        trust_remote_code: bool = False,
+        lora: LoRAArgs | None = None,
+        lr: float = 3e-4,
+        weight_decay: float = 0.0,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        scheduler: SchedulerName = "cosine",
+        warmup_steps: int = 0,
+        warmup_ratio: float = 0.0,
+        min_lr_ratio: float = 0.0,
+        generation: GenerationArgs = GenerationArgs(),  # noqa: B008 - frozen dataclass, safe as a default
+        val_exact_match: bool = False,
+        export_dir: str | None = None,
+    ) -> None:
+        super().__init__()
+        _validate(locals())
+        self.save_hyperparameters()
+        self.model_source = model
+        self.tokenizer_source = resolve_tokenizer_source(model, tokenizer)
+        self.lora = lora
+        self.generation = generation
+        self.model: torch.nn.Module | None = None
+        self.tokenizer = None
+        self.train_loss = MeanMetric()
+        self.val_loss = MeanMetric()
+        self.val_exact_match = MeanMetric()
+        self._warned_no_step_tokens = False
+
+    # ----------------------------------------------------------------------------------------------- building
+    @override
+    def configure_model(self) -> None:
+        if self.model is not None:
+            return
+        hp = self.hparams
+        model = build_causal_lm(
+            self.model_source,
+            pretrained=hp.pretrained,
+            config_overrides=hp.config_overrides,
+            dtype=hp.torch_dtype,
+            attn_implementation=hp.attn_implementation,
+            trust_remote_code=hp.trust_remote_code,
+        )
+        if hp.gradient_checkpointing:
+            model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+            model.config.use_cache = False
+        self.model = apply_lora(model, self.lora) if self.lora is not None else model
+
+    @override
+    def setup(self, stage: str) -> None:
+        if self.tokenizer is None:
+            self.tokenizer = load_tokenizer(self.tokenizer_source, trust_remote_code=self.hparams.trust_remote_code)
+
+    # ----------------------------------------------------------------------------------------------- training
+    def _summed_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+        logits = self.model(
+            input_ids=batch["input_ids"],
+            attention_mask=batch["attention_mask"],
+            position_ids=batch.get("position_ids"),
+            use_cache=False,
+        ).logits
+        return summed_cross_entropy(logits, batch["labels"]), count_target_tokens(batch["labels"])
+
+    def _step_token_count(self, batch: dict[str, Any], local_count: torch.Tensor) -> tuple[torch.Tensor, int]:
+        """Target tokens of this optimizer step over all ranks, and the accumulation factor to undo."""
+        if STEP_TOKENS_KEY in batch:
+            local, undo = batch[STEP_TOKENS_KEY], self.trainer.accumulate_grad_batches
+        else:
+            # Without the window count (a user's own DataLoader) each micro-batch is normalised on its own and
+            # Lightning's division by the accumulation count stays: the usual, length-biased mean.
+            if not self._warned_no_step_tokens:
+                rank_zero_warn(
+                    "Batches carry no 'step_target_tokens': gradient accumulation weights micro-batches equally. "
+                    "Use gym_lightning.data.StepTokenDataLoader (CausalLMDataModule does) for exact token weighting."
+                )
+                self._warned_no_step_tokens = True
+            local, undo = local_count, 1
+        total = self.trainer.strategy.reduce(local.to(self.device, torch.float32), reduce_op="sum")
+        return total, undo
+
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        loss_sum, count = self._summed_loss(batch)
+        step_tokens, undo_accumulation = self._step_token_count(batch, count)
+        self.train_loss(loss_sum.detach() / count.clamp(min=1), weight=count)
+        self.log("train/loss", self.train_loss, on_step=True, on_epoch=False, prog_bar=True)
+        # Strategies average gradients over ranks and Lightning divides by the accumulation count: undo both so
+        # the summed gradient is d(sum of token losses in the step) / (tokens in the step).
+        scale = self.trainer.world_size * undo_accumulation / step_tokens.clamp(min=1.0)
+        return loss_sum * scale
+
+    # ----------------------------------------------------------------------------------------------- evaluation
+    @override
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        loss_sum, count = self._summed_loss(batch)
+        self.val_loss.update(loss_sum / count.clamp(min=1), weight=count)
+        if self.hparams.val_exact_match and "references" in batch:
+            predictions = self._generate(batch)
+            self.val_exact_match.update(exact_match(predictions, batch["references"]).to(self.device))
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        loss = self.val_loss.compute()
+        self.log_dict({"val/loss": loss, "val/ppl": torch.exp(loss)}, prog_bar=True)
+        self.val_loss.reset()
+        if self.hparams.val_exact_match and self.val_exact_match.update_count > 0:
+            self.log("val/exact_match", self.val_exact_match.compute(), prog_bar=True)
+            self.val_exact_match.reset()
+
+    @override
+    def predict_step(self, batch: dict[str, Any], batch_idx: int) -> list[dict[str, str]]:
+        completions = self._generate(batch)
+        return [{"prompt": p, "completion": c} for p, c in zip(batch["prompts"], completions, strict=True)]
+
+    def _generate(self, batch: dict[str, Any]) -> list[str]:
+        return generate_completions(
+            self.model,
+            self.tokenizer,
+            batch["prompt_input_ids"],
+            batch["prompt_attention_mask"],
+            self.generation,
+            synced_gpus=self.trainer.world_size > 1,
+        )
+
+    # ----------------------------------------------------------------------------------------------- optimisation
+    @override
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        groups = weight_decay_groups(self.model.named_parameters(), hp.weight_decay)
+        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
+        total = max(1, int(self.trainer.estimated_stepping_batches))
+        warmup = resolve_warmup_steps(hp.warmup_steps, hp.warmup_ratio, total)
+        schedule = partial(
+            lr_multiplier, name=hp.scheduler, warmup_steps=warmup, total_steps=total, min_lr_ratio=hp.min_lr_ratio
+        )
+        scheduler = {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"}
+        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    # ----------------------------------------------------------------------------------------------- export
+    @override
+    def on_fit_end(self) -> None:
+        if self.hparams.export_dir is None:
+            return
+        scaling = self.lora.scaling if self.lora is not None else None
+        export_from_trainer(self.trainer, self.model, self.tokenizer, self.hparams.export_dir, lora_scaling=scaling)
+
+
+def _validate(args: dict[str, Any]) -> None:
+    """Raise one ValueError listing every invalid constructor argument."""
+    problems = []
+    if args["lr"] <= 0:
+        problems.append(f"lr must be > 0, got {args['lr']}")
+    if args["weight_decay"] < 0:
+        problems.append(f"weight_decay must be >= 0, got {args['weight_decay']}")
+    if not all(0.0 <= b < 1.0 for b in args["betas"]) or len(args["betas"]) != 2:
+        problems.append(f"betas must be two numbers in [0, 1), got {args['betas']}")
+    if args["warmup_steps"] < 0:
+        problems.append(f"warmup_steps must be >= 0, got {args['warmup_steps']}")
+    if not 0.0 <= args["warmup_ratio"] < 1.0:
+        problems.append(f"warmup_ratio must be in [0, 1), got {args['warmup_ratio']}")
+    if not 0.0 <= args["min_lr_ratio"] <= 1.0:
+        problems.append(f"min_lr_ratio must be in [0, 1], got {args['min_lr_ratio']}")
+    if args["lora"] is not None:
+        problems += args["lora"].problems()
+    problems += args["generation"].problems()
+    if problems:
+        raise ValueError("Invalid CausalLMModule settings: " + "; ".join(problems) + ".")
+
+
+__all__ = ["CausalLMModule", "resolve_tokenizer_source"]

@@ -1,0 +1,51 @@
+"""Loading tokenizers: the small one shipped with the package, a local folder, or a Hugging Face Hub name.
+
+The shipped tokenizer (built by ``scripts/build_tokenizer.py``) is a 512-token byte-level BPE with single-digit
+tokens, ``<|endoftext|>`` as eos and pad, and a ChatML chat template. It needs no network.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from transformers import AutoTokenizer, PreTrainedTokenizerBase
+
+from gym_lightning._compat import rank_zero_info
+
+SHIPPED_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "tokenizer"
+
+
+def load_tokenizer(source: str | None = None, trust_remote_code: bool = False) -> PreTrainedTokenizerBase:
+    """Load a tokenizer and make sure it has a pad token.
+
+    Args:
+        source: A local folder or a Hugging Face Hub name; ``None`` loads the shipped tokenizer.
+        trust_remote_code: Allow tokenizer code from the Hub to run (only for sources you trust).
+
+    Raises:
+        ValueError: The tokenizer cannot be found or fetched, or it has neither a pad nor an eos token.
+    """
+    location = str(SHIPPED_TOKENIZER_DIR) if source is None else str(source)
+    try:
+        tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
+    except (OSError, ValueError) as error:
+        raise ValueError(
+            f"Could not load the tokenizer {location!r}: {error}\n"
+            "Pass a local folder that holds tokenizer.json / tokenizer_config.json, a model preset (which uses the "
+            "shipped tokenizer), or a Hugging Face Hub name on a machine that can reach the Hub (or has it cached)."
+        ) from error
+    _ensure_pad_token(tokenizer, location)
+    return tokenizer
+
+
+def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase, location: str) -> None:
+    """Pad with eos when the tokenizer has no pad token (as most base Llama tokenizers); padding is masked anyway."""
+    if tokenizer.pad_token is not None:
+        return
+    if tokenizer.eos_token is None:
+        raise ValueError(
+            f"The tokenizer {location!r} has neither a pad token nor an eos token; add a pad_token to its "
+            "tokenizer_config.json or use another tokenizer."
+        )
+    tokenizer.pad_token = tokenizer.eos_token
+    rank_zero_info(f"The tokenizer {location!r} has no pad token; padding with its eos token {tokenizer.eos_token!r}.")

@@ -1,0 +1,113 @@
+"""Export to a Hugging Face folder (full and LoRA-merged), atomic writes, and loading from folders and presets."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+import torch
+from transformers import AutoModelForCausalLM, AutoTokenizer
+
+from gym_lightning import CausalLMDataModule, CausalLMModule, LoRAArgs
+from gym_lightning.atomic import atomic_directory
+from gym_lightning.export import merge_lora_state_dict
+from gym_lightning.models import build_causal_lm
+
+SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64}
+PROBE = torch.tensor([[5, 9, 12, 40, 7, 3, 22, 8]])
+
+
+def fit_briefly(module: CausalLMModule, root: Path) -> None:
+    trainer = pl.Trainer(
+        max_steps=3, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
+        enable_model_summary=False, default_root_dir=root,
+    )  # fmt: skip
+    trainer.fit(module, CausalLMDataModule(dataset="addition", batch_size=16))
+
+
+def logits(model: torch.nn.Module) -> torch.Tensor:
+    model.eval()
+    with torch.no_grad():
+        return model(input_ids=PROBE).logits
+
+
+def test_export_round_trip_matches_module_logits(tmp_path: Path) -> None:
+    out = tmp_path / "hf"
+    module = CausalLMModule("tiny-qwen3", config_overrides=SMALL, lr=1e-2, export_dir=str(out))
+    fit_briefly(module, tmp_path)
+    names = {p.name for p in out.iterdir()}
+    assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
+    assert not any(name.endswith(".bin") for name in names)
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    torch.testing.assert_close(logits(reloaded), logits(module.model), rtol=1e-5, atol=1e-5)
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    assert tokenizer.decode(tokenizer("12+34=")["input_ids"]) == "12+34="
+
+
+def test_lora_trains_adapters_only_and_exports_merged(tmp_path: Path) -> None:
+    out = tmp_path / "hf"
+    lora = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL, lr=5e-2, lora=lora, export_dir=str(out))
+    module.configure_model()
+    trainable = {n for n, p in module.model.named_parameters() if p.requires_grad}
+    assert trainable and all("lora_" in n for n in trainable)
+    fit_briefly(module, tmp_path)
+    lora_b = [p for n, p in module.model.named_parameters() if "lora_B" in n]
+    assert any(p.abs().max() > 0 for p in lora_b), "the adapters did not train, so the merge would prove nothing"
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert not any("lora" in n for n, _ in reloaded.named_parameters())
+    torch.testing.assert_close(logits(reloaded), logits(module.model), rtol=1e-4, atol=1e-5)
+
+
+def test_merge_lora_state_dict_by_hand() -> None:
+    state = {
+        "base_model.model.proj.base_layer.weight": torch.ones(2, 3),
+        "base_model.model.proj.lora_A.default.weight": torch.tensor([[1.0, 0.0, 2.0]]),
+        "base_model.model.proj.lora_B.default.weight": torch.tensor([[1.0], [3.0]]),
+        "base_model.model.norm.weight": torch.ones(3),
+    }
+    merged = merge_lora_state_dict(state, scaling=0.5)
+    assert set(merged) == {"proj.weight", "norm.weight"}
+    torch.testing.assert_close(merged["proj.weight"], torch.tensor([[1.5, 1.0, 2.0], [2.5, 1.0, 4.0]]))
+
+
+def test_atomic_directory_keeps_the_old_folder_on_failure(tmp_path: Path) -> None:
+    target = tmp_path / "export"
+    with atomic_directory(target) as staging:
+        (staging / "a.txt").write_text("first")
+    with pytest.raises(RuntimeError), atomic_directory(target) as staging:
+        (staging / "a.txt").write_text("half")
+        raise RuntimeError("killed while writing")
+    assert (target / "a.txt").read_text() == "first"
+    assert [p.name for p in tmp_path.iterdir()] == ["export"], "no staging folder may be left behind"
+
+
+def test_local_folder_loads_its_weights(tmp_path: Path) -> None:
+    source = build_causal_lm("tiny-llama", config_overrides=SMALL)
+    source.save_pretrained(tmp_path / "folder")
+    module = CausalLMModule(str(tmp_path / "folder"), tokenizer=None)
+    module.configure_model()
+    torch.testing.assert_close(logits(module.model), logits(source))
+
+
+def test_config_only_folder_needs_pretrained_false(tmp_path: Path) -> None:
+    build_causal_lm("tiny-llama", config_overrides=SMALL).config.save_pretrained(tmp_path)
+    with pytest.raises(ValueError, match="pretrained=false"):
+        build_causal_lm(str(tmp_path))
+    model = build_causal_lm(str(tmp_path), pretrained=False)
+    assert model.config.num_hidden_layers == 2
+
+
+def test_unreachable_hub_name_says_what_to_do() -> None:
+    with pytest.raises(ValueError, match=r"local folder.*preset: tiny-llama, tiny-qwen3"):
+        build_causal_lm("no-such-org/no-such-model-xyz")
+
+
+def test_unknown_config_override_is_named() -> None:
+    with pytest.raises(ValueError, match="num_layerz"):
+        build_causal_lm("tiny-llama", config_overrides={"num_layerz": 2})
+
+
+def test_remote_code_is_off_by_default() -> None:
+    assert CausalLMModule().hparams.trust_remote_code is False
