@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import csv
+import json
 import subprocess
 import sys
 from pathlib import Path
@@ -95,3 +96,15 @@ def test_full_quickstart_learns_addition(tmp_path: Path) -> None:
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_metrics(tmp_path)["val/exact_match"] >= 0.9
+
+
+def test_predict_writes_completions(tmp_path: Path) -> None:
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text('{"prompt": "12+30="}\n{"prompt": "7+8="}\n')
+    proc = run_cli(
+        "predict", "--config", "configs/quickstart.yaml", "--data.predict_files", str(prompts),
+        "--trainer.default_root_dir", str(tmp_path),
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
+    assert [row["prompt"] for row in rows] == ["12+30=", "7+8="] and all("completion" in row for row in rows)
