@@ -288,7 +288,7 @@ def test_addition_split_is_fixed_disjoint_and_complete():
     val = {r.data["prompt"] for r in first.val}
     assert len(train) == 9000 and len(val) == 1000 and not train & val
     assert len(train | val) == 10_000
-    assert {"prompt": "23+45=", "completion": "68"} in [r.data for r in first.train + first.val]
+    assert {"prompt": "23+45=", "completion": "068"} in [r.data for r in first.train + first.val]
     assert set(BUNDLED_DATASETS) == {"addition"}
     # The held-out pairs are a spread sample, not a block.
     assert len({r.data["prompt"].split("+")[0] for r in first.val}) > 90

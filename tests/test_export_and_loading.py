@@ -111,3 +111,10 @@ def test_unknown_config_override_is_named() -> None:
 
 def test_remote_code_is_off_by_default() -> None:
     assert CausalLMModule().hparams.trust_remote_code is False
+
+
+@pytest.mark.parametrize(("preset", "count"), [("tiny-llama", 492_160), ("tiny-qwen3", 492_288)])
+def test_presets_are_real_architectures_of_a_few_hundred_thousand_parameters(preset: str, count: int) -> None:
+    model = build_causal_lm(preset)
+    assert type(model).__name__ == {"tiny-llama": "LlamaForCausalLM", "tiny-qwen3": "Qwen3ForCausalLM"}[preset]
+    assert sum(p.numel() for p in model.parameters()) == count
