@@ -1,14 +1,26 @@
-"""gym_lightning: a PyTorch Lightning plugin for finetuning Hugging Face causal language models."""
+"""gym_lightning: a PyTorch Lightning plugin for finetuning Hugging Face causal language models.
+
+Importing the package registers its strategy names with Lightning (``Trainer(strategy="zero3")``).
+"""
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
+from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.data.loader import StepTokenDataLoader
 from gym_lightning.generation import GenerationArgs
 from gym_lightning.lora import LoRAArgs
 from gym_lightning.module import CausalLMModule
+from gym_lightning.strategies import (
+    GymDDPStrategy,
+    GymFSDPStrategy,
+    ZeRO1Strategy,
+    ZeRO2Strategy,
+    ZeRO3Strategy,
+    ZeROStrategy,
+)
 from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
 
 __all__ = [
@@ -16,8 +28,16 @@ __all__ = [
     "CausalLMDataModule",
     "CausalLMModule",
     "GenerationArgs",
+    "GymDDPStrategy",
+    "GymFSDPStrategy",
     "LoRAArgs",
+    "MemoryCallback",
     "StepTokenDataLoader",
+    "ThroughputCallback",
+    "ZeRO1Strategy",
+    "ZeRO2Strategy",
+    "ZeRO3Strategy",
+    "ZeROStrategy",
     "__version__",
     "load_tokenizer",
 ]

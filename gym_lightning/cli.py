@@ -20,7 +20,7 @@ from gym_lightning.prediction_writer import JsonlPredictionWriter
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError)
 
 # Commands beside LightningCLI's subcommands: name -> "module:function" taking the remaining arguments.
-COMMANDS: dict[str, str] = {}
+COMMANDS: dict[str, str] = {"train": "gym_lightning.hf_train:main", "plan": "gym_lightning.planner.cli:main"}
 
 
 class GymCLI(LightningCLI):

@@ -22,6 +22,9 @@ from gym_lightning.models.presets import is_preset
 from gym_lightning.optim import SchedulerName, lr_multiplier, resolve_warmup_steps, weight_decay_groups
 from gym_lightning.tokenizer import load_tokenizer
 
+# Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
+torch.serialization.add_safe_globals([GenerationArgs, LoRAArgs])
+
 
 def resolve_tokenizer_source(model: str, tokenizer: str | None) -> str | None:
     """The tokenizer to use: an explicit one, else the model's own (presets use the shipped one, ``None``)."""
@@ -118,6 +121,7 @@ class CausalLMModule(pl.LightningModule):
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
+        model.train()  # from_pretrained returns a model in eval mode; Lightning switches modes per stage from here
         self.model = apply_lora(model, self.lora) if self.lora is not None else model
 
     @override

@@ -4,13 +4,49 @@ from __future__ import annotations
 
 import json
 import os
+import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers.warm_deepspeed import ALL_OPS, warm
+
 # Nothing may be fetched from a model hub during tests: fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+@pytest.fixture(scope="session", autouse=True)
+def deepspeed_ops(request: pytest.FixtureRequest) -> None:
+    """Build DeepSpeed's JIT ops once per session, before any multi-rank test races two ranks to build them.
+
+    The multi-rank tests are all marked slow; a run that selects none of them skips the build (~1-7 min when the
+    torch extensions cache is cold, ~1 s when warm).
+    """
+    if any(item.get_closest_marker("slow") for item in request.session.items):
+        for name, status in warm(ALL_OPS).items():
+            print(f"DeepSpeed op {name}: {status}", file=sys.stderr)
+
+
+@pytest.fixture(scope="session")
+def two_rank_memory_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
+    """The MemoryCallback's 2-rank training job (tests/test_callbacks_memory.py), run at most once per strategy per
+    session; returns the folder holding its memory.json and throughput.json. The callback test and the planner's
+    validation read the same runs instead of launching them twice."""
+    from test_callbacks_memory import run_two_ranks
+
+    done: dict[str, Path] = {}
+
+    def run(strategy: str) -> Path:
+        if strategy not in done:
+            out = tmp_path_factory.mktemp(strategy)
+            run_two_ranks(strategy, out)
+            done[strategy] = out
+        return done[strategy]
+
+    return run
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

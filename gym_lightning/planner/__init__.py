@@ -1,0 +1,26 @@
+"""Memory planner: per-GPU and per-node memory of finetuning a model with each strategy, before renting GPUs.
+
+``plan("llama-3-70b", gpu_memory="24GB", activation_checkpointing=True).table()``; on the command line
+``python -m gym_lightning plan --model llama-3-70b ...``. Formulas and sources: docs/planner.md.
+"""
+
+from __future__ import annotations
+
+from gym_lightning.planner.estimate import STRATEGIES, Estimate, Setup, Strategy, estimate, estimate_all
+from gym_lightning.planner.report import PlanReport, parse_bytes, plan
+from gym_lightning.planner.shapes import BUNDLED, ModelShape, resolve_shape
+
+__all__ = [
+    "BUNDLED",
+    "STRATEGIES",
+    "Estimate",
+    "ModelShape",
+    "PlanReport",
+    "Setup",
+    "Strategy",
+    "estimate",
+    "estimate_all",
+    "parse_bytes",
+    "plan",
+    "resolve_shape",
+]

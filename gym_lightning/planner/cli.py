@@ -1,0 +1,58 @@
+"""``gym plan`` / ``python -m gym_lightning plan``: what fits before anyone rents GPUs.
+
+    python -m gym_lightning plan --model llama-3-70b --gpus_per_node 8 --gpu_memory 24GB --activation_checkpointing
+
+prints one row per strategy (GiB per GPU of parameters, gradients, optimizer state, activations, logits and
+buffers; host and NVMe per node; whether it fits; the largest micro-batch that fits) and the fastest strategy that
+fits. ``--json`` prints the same as JSON. Bad flags end with one line on stderr and exit status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import get_args
+
+from gym_lightning.planner.estimate import Attention, Optimizer, Precision
+from gym_lightning.planner.report import plan
+from gym_lightning.planner.shapes import BUNDLED, LoraTargets
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line and exit 2, like every gym_lightning command
+        print(f"gym_lightning plan: error: {' '.join(message.split())} (see --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="gym plan", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", required=True, help=f"bundled name ({', '.join(BUNDLED)}), preset or config.json")
+    parser.add_argument("--gpus_per_node", type=int, default=8)
+    parser.add_argument("--nodes", type=int, default=1)
+    parser.add_argument("--gpu_memory", default="80GB", help="memory per GPU, e.g. 24GB, 80GB (binary units)")
+    parser.add_argument("--host_memory", default="1TB", help="CPU RAM per node, e.g. 512GB")
+    parser.add_argument("--precision", choices=get_args(Precision), default="bf16-mixed")
+    parser.add_argument("--micro_batch_size", type=int, default=1)
+    parser.add_argument("--seq_length", type=int, default=2048)
+    parser.add_argument("--activation_checkpointing", action="store_true")
+    parser.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 = full finetune")
+    parser.add_argument("--lora_targets", choices=get_args(LoraTargets), default="all-linear")
+    parser.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw")
+    parser.add_argument("--attention", choices=get_args(Attention), default="sdpa")
+    parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Entry point (``COMMANDS["plan"]`` in ``gym_lightning.cli``); ValueErrors become one line, exit 2, there."""
+    args = vars(build_parser().parse_args(argv))
+    as_json = args.pop("json")
+    report = plan(**args)
+    print(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
+
+
+if __name__ == "__main__":
+    from gym_lightning.cli import main as gym_main
+
+    gym_main(["plan", *sys.argv[1:]])

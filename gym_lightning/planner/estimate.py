@@ -1,0 +1,335 @@
+"""Per-GPU and per-node memory of a finetuning step, per strategy: pure formulas, no torch.
+
+Notation (docs/planner.md has the derivations and sources): Ψ parameters (Ψt trainable, Ψf frozen), N data-parallel
+ranks, ``s`` sequence length, ``b`` micro-batch, ``h`` hidden size, ``L`` layers, ``V`` vocabulary.
+
+Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mixed-precision Adam holds
+2Ψ (16-bit parameters) + 2Ψ (16-bit gradients) + KΨ (K = 12: fp32 master, momentum, variance); stage 1 divides
+KΨ by N, stage 2 also the gradients, stage 3 also the parameters. Each framework's real layout is used where it
+differs from the paper (measured with ``MemoryCallback``): DeepSpeed also converts the gradient partition to fp32
+for the step (4Ψ/N, the "18" in its own estimator) and keeps an fp32 master copy even in fp32 training; torch's
+DDP and FSDP2 under ``bf16-mixed`` keep fp32 parameters and gradients (16Ψ, no separate master), and DDP's reducer
+buckets are a second copy of the gradients.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+from gym_lightning.planner.shapes import LoraTargets, ModelShape
+
+Precision = Literal["bf16-mixed", "32-true"]
+Optimizer = Literal["adamw", "sgd", "adafactor"]
+Attention = Literal["sdpa", "eager"]
+
+GiB = 1024**3
+# Bytes of optimizer state per trainable parameter, fp32: AdamW momentum + variance; SGD momentum; Adafactor's
+# factored second moment is O(rows + cols) per matrix (< 0.1 % of the parameters at these sizes), counted as 0.
+OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "sgd": 4, "adafactor": 0}
+
+
+@dataclass(frozen=True)
+class Strategy:
+    """One way to train: how it shards and offloads, and how to select it in gym_lightning."""
+
+    key: str
+    label: str
+    trainer_strategy: str
+    framework: Literal["torch", "deepspeed"]
+    stage: int  # ZeRO stage equivalent: 0 replicate, 1 optimizer, 2 + gradients, 3 + parameters
+    offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
+    offload_parameters: Literal["none", "cpu", "nvme"] = "none"
+    keep_gathered: bool = False  # FSDP grad_op: gathered parameters live from forward to backward
+
+
+# Ordered by expected speed, fastest first (docs/planner.md, "Recommendation", says why).
+STRATEGIES: tuple[Strategy, ...] = (
+    Strategy("ddp", "DDP", "gym_ddp", "torch", 0),
+    Strategy("zero1", "ZeRO-1", "zero1", "deepspeed", 1),
+    Strategy("zero2", "ZeRO-2", "zero2", "deepspeed", 2),
+    Strategy("fsdp_grad_op", "FSDP grad_op", "GymFSDPStrategy(sharding='grad_op')", "torch", 3, keep_gathered=True),
+    Strategy("fsdp_full", "FSDP full", "gym_fsdp", "torch", 3),
+    Strategy("zero3", "ZeRO-3", "zero3", "deepspeed", 3),
+    Strategy("zero2_offload", "ZeRO-2 + CPU optimizer", "zero2_offload", "deepspeed", 2, "cpu"),
+    Strategy(
+        "zero3_offload_optimizer",
+        "ZeRO-3 + CPU optimizer",
+        "ZeROStrategy(stage=3, offload_optimizer='cpu')",
+        "deepspeed",
+        3,
+        "cpu",
+    ),
+    Strategy("fsdp_offload", "FSDP full + CPU offload", "GymFSDPStrategy(cpu_offload=True)", "torch", 3, "cpu", "cpu"),
+    Strategy("zero3_offload", "ZeRO-3 + CPU optimizer + params", "zero3_offload", "deepspeed", 3, "cpu", "cpu"),
+    Strategy("zero_infinity", "ZeRO-Infinity (NVMe)", "zero_infinity", "deepspeed", 3, "nvme", "nvme"),
+)
+STRATEGY_KEYS: tuple[str, ...] = tuple(s.key for s in STRATEGIES)
+
+
+@dataclass(frozen=True)
+class Setup:
+    """Hardware and training settings (see ``gym_lightning.planner.plan`` for each argument)."""
+
+    gpus_per_node: int = 8
+    nodes: int = 1
+    gpu_memory: int = 80 * 10**9
+    host_memory: int = 1024 * GiB
+    precision: Precision = "bf16-mixed"
+    micro_batch_size: int = 1
+    seq_length: int = 2048
+    activation_checkpointing: bool = False
+    lora_r: int = 0
+    lora_targets: LoraTargets = "all-linear"
+    optimizer: Optimizer = "adamw"
+    attention: Attention = "sdpa"
+    bucket_size: int = 200_000_000  # ZeROStrategy's default (elements per reduce / all-gather bucket)
+    zero3_param_persistence_threshold: int = 100_000  # DeepSpeed's default
+    cuda_reserved: int = GiB  # CUDA context, NCCL and cuBLAS workspaces: never available to tensors
+    fragmentation: float = 0.05  # share of the rest lost to the caching allocator's fragmentation
+    host_process_overhead: int = 3 * GiB  # host RSS of one training process before any model (torch, CUDA, NCCL)
+
+    @property
+    def world_size(self) -> int:
+        return self.gpus_per_node * self.nodes
+
+    @property
+    def usable_gpu_memory(self) -> int:
+        return int((self.gpu_memory - self.cuda_reserved) * (1 - self.fragmentation))
+
+
+@dataclass(frozen=True)
+class ParamCounts:
+    """Parameter counts that decide the model-state bytes."""
+
+    trainable: int
+    frozen: int
+    persistent: int  # ZeRO-3: tensors below the persistence threshold stay whole on every rank
+    largest_unit: int  # largest module gathered at once (an embedding or one decoder layer, with adapters)
+    largest_trainable_unit: int  # its trainable part: the gradient unsharded before reduce-scatter
+    total_with_adapters: int
+
+
+def param_counts(shape: ModelShape, setup: Setup) -> ParamCounts:
+    groups = shape.tensor_groups(setup.lora_r, setup.lora_targets)
+    trainable = sum(g.numel * g.count for g in groups if g.trainable)
+    total = sum(g.numel * g.count for g in groups)
+    threshold = setup.zero3_param_persistence_threshold
+    persistent = sum(g.numel * g.count for g in groups if g.numel < threshold)
+    in_layer = [g for g in groups if g.name.startswith(("layer.", "lora."))]
+    layer = sum(g.numel * g.count for g in in_layer) // shape.num_layers
+    layer_trainable = sum(g.numel * g.count for g in in_layer if g.trainable) // shape.num_layers
+    embedding = shape.embedding_params()
+    largest_trainable = max(layer_trainable, embedding if setup.lora_r == 0 else 0)
+    return ParamCounts(trainable, total - trainable, persistent, max(layer, embedding), largest_trainable, total)
+
+
+@dataclass(frozen=True)
+class ModelStates:
+    """Bytes per GPU of parameters, gradients and optimizer state (fp32 master weights included), and what one
+    rank keeps in host memory and on NVMe."""
+
+    params: float
+    grads: float
+    optimizer_state: float
+    host: float = 0.0
+    nvme: float = 0.0
+
+    @property
+    def total(self) -> float:
+        return self.params + self.grads + self.optimizer_state
+
+
+def dtype_bytes(strategy: Strategy, setup: Setup) -> tuple[int, int, int, int]:
+    """``(trainable param, frozen param, master, fp32 gradient copy)`` bytes per element.
+
+    DeepSpeed stores the model in 16 bits under bf16 and keeps fp32 masters (even in fp32 training, where it still
+    copies them); its ZeRO optimizers convert the 16-bit gradient partition to an fp32 copy for the step. torch AMP
+    (DDP, FSDP2 with ``bf16-mixed``) keeps trainable parameters and gradients in fp32 and casts for compute.
+    Frozen (LoRA base) weights are loaded in the compute dtype."""
+    half = setup.precision == "bf16-mixed"
+    frozen = 2 if half else 4
+    if strategy.framework == "torch":
+        return 4, frozen, 0, 0
+    return (2, frozen, 4, 4) if half else (4, frozen, 4, 0)
+
+
+def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelStates:
+    """Per-GPU model-state bytes; the optimizer-state column includes fp32 master weights."""
+    counts = param_counts(shape, setup)
+    n, t, f = setup.world_size, counts.trainable, counts.frozen
+    p, pf, master, fp32_grad = dtype_bytes(strategy, setup)
+    opt = OPTIMIZER_STATE_BYTES[setup.optimizer] + master  # per trainable parameter, to be sharded from stage 1
+    if strategy.stage == 3:
+        persistent = counts.persistent * (p if strategy.framework == "deepspeed" else 0)
+        params = (p * t + pf * f) / n + persistent
+    else:
+        params = p * t + pf * f
+    grads = p * t if strategy.stage <= 1 else p * t / n
+    if strategy.stage >= 1:
+        grads += fp32_grad * _fp32_grad_elements(t / n, strategy)
+    states = opt * t / n if strategy.stage >= 1 else opt * t
+    if strategy.offload_optimizer == "none":
+        return ModelStates(params, grads, states)
+    # Offloaded optimizer: the fp32 gradient partition, masters and states live on the host (or NVMe); the device
+    # keeps the 16-bit parameters (stage 2) or their partition (stage 3) and streams gradients out per bucket.
+    # Parameter offload moves the parameter partition too (DeepSpeed keeps its small persistent tensors on device).
+    offloaded = states + 4 * t / n
+    if strategy.offload_parameters != "none":
+        offloaded += (p * t + pf * f) / n
+        params = counts.persistent * p if strategy.framework == "deepspeed" else 0.0
+    host, nvme = (offloaded, 0.0) if strategy.offload_optimizer == "cpu" else (0.0, offloaded)
+    return ModelStates(params, 0.0, 0.0, host, nvme)
+
+
+def _fp32_grad_elements(partition: float, strategy: Strategy) -> float:
+    # ZeRO-3 converts one optimizer sub-group at a time (sub_group_size, default 1e9 elements).
+    return min(partition, 1e9) if strategy.stage == 3 else partition
+
+
+def activation_bytes_per_layer(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
+    """Bytes one decoder layer saves for backward (Korthikanti et al. 2022, Sec. 4.1, redone for Llama-style layers).
+
+    The paper's ``sbh(34 + 5as/h)`` is for a GPT layer (LayerNorm, GELU MLP of width 4h, dropout, attention scores
+    materialised). A Hugging Face Llama/Qwen layer in 16-bit activations instead saves, per token:
+    two RMSNorms, each ``4h`` (the fp32 upcast) + ``2h`` (normalised, for the weight's gradient) + ``2h`` (output,
+    the next linear's input); the rotated q, k, v (``2(q + 2kv)``); the attention output and o_proj's input
+    (``4q``); the SwiGLU's gate, SiLU output, up and product (``8I``); no dropout masks (dropout is 0). SDPA
+    (flash / memory-efficient) keeps only an fp32 log-sum-exp per head (``4a``) instead of the ``5as`` scores term;
+    eager attention stores the fp32 softmax and its 16-bit copy (``6as``). In fp32 every 16-bit term doubles.
+    """
+    h, q, kv, inter = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
+    a_b = 2 if setup.precision == "bf16-mixed" else 4
+    per_token = 2 * (4 * h + 2 * a_b * h) + a_b * (q + 2 * kv) + 2 * a_b * q + 4 * a_b * inter + 4 * shape.num_heads
+    if setup.attention == "eager":
+        per_token += (4 + a_b) * shape.num_heads * setup.seq_length
+    return float(per_token * setup.seq_length * micro_batch)
+
+
+def activation_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
+    """Activations of the whole stack. With activation checkpointing (full recomputation per decoder layer, the
+    paper's ``2sbhL``) only each layer's input is kept, plus one layer's activations while it is recomputed."""
+    a_b = 2 if setup.precision == "bf16-mixed" else 4
+    tokens = setup.seq_length * micro_batch
+    one_layer = activation_bytes_per_layer(shape, setup, micro_batch)
+    if setup.activation_checkpointing:
+        return shape.num_layers * a_b * shape.hidden_size * tokens + one_layer
+    return shape.num_layers * one_layer + (4 + a_b) * shape.hidden_size * tokens  # + the final RMSNorm
+
+
+def logits_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
+    """The LM head's output and the loss: logits in the compute dtype, their fp32 upcast (``summed_cross_entropy``
+    computes in fp32) and the fp32 log-softmax cross-entropy keeps for backward: ``sbV (a_b + 4 + 4)``. Often the
+    single largest activation (V = 128k-152k for Llama 3 / Qwen)."""
+    a_b = 2 if setup.precision == "bf16-mixed" else 4
+    return float(setup.seq_length * micro_batch * shape.vocab_size * (a_b + 8))
+
+
+def buffer_bytes(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
+    """Temporary buffers: gathered parameters / unsharded gradients of the units in flight (ZeRO-3, FSDP), the
+    communication buckets (DeepSpeed reduce bucket, DDP reducer buckets) and torch autocast's 16-bit weight copies."""
+    counts = param_counts(shape, setup)
+    half = setup.precision == "bf16-mixed"
+    compute = 2 if half else 4
+    if strategy.framework == "torch" and strategy.stage == 0:
+        # DDP's reducer buckets copy every gradient (gradient_as_bucket_view=False); autocast caches a 16-bit copy
+        # of each weight it casts until backward has used it (one layer's worth under activation checkpointing).
+        casts = 0 if setup.activation_checkpointing or not half else 2 * shape.num_layers * shape.layer_params()
+        return 4 * counts.trainable + casts
+    if strategy.framework == "torch":
+        # FSDP2: the unit in use and the one prefetched, gathered in the compute dtype; one unit's unsharded fp32
+        # gradient before reduce-scatter. grad_op keeps every unit gathered from forward until its backward.
+        unit = counts.largest_unit
+        gathered = compute * counts.total_with_adapters if strategy.keep_gathered else 2 * compute * unit
+        return gathered + 4 * counts.largest_trainable_unit
+    p = 2 if half else 4
+    bucket = p * setup.bucket_size
+    if strategy.stage < 3:
+        return float(bucket)
+    # ZeRO-3: a gathered working set of about two units (current + prefetch) and one unit's full gradient; DeepSpeed's
+    # own estimator counts 4 bytes x the largest module (16-bit parameter + gradient).
+    return 2 * p * counts.largest_unit + p * counts.largest_trainable_unit + bucket
+
+
+def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, states: ModelStates) -> float:
+    """Host RAM per node: the larger of loading the checkpoint and the offloaded states, plus each process's base.
+
+    Loading: strategies that replicate parameters (DDP, ZeRO-1/2) materialise the full checkpoint in every process;
+    sharded ones (FSDP, ZeRO-3) are assumed to load it once per node (meta-device / ``zero.Init`` initialisation
+    with rank-0 loading) — DeepSpeed's estimator makes the same distinction (``zero_init``). ZeRO-Infinity also
+    keeps pinned swap buffers (DeepSpeed's default ``buffer_count`` 5 x ``buffer_size`` 1e8 elements per rank)."""
+    counts = param_counts(shape, setup)
+    load_dtype = 2 if setup.precision == "bf16-mixed" else 4
+    copies = setup.gpus_per_node if strategy.stage < 3 else 1
+    load = copies * load_dtype * counts.total_with_adapters
+    offloaded = setup.gpus_per_node * states.host
+    if strategy.offload_optimizer == "nvme":
+        offloaded += setup.gpus_per_node * 5 * 100_000_000 * (4 + load_dtype)
+    return max(load, offloaded) + setup.gpus_per_node * setup.host_process_overhead
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """Memory of one strategy: bytes per GPU by category, host and NVMe bytes per node, and whether it fits."""
+
+    strategy: Strategy
+    params: float
+    grads: float
+    optimizer_state: float
+    activations: float
+    logits: float
+    buffers: float
+    host_per_node: float
+    nvme_per_node: float
+    fits_gpu: bool
+    fits_host: bool
+    max_micro_batch: int
+
+    @property
+    def model_states(self) -> float:
+        return self.params + self.grads + self.optimizer_state
+
+    @property
+    def gpu_total(self) -> float:
+        return self.model_states + self.activations + self.logits + self.buffers
+
+    @property
+    def fits(self) -> bool:
+        return self.fits_gpu and self.fits_host
+
+
+def estimate(shape: ModelShape, strategy: Strategy, setup: Setup) -> Estimate:
+    """Everything the planner reports for ``strategy``."""
+    states = model_states(shape, strategy, setup)
+    buffers = buffer_bytes(shape, strategy, setup)
+    per_sample = activation_bytes(shape, setup, 1) + logits_bytes(shape, setup, 1)
+    fixed = states.total + buffers
+    host = host_bytes_per_node(shape, strategy, setup, states)
+    largest = max(0, math.floor((setup.usable_gpu_memory - fixed) / per_sample))
+    b = setup.micro_batch_size
+    activations, logits = activation_bytes(shape, setup, b), logits_bytes(shape, setup, b)
+    return Estimate(
+        strategy=strategy,
+        params=states.params,
+        grads=states.grads,
+        optimizer_state=states.optimizer_state,
+        activations=activations,
+        logits=logits,
+        buffers=buffers,
+        host_per_node=host,
+        nvme_per_node=setup.gpus_per_node * states.nvme,
+        fits_gpu=fixed + activations + logits <= setup.usable_gpu_memory,
+        fits_host=host <= setup.host_memory,
+        max_micro_batch=largest,
+    )
+
+
+def estimate_all(shape: ModelShape, setup: Setup) -> list[Estimate]:
+    """One :class:`Estimate` per strategy, fastest first."""
+    return [estimate(shape, strategy, setup) for strategy in STRATEGIES]
+
+
+def recommend(estimates: list[Estimate]) -> Estimate | None:
+    """The fastest strategy that fits on the GPUs and in host memory (``estimates`` ordered fastest first)."""
+    return next((e for e in estimates if e.fits), None)

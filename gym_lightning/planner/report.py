@@ -1,0 +1,263 @@
+"""``plan(...)``: the planner as a Python function, returning a :class:`PlanReport` (``.table()``, ``.to_dict()``)."""
+
+from __future__ import annotations
+
+import re
+from dataclasses import asdict, dataclass
+from typing import Any, get_args
+
+from gym_lightning.planner.estimate import (
+    Attention,
+    Estimate,
+    Optimizer,
+    Precision,
+    Setup,
+    estimate_all,
+    param_counts,
+    recommend,
+)
+from gym_lightning.planner.shapes import LoraTargets, ModelShape, resolve_shape
+
+GiB = 1024**3
+_UNITS = {
+    "": 1,
+    "B": 1,
+    "K": 1024,
+    "KB": 1024,
+    "KIB": 1024,
+    "M": 1024**2,
+    "MB": 1024**2,
+    "MIB": 1024**2,
+    "G": GiB,
+    "GB": GiB,
+    "GIB": GiB,
+    "T": 1024**4,
+    "TB": 1024**4,
+    "TIB": 1024**4,
+}
+
+
+def parse_bytes(text: str | int | float) -> int:
+    """``"80GB"`` -> bytes. Sizes are binary: ``GB`` and ``GiB`` both mean 2**30 bytes, because the cards sold as
+    "80GB" / "24GB" hold 80 / 24 GiB (81920 / 24576 MiB; the driver reports slightly less)."""
+    if isinstance(text, (int, float)) and not isinstance(text, bool):
+        return int(text)
+    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    if match is None or match.group(2).upper() not in _UNITS:
+        raise ValueError(f"Cannot read memory size {text!r}; expected a number with a unit, e.g. '80GB', '512GiB'.")
+    return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
+
+
+@dataclass(frozen=True)
+class PlanReport:
+    """What :func:`plan` found: one :class:`Estimate` per strategy (fastest first) and the recommendation."""
+
+    shape: ModelShape
+    setup: Setup
+    estimates: list[Estimate]
+
+    @property
+    def recommendation(self) -> Estimate | None:
+        return recommend(self.estimates)
+
+    def to_dict(self) -> dict[str, Any]:
+        counts = param_counts(self.shape, self.setup)
+        best = self.recommendation
+        return {
+            "model": asdict(self.shape),
+            "parameters": {"total": counts.total_with_adapters, "trainable": counts.trainable},
+            "setup": asdict(self.setup),
+            "usable_gpu_memory": self.setup.usable_gpu_memory,
+            "strategies": [_estimate_dict(e) for e in self.estimates],
+            "recommendation": None if best is None else best.strategy.key,
+        }
+
+    def table(self) -> str:
+        counts, s = param_counts(self.shape, self.setup), self.setup
+        mode = "full finetune" if s.lora_r == 0 else f"LoRA r={s.lora_r} ({s.lora_targets})"
+        lines = [
+            f"{self.shape.name}: {counts.total_with_adapters / 1e9:.2f}B parameters, "
+            f"{counts.trainable / 1e9:.3g}B trainable ({mode}), {s.optimizer}, {s.precision}",
+            f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {_gib(s.gpu_memory)} "
+            f"({_gib(s.usable_gpu_memory)} usable), host {_gib(s.host_memory)} per node; micro-batch "
+            f"{s.micro_batch_size} x {s.seq_length} tokens, activation checkpointing "
+            f"{'on' if s.activation_checkpointing else 'off'}. GiB per GPU unless marked per node.",
+            "",
+        ]
+        header = [
+            "strategy",
+            "params",
+            "grads",
+            "optim",
+            "activ",
+            "logits",
+            "buffers",
+            "GPU total",
+            "host/node",
+            "NVMe/node",
+            "fits",
+            "max mbs",
+        ]
+        rows = [
+            [e.strategy.label, *(_gib(v, unit=False) for v in _columns(e)), _fits(e), str(e.max_micro_batch)]
+            for e in self.estimates
+        ]
+        lines += _aligned([header, *rows])
+        lines += ["", self.recommendation_line()]
+        return "\n".join(lines)
+
+    def recommendation_line(self) -> str:
+        best = self.recommendation
+        if best is None:
+            return (
+                "Recommendation: nothing fits. Try activation checkpointing, a smaller micro-batch or sequence, "
+                "LoRA (--lora_r), more GPUs or nodes, or more host memory for offloading."
+            )
+        return (
+            f"Recommendation: {best.strategy.label} (strategy: {best.strategy.trainer_strategy}), the fastest that "
+            f"fits; {_gib(best.gpu_total)} per GPU, micro-batch up to {best.max_micro_batch}."
+        )
+
+
+def _columns(e: Estimate) -> list[float]:
+    return [
+        e.params,
+        e.grads,
+        e.optimizer_state,
+        e.activations,
+        e.logits,
+        e.buffers,
+        e.gpu_total,
+        e.host_per_node,
+        e.nvme_per_node,
+    ]
+
+
+def _fits(e: Estimate) -> str:
+    if e.fits:
+        return "yes"
+    return "no (GPU+host)" if not (e.fits_gpu or e.fits_host) else ("no (GPU)" if not e.fits_gpu else "no (host)")
+
+
+def _estimate_dict(e: Estimate) -> dict[str, Any]:
+    names = [
+        "params",
+        "grads",
+        "optimizer_state",
+        "activations",
+        "logits",
+        "buffers",
+        "gpu_total",
+        "host_per_node",
+        "nvme_per_node",
+    ]
+    out: dict[str, Any] = {"key": e.strategy.key, "label": e.strategy.label, "strategy": e.strategy.trainer_strategy}
+    out["bytes"] = {name: round(value) for name, value in zip(names, _columns(e), strict=True)}
+    out["bytes"]["model_states"] = round(e.model_states)
+    out.update(fits=e.fits, fits_gpu=e.fits_gpu, fits_host=e.fits_host, max_micro_batch=e.max_micro_batch)
+    return out
+
+
+def _gib(value: float, unit: bool = True) -> str:
+    text = f"{value / GiB:.1f}"
+    return f"{text} GiB" if unit else text
+
+
+def _aligned(rows: list[list[str]]) -> list[str]:
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return [
+        "  ".join(
+            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
+        )
+        for row in rows
+    ]
+
+
+def plan(
+    model: str | ModelShape,
+    gpus_per_node: int = 8,
+    nodes: int = 1,
+    gpu_memory: str | int = "80GB",
+    host_memory: str | int = "1TB",
+    precision: Precision = "bf16-mixed",
+    micro_batch_size: int = 1,
+    seq_length: int = 2048,
+    activation_checkpointing: bool = False,
+    lora_r: int = 0,
+    lora_targets: LoraTargets = "all-linear",
+    optimizer: Optimizer = "adamw",
+    attention: Attention = "sdpa",
+) -> PlanReport:
+    """Memory per GPU and per node of finetuning ``model`` with every strategy, and the fastest one that fits.
+
+    Args:
+        model: A bundled architecture name (``llama-3-8b``, ``qwen3-32b``, ... see ``shapes.BUNDLED``), a
+            gym_lightning preset (``tiny-llama``), a local ``config.json`` or model folder, or a :class:`ModelShape`.
+        gpus_per_node: GPUs per node (>= 1). nodes: Nodes (>= 1); all GPUs are data-parallel ranks.
+        gpu_memory: Memory of one GPU, e.g. ``"80GB"`` (binary units, see :func:`parse_bytes`) or bytes.
+        host_memory: CPU RAM per node, e.g. ``"1TB"``.
+        precision: ``"bf16-mixed"`` (16-bit compute, fp32 master weights) or ``"32-true"``.
+        micro_batch_size: Sequences per GPU per forward pass (>= 1). seq_length: Tokens per sequence (>= 1).
+        activation_checkpointing: Recompute each decoder layer in backward instead of storing its activations.
+        lora_r: LoRA rank; ``0`` finetunes all parameters. lora_targets: ``"all-linear"`` or ``"attention-qv"``.
+        optimizer: ``"adamw"`` (default), ``"sgd"`` (with momentum) or ``"adafactor"`` (factored, no momentum).
+        attention: ``"sdpa"`` (flash / memory-efficient, the transformers default) or ``"eager"`` (stores scores).
+    """
+    problems = _problems(
+        gpus_per_node, nodes, precision, micro_batch_size, seq_length, lora_r, lora_targets, optimizer, attention
+    )
+    gpu_bytes, host_bytes = _memory(gpu_memory, "gpu_memory", problems), _memory(host_memory, "host_memory", problems)
+    if problems:
+        raise ValueError("Invalid planner settings: " + "; ".join(problems) + ".")
+    shape = model if isinstance(model, ModelShape) else resolve_shape(model)
+    setup = Setup(
+        gpus_per_node=gpus_per_node,
+        nodes=nodes,
+        gpu_memory=gpu_bytes,
+        host_memory=host_bytes,
+        precision=precision,
+        micro_batch_size=micro_batch_size,
+        seq_length=seq_length,
+        activation_checkpointing=activation_checkpointing,
+        lora_r=lora_r,
+        lora_targets=lora_targets,
+        optimizer=optimizer,
+        attention=attention,
+    )
+    return PlanReport(shape, setup, estimate_all(shape, setup))
+
+
+def _memory(value: str | int, name: str, problems: list[str]) -> int:
+    try:
+        size = parse_bytes(value)
+    except ValueError as err:
+        problems.append(f"{name}: {str(err).rstrip('.')}")
+        return 0
+    if size <= 0:
+        problems.append(f"{name} must be positive, got {value!r}")
+    return size
+
+
+def _problems(
+    gpus: int, nodes: int, precision: str, mbs: int, seq: int, lora_r: int, targets: str, optimizer: str, attention: str
+) -> list[str]:
+    problems = [
+        f"{name} must be an integer >= {low}, got {value!r}"
+        for name, value, low in (
+            ("gpus_per_node", gpus, 1),
+            ("nodes", nodes, 1),
+            ("micro_batch_size", mbs, 1),
+            ("seq_length", seq, 1),
+            ("lora_r", lora_r, 0),
+        )
+        if isinstance(value, bool) or not isinstance(value, int) or value < low
+    ]
+    for name, value, choices in (
+        ("precision", precision, Precision),
+        ("lora_targets", targets, LoraTargets),
+        ("optimizer", optimizer, Optimizer),
+        ("attention", attention, Attention),
+    ):
+        if value not in get_args(choices):
+            problems.append(f"{name} must be one of {', '.join(get_args(choices))}, got {value!r}")
+    return problems

@@ -1,0 +1,53 @@
+"""Pieces shared by gym_lightning's strategies: CPU thread budget, config error collection, rank-0 state dicts."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterable
+
+import torch
+
+from gym_lightning._compat import rank_zero_info
+
+# The standard OpenMP variable: a user who sets it chose the per-rank thread count, so torch's setting is left alone.
+THREADS_ENV_VAR = "OMP_NUM_THREADS"
+
+
+def available_cpus() -> int:
+    """CPUs this process may run on (respects taskset/cgroup affinity, unlike ``os.cpu_count``)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS/Windows have no affinity API
+        return os.cpu_count() or 1
+
+
+def threads_per_rank(local_processes: int, cpus: int) -> int:
+    """Intra-op threads for each of ``local_processes`` ranks sharing ``cpus`` cores (at least 1).
+
+    Oversubscribing cores makes every collective wait for the slowest, descheduled rank: with 2 ranks x 2 threads
+    on 2 cores, DDP ran ~7x slower than with 1 thread each.
+    """
+    return max(1, cpus // max(1, local_processes))
+
+
+def configure_cpu_threads(device: torch.device, local_processes: int) -> None:
+    """Give each CPU rank its share of the cores, unless the user chose a thread count through the environment."""
+    if device.type != "cpu" or THREADS_ENV_VAR in os.environ:
+        return
+    threads = threads_per_rank(local_processes, available_cpus())
+    if torch.get_num_threads() != threads:
+        rank_zero_info(f"gym_lightning: {local_processes} CPU rank(s) per node, using {threads} thread(s) per rank.")
+        torch.set_num_threads(threads)
+
+
+def raise_if_problems(strategy_name: str, problems: Iterable[str]) -> None:
+    """Raise one ``ValueError`` listing every configuration problem (each says what is wrong and how to fix it)."""
+    problems = list(problems)
+    if problems:
+        lines = "\n".join(f"  - {problem}" for problem in problems)
+        raise ValueError(f"Invalid {strategy_name} configuration ({len(problems)} problem(s)):\n{lines}")
+
+
+def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """A detached CPU copy of ``module.state_dict()`` (keys exactly as the module reports them)."""
+    return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}

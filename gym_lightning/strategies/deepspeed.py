@@ -1,0 +1,610 @@
+"""DeepSpeed ZeRO stages 1-3 (+ CPU/NVMe offload) on CUDA and on CPU ranks, with Lightning owning accumulation.
+
+Differences from Lightning's ``DeepSpeedStrategy`` and why:
+
+- CPU ranks: Lightning refuses non-CUDA accelerators and passes ``root_device.index`` (``None`` on CPU) as
+  DeepSpeed's device rank; DeepSpeed then fails in ``engine._set_distributed_vars``. We pass the local rank.
+- Gradient accumulation: with Lightning's strategy the loss is divided by the accumulation count twice (Lightning
+  divides, then ``engine.backward`` divides again because ``scale_wrt_gas=True``), and DeepSpeed counts
+  micro-steps itself, so its windows drift from Lightning's whenever an epoch is not a multiple of the window.
+  Here Lightning owns the boundary (``managed_gradient_accumulation: false``: ``engine.step()`` is called exactly
+  when Lightning steps) and ``engine.backward(..., scale_wrt_gas=False)``, so the module's loss is the only
+  normalisation.
+- Offload with the module's own torch optimizer is allowed (``zero_force_ds_cpu_optimizer: false``) so that fp32
+  results match a single-process run with the same torch optimizer. ``cpu_optimizer="deepspeed"`` switches Adam/AdamW
+  to DeepSpeed's fused ``DeepSpeedCPUAdam`` (same update rule, faster, different rounding order).
+- ZeRO-3: the model is built inside ``deepspeed.zero.Init`` with the Hugging Face DeepSpeed integration active,
+  so no rank ever holds the full model and HF still initialises (or loads) the weights correctly.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import tempfile
+from collections.abc import Generator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, Literal
+
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from torch import nn
+from torch.optim import Adam, AdamW, Optimizer
+from typing_extensions import override
+
+from gym_lightning._compat import _StrategyRegistry, rank_zero_info, rank_zero_warn
+from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
+from gym_lightning.strategies.hf_deepspeed_config import (
+    adopted_accumulation,
+    load_deepspeed_json,
+    resolve_hf_deepspeed_config,
+    training_facts,
+    zero_plus_plus_problems,
+)
+
+OffloadDevice = Literal["none", "cpu", "nvme"]
+OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
+CPU_OPTIMIZERS: tuple[str, ...] = ("torch", "deepspeed")
+# Swap folder of the registered "zero_infinity" name. For a fast local disk, pass the strategy as a class with
+# ``nvme_path`` instead (YAML: ``class_path: gym_lightning.strategies.ZeROStrategy`` + ``init_args.nvme_path``).
+DEFAULT_NVME_PATH = os.path.join(tempfile.gettempdir(), "gym_lightning_nvme")
+
+
+def zero_config(
+    stage: int,
+    offload_optimizer: str,
+    offload_parameters: str,
+    nvme_path: str | None,
+    pin_memory: bool,
+    bucket_size: int,
+) -> dict[str, Any]:
+    """DeepSpeed JSON config (as a dict) for the given ZeRO stage and offload choices."""
+    zero: dict[str, Any] = {
+        "stage": stage,
+        # Stage 1 under caller-managed accumulation reduces in step(); DeepSpeed allows overlap only from stage 2.
+        "overlap_comm": stage >= 2,
+        "contiguous_gradients": True,
+        "reduce_scatter": True,
+        "allgather_bucket_size": bucket_size,
+        "reduce_bucket_size": bucket_size,
+    }
+    if offload_optimizer != "none":
+        zero["offload_optimizer"] = {"device": offload_optimizer, "nvme_path": nvme_path, "pin_memory": pin_memory}
+    if offload_parameters != "none":
+        zero["offload_param"] = {"device": offload_parameters, "nvme_path": nvme_path, "pin_memory": pin_memory}
+    return {"zero_optimization": zero}
+
+
+def cap_bucket_sizes(config: dict[str, Any], model_numel: int) -> dict[str, Any]:
+    """``config`` with its reduce/all-gather bucket sizes capped at the model's element count.
+
+    DeepSpeed allocates its reduce bucket up front at the configured size (Lightning's and our default, 2e8
+    elements, is 763 MiB of fp32 per rank): for a model smaller than that the excess is never used, only held.
+    """
+    zero = dict(config.get("zero_optimization", {}))
+    for key in ("reduce_bucket_size", "allgather_bucket_size"):
+        if isinstance(zero.get(key), int | float) and zero[key] > model_numel:
+            zero[key] = max(1, model_numel)
+    return {**config, "zero_optimization": zero} if zero else config
+
+
+def load_config(config: str | Path | dict[str, Any] | None) -> dict[str, Any] | None:
+    """A copy of ``config`` as a dict (a path is read as JSON; errors name the file and line)."""
+    return None if config is None else load_deepspeed_json(config)
+
+
+def apply_gym_defaults(config: dict[str, Any]) -> dict[str, Any]:
+    """Settings every gym_lightning ZeRO run needs (see the module docstring for why)."""
+    config.setdefault("zero_allow_untested_optimizer", True)
+    config.setdefault("zero_force_ds_cpu_optimizer", False)
+    config["managed_gradient_accumulation"] = False
+    return config
+
+
+def zero_problems(
+    stage: Any,
+    offload_optimizer: Any,
+    offload_parameters: Any,
+    nvme_path: str | None,
+    cpu_optimizer: Any,
+    config_stage: Any = None,
+    has_config: bool = False,
+) -> list[str]:
+    """Every problem with a ZeRO configuration, each with its fix."""
+    problems = []
+    if has_config and (offload_optimizer != "none" or offload_parameters != "none" or nvme_path):
+        problems.append(
+            "offload_optimizer/offload_parameters/nvme_path are ignored when config is given; "
+            "set zero_optimization.offload_optimizer / offload_param in the config instead."
+        )
+        return problems
+    if stage not in (1, 2, 3):
+        problems.append(
+            f"stage={stage!r} is not a ZeRO stage; use 1 (shard optimizer state), 2 (+ gradients) or 3 (+ parameters)."
+        )
+    if config_stage is not None and stage != config_stage:
+        problems.append(f"stage={stage} disagrees with the config's zero_optimization.stage={config_stage}; keep one.")
+    for name, value in (("offload_optimizer", offload_optimizer), ("offload_parameters", offload_parameters)):
+        if value not in OFFLOAD_DEVICES:
+            problems.append(f"{name}={value!r} is not one of {OFFLOAD_DEVICES}.")
+    if offload_parameters != "none" and stage != 3:
+        problems.append(
+            f"offload_parameters={offload_parameters!r} needs stage=3 (only stage 3 partitions parameters); "
+            "use stage=3 or offload_parameters='none'."
+        )
+    if "nvme" in (offload_optimizer, offload_parameters) and not nvme_path:
+        problems.append("NVMe offload needs nvme_path=<folder on a fast local disk>; set it or use offload 'cpu'.")
+    if nvme_path and "nvme" not in (offload_optimizer, offload_parameters):
+        problems.append(
+            f"nvme_path={nvme_path!r} is unused; set offload_optimizer/offload_parameters='nvme' or drop nvme_path."
+        )
+    if cpu_optimizer not in CPU_OPTIMIZERS:
+        problems.append(f"cpu_optimizer={cpu_optimizer!r} is not one of {CPU_OPTIMIZERS}.")
+    elif cpu_optimizer == "deepspeed" and offload_optimizer == "none":
+        problems.append(
+            "cpu_optimizer='deepspeed' runs the optimizer on CPU; it needs offload_optimizer='cpu' or 'nvme' "
+            "(or use cpu_optimizer='torch')."
+        )
+    return problems
+
+
+def deepspeed_cpu_adam(optimizer: Optimizer) -> Optimizer:
+    """DeepSpeed's fused CPU Adam with the param groups (and hyper-parameters) of a torch Adam/AdamW."""
+    if type(optimizer) not in (Adam, AdamW):
+        raise ValueError(
+            f"cpu_optimizer='deepspeed' replaces torch Adam/AdamW only, got {type(optimizer).__name__}; "
+            "use cpu_optimizer='torch' or configure torch.optim.AdamW."
+        )
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    decoupled = isinstance(optimizer, AdamW) or optimizer.defaults.get("decoupled_weight_decay", False)
+    return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=bool(decoupled))
+
+
+class ZeROStrategy(DeepSpeedStrategy):
+    """DeepSpeed ZeRO on CUDA or CPU ranks, for any LightningModule, with Lightning owning gradient accumulation.
+
+    Args:
+        stage: ZeRO stage: ``1`` shards optimizer state, ``2`` also gradients, ``3`` also parameters. Default 2,
+            or the ``zero_optimization.stage`` of ``config``.
+        offload_optimizer: Where optimizer state lives and the optimizer runs: ``"none"`` (on the device),
+            ``"cpu"``, ``"nvme"`` (ZeRO-Infinity; needs ``nvme_path`` and Debian's ``libaio-dev``).
+        offload_parameters: Where parameters live between uses (stage 3 only): ``"none"``, ``"cpu"``, ``"nvme"``.
+        nvme_path: Folder on a fast local disk for NVMe offload (one per node; DeepSpeed only swaps tensors of
+            at least 1 MiB per rank, smaller ones stay in memory).
+        config: A DeepSpeed JSON config (path or dict), e.g. one written for the Hugging Face Trainer. Its
+            ``zero_optimization`` replaces the arguments above (passing a conflicting ``stage`` is an error).
+            ``"auto"`` values are filled from the Trainer, module and data module as the HF integration does, and
+            explicit values that disagree with them fail before training, all listed in one error (see
+            ``gym_lightning.strategies.hf_deepspeed_config``). ``gradient_accumulation_steps`` is the Trainer's
+            ``accumulate_grad_batches`` (adopted when the Trainer's is left at 1). An ``optimizer``/``scheduler``
+            block makes DeepSpeed build them; without one the module's ``configure_optimizers`` is used. ZeRO++
+            keys (``zero_quantized_weights``, ``zero_quantized_gradients``, ``zero_hpz_partition_size``) pass
+            through on CUDA and are refused, with the reason, on CPU ranks.
+        cpu_optimizer: With optimizer offload: ``"torch"`` (default) runs the module's own torch optimizer on the
+            offloaded fp32 partitions — results match a single-process run with that optimizer; ``"deepspeed"``
+            replaces torch Adam/AdamW by DeepSpeed's fused ``DeepSpeedCPUAdam`` (several times faster on large
+            models, same update rule, different rounding; JIT-compiled on first use).
+        pin_memory: Pin offloaded host memory (faster host-device copies on CUDA, more locked RAM).
+        bucket_size: Elements per all-gather / reduce bucket (memory vs. communication efficiency).
+        load_full_weights: Resume stage 3 from a single consolidated checkpoint file instead of a sharded folder.
+        exclude_frozen_parameters: Leave frozen parameters (e.g. the base model under LoRA) out of checkpoints.
+        logging_level: DeepSpeed's log level.
+        accelerator: As for ``DeepSpeedStrategy`` (normally chosen by the Trainer).
+        parallel_devices: As for ``DeepSpeedStrategy`` (normally chosen by the Trainer).
+        cluster_environment: As for ``DeepSpeedStrategy`` (torchrun, SLURM, ... detected by the Trainer).
+        precision_plugin: As for ``DeepSpeedStrategy``.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
+        timeout: Timeout of collective operations.
+
+    Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
+    CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
+    """
+
+    strategy_name = "zero"
+
+    def __init__(
+        self,
+        stage: Literal[1, 2, 3] | None = None,
+        offload_optimizer: OffloadDevice = "none",
+        offload_parameters: OffloadDevice = "none",
+        nvme_path: str | None = None,
+        config: str | dict[str, Any] | None = None,
+        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
+        pin_memory: bool = False,
+        bucket_size: int = 200_000_000,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        logging_level: int = logging.WARN,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        user_config = load_config(config)
+        zero_section = (user_config or {}).get("zero_optimization") or {}
+        config_stage = zero_section.get("stage") if user_config is not None else None
+        resolved_stage = stage if stage is not None else (config_stage if config_stage is not None else 2)
+        raise_if_problems(
+            type(self).__name__,
+            zero_problems(
+                resolved_stage,
+                offload_optimizer,
+                offload_parameters,
+                nvme_path,
+                cpu_optimizer,
+                config_stage,
+                has_config=user_config is not None,
+            ),
+        )
+        if user_config is None:
+            user_config = zero_config(
+                resolved_stage, offload_optimizer, offload_parameters, nvme_path, pin_memory, bucket_size
+            )
+        super().__init__(
+            accelerator=accelerator,
+            config=apply_gym_defaults(user_config),
+            logging_level=logging_level,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            load_full_weights=load_full_weights,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+        )
+        self.stage = resolved_stage
+        self.cpu_optimizer = cpu_optimizer
+        offload_param = zero_section.get("offload_param", {}).get("device") if zero_section else offload_parameters
+        self.remote_device = offload_param if offload_param in ("cpu", "nvme") else None
+        self._hf_deepspeed_config: Any = None
+
+    # ----------------------------------------------------------------------------------------------- environment
+    @override
+    def setup_environment(self) -> None:
+        raise_if_problems(
+            type(self).__name__, zero_plus_plus_problems(self.config, self.root_device.type, self.world_size)
+        )
+        configure_cpu_threads(self.root_device, self.num_processes)
+        if self.root_device.type == "cuda":
+            super().setup_environment()
+            return
+        precision = str(self.precision_plugin.precision)
+        if precision in ("16-mixed", "16-true"):
+            raise ValueError(
+                f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
+            )
+        # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
+        DDPStrategy.setup_environment(self)
+
+    @override
+    def setup_distributed(self) -> None:
+        if self.root_device.type == "cuda":
+            super().setup_distributed()
+            return
+        # Lightning validates CUDA device indices here; CPU devices have none.
+        reset_seed()
+        self.set_world_ranks()
+        self._init_deepspeed_distributed()
+
+    def _deepspeed_args(self) -> argparse.Namespace:
+        # DeepSpeed's device rank: the CUDA index, or the local rank on CPU (Lightning passes None there).
+        index = self.root_device.index
+        return argparse.Namespace(device_rank=index if index is not None else self.local_rank)
+
+    # ------------------------------------------------------------------------------------- accumulation + init
+    @property
+    @override
+    def handles_gradient_accumulation(self) -> bool:
+        # Lightning decides the boundary and calls engine.step() only there (managed_gradient_accumulation=false).
+        return False
+
+    @contextmanager
+    @override
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        # Caller-managed accumulation already defers the stage-1 reduction to step(); stages 2/3 reduce-scatter
+        # every backward by design (DeepSpeed's no_sync() refuses them).
+        yield
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Any:
+        # Lightning already divided by accumulate_grad_batches; scale_wrt_gas=True would divide a second time.
+        kwargs.setdefault("scale_wrt_gas", False)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def _format_batch_size_and_grad_accum_config(self) -> None:
+        # Hugging Face-style JSONs: "auto" resolved and explicit values checked against the Trainer/module as the
+        # HF Trainer does (strategies/hf_deepspeed_config.py). Runs before the model exists under ZeRO-3.
+        if self.lightning_module is None:
+            return
+        trainer = self.lightning_module.trainer
+        # accumulate_grad_batches and gradient_accumulation_steps are one setting: adopt the JSON's before anything
+        # (the step count, the DataLoader's token window) reads the Trainer's.
+        trainer.accumulate_grad_batches = adopted_accumulation(self.config, trainer.accumulate_grad_batches)
+        facts = training_facts(trainer, self.lightning_module, self.config, self._micro_batch_size())
+        self.config = resolve_hf_deepspeed_config(self.config, facts)
+        self.config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size)
+        if "optimizer" in self.config and "scheduler" not in self.config:
+            rank_zero_warn(
+                "The DeepSpeed config has an optimizer block but no scheduler block: DeepSpeed builds the optimizer "
+                "and the learning rate stays at optimizer.params.lr. Add a scheduler block (e.g. WarmupDecayLR with "
+                '"auto" params) or drop the optimizer block to use the module\'s optimizer and schedule.'
+            )
+
+    def _micro_batch_size(self) -> int:
+        """The per-device training micro-batch: the data module's ``batch_size``, else the DataLoader's."""
+        datamodule = getattr(self.lightning_module.trainer, "datamodule", None)
+        size = getattr(datamodule, "batch_size", None)
+        return size if isinstance(size, int) and not isinstance(size, bool) else self._auto_select_batch_size()
+
+    @override
+    def _init_optimizers(self) -> tuple[Optimizer, Any]:
+        optimizer, scheduler_config = super()._init_optimizers()
+        if self.cpu_optimizer != "deepspeed":
+            return optimizer, scheduler_config
+        fused = deepspeed_cpu_adam(optimizer)
+        if scheduler_config is not None:
+            # The scheduler only reads/writes param_groups' "lr"; point it at the replacement optimizer.
+            scheduler_config.scheduler.optimizer = fused
+        return fused, scheduler_config
+
+    @override
+    def _setup_model_and_optimizer(
+        self, model: nn.Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[Any, Optimizer]:
+        import deepspeed
+
+        # Under stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
+        self.config = cap_bucket_sizes(self.config, sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            args=self._deepspeed_args(),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        return engine, deepspeed_optimizer
+
+    @override
+    def _initialize_deepspeed_inference(self, model: nn.Module) -> None:
+        import deepspeed
+
+        inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
+        for key in ("fp16", "bf16"):
+            if key in self.config:
+                inference_config[key] = self.config[key]
+        if self.zero_stage_3:
+            inference_config["zero_optimization"] = self.config["zero_optimization"]
+            inference_config["zero_allow_untested_optimizer"] = True
+        self.model, _, _, _ = deepspeed.initialize(
+            args=self._deepspeed_args(), config=inference_config, model=model, dist_init_required=False
+        )
+
+    @contextmanager
+    @override
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        # Keep HF's DeepSpeed integration alive while (and after) the model is built: under zero.Init, HF models
+        # built from a config only get their weight initialisation (and from_pretrained its partitioned loading)
+        # when it is active, and generate() then syncs ranks.
+        self._init_config_if_needed()
+        if self.zero_stage_3 and self._hf_deepspeed_config is None:
+            self._hf_deepspeed_config = _activate_hf_deepspeed(self.config)
+        with super().model_sharded_context():
+            yield
+
+    @override
+    def teardown(self) -> None:
+        if self._hf_deepspeed_config is not None:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            self._hf_deepspeed_config = None
+        super().teardown()
+
+    # ---------------------------------------------------------------------------------------------------- export
+    def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere; collective under stage 3.
+
+        Stage 3 gathers one module's parameters at a time, so peak memory is the largest module, not the model.
+        """
+        if not self.zero_stage_3:
+            return cpu_state_dict(model) if self.is_global_zero else {}
+        state_dict: dict[str, torch.Tensor] = {}
+        _gather_stage3_state_dict(model, "", state_dict, self.is_global_zero)
+        return state_dict if self.is_global_zero else {}
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        presets: dict[str, tuple[str, dict[str, Any]]] = {
+            "zero1": ("ZeRO-1: shard optimizer state", {"stage": 1}),
+            "zero2": ("ZeRO-2: shard optimizer state and gradients", {"stage": 2}),
+            "zero3": ("ZeRO-3: shard optimizer state, gradients and parameters", {"stage": 3}),
+            "zero2_offload": ("ZeRO-2 with optimizer offload to CPU", {"stage": 2, "offload_optimizer": "cpu"}),
+            "zero3_offload": (
+                "ZeRO-3 with optimizer and parameter offload to CPU",
+                {"stage": 3, "offload_optimizer": "cpu", "offload_parameters": "cpu"},
+            ),
+        }
+        for name, (description, init_params) in presets.items():
+            strategy_registry.register(name, cls, description=description, override=True, **init_params)
+        strategy_registry.register(
+            "zero_infinity",
+            cls,
+            description=f"ZeRO-3 with optimizer and parameter offload to NVMe under {DEFAULT_NVME_PATH}",
+            override=True,
+            stage=3,
+            offload_optimizer="nvme",
+            offload_parameters="nvme",
+            nvme_path=DEFAULT_NVME_PATH,
+        )
+
+
+def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
+    try:
+        from transformers.integrations import HfDeepSpeedConfig
+    except ImportError:  # a plain LightningModule without transformers installed
+        return None
+    rank_zero_info("gym_lightning: ZeRO-3 model construction with the transformers DeepSpeed integration active.")
+    return HfDeepSpeedConfig(config)
+
+
+def _gather_stage3_state_dict(module: nn.Module, prefix: str, out: dict[str, torch.Tensor], keep: bool) -> None:
+    """Depth-first: gather each module's own partitioned parameters, copy them (rank 0), release them."""
+    import deepspeed
+
+    params = list(module.parameters(recurse=False))
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=bool(params)):
+        if keep:
+            local: dict[str, Any] = {}
+            module._save_to_state_dict(local, prefix, keep_vars=False)
+            out.update({key: value.detach().cpu().clone() for key, value in local.items()})
+    for name, child in module.named_children():
+        _gather_stage3_state_dict(child, f"{prefix}{name}.", out, keep)
+
+
+class ZeRO1Strategy(ZeROStrategy):
+    """``ZeROStrategy(stage=1)``: optimizer state sharded over ranks.
+
+    Arguments as for :class:`ZeROStrategy` (no ``offload_parameters``: only stage 3 partitions parameters).
+    """
+
+    def __init__(
+        self,
+        offload_optimizer: OffloadDevice = "none",
+        nvme_path: str | None = None,
+        config: str | dict[str, Any] | None = None,
+        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
+        pin_memory: bool = False,
+        bucket_size: int = 200_000_000,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        logging_level: int = logging.WARN,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            stage=1,
+            offload_optimizer=offload_optimizer,
+            nvme_path=nvme_path,
+            config=config,
+            cpu_optimizer=cpu_optimizer,
+            pin_memory=pin_memory,
+            bucket_size=bucket_size,
+            load_full_weights=load_full_weights,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+            logging_level=logging_level,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+
+
+class ZeRO2Strategy(ZeROStrategy):
+    """``ZeROStrategy(stage=2)``: optimizer state and gradients sharded over ranks.
+
+    Arguments as for :class:`ZeROStrategy` (no ``offload_parameters``: only stage 3 partitions parameters).
+    """
+
+    def __init__(
+        self,
+        offload_optimizer: OffloadDevice = "none",
+        nvme_path: str | None = None,
+        config: str | dict[str, Any] | None = None,
+        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
+        pin_memory: bool = False,
+        bucket_size: int = 200_000_000,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        logging_level: int = logging.WARN,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            stage=2,
+            offload_optimizer=offload_optimizer,
+            nvme_path=nvme_path,
+            config=config,
+            cpu_optimizer=cpu_optimizer,
+            pin_memory=pin_memory,
+            bucket_size=bucket_size,
+            load_full_weights=load_full_weights,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+            logging_level=logging_level,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+
+
+class ZeRO3Strategy(ZeROStrategy):
+    """``ZeROStrategy(stage=3)``: optimizer state, gradients and parameters sharded over ranks.
+
+    Arguments as for :class:`ZeROStrategy`.
+    """
+
+    def __init__(
+        self,
+        offload_optimizer: OffloadDevice = "none",
+        offload_parameters: OffloadDevice = "none",
+        nvme_path: str | None = None,
+        config: str | dict[str, Any] | None = None,
+        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
+        pin_memory: bool = False,
+        bucket_size: int = 200_000_000,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        logging_level: int = logging.WARN,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            stage=3,
+            offload_optimizer=offload_optimizer,
+            offload_parameters=offload_parameters,
+            nvme_path=nvme_path,
+            config=config,
+            cpu_optimizer=cpu_optimizer,
+            pin_memory=pin_memory,
+            bucket_size=bucket_size,
+            load_full_weights=load_full_weights,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+            logging_level=logging_level,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )

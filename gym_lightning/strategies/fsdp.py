@@ -1,0 +1,231 @@
+"""Fully sharded data parallel (PyTorch FSDP2, ``fully_shard``) that runs on CPU (gloo) and CUDA (nccl).
+
+Lightning's ``FSDPStrategy`` wraps FSDP1 and refuses CPU; its ``ModelParallelStrategy`` runs FSDP2 anywhere but
+leaves sharding to the user's ``configure_model``. This strategy does the sharding itself, the way torchtitan does
+for Llama (https://github.com/pytorch/torchtitan, ``parallelize_llama``): one FSDP unit per transformer decoder layer,
+then one unit per top-level child of the LightningModule, so model code knows nothing of parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from datetime import timedelta
+from typing import Any, Literal
+
+import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch import Trainer
+from lightning.pytorch.strategies import ModelParallelStrategy
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import nn
+from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
+from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
+from torch.distributed.tensor import DTensor
+from typing_extensions import override
+
+from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info
+from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
+
+Sharding = Literal["full", "grad_op", "hybrid", "none"]
+SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
+FSDP_GRADIENT_COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16")
+_HALF = {"fp16": torch.float16, "bf16": torch.bfloat16}
+
+
+def find_layer_classes(model: nn.Module, override_names: Iterable[str] | None = None) -> set[str]:
+    """Class names of the transformer blocks to shard one by one.
+
+    ``override_names`` wins; otherwise the union of ``_no_split_modules`` of every Hugging Face model inside
+    ``model`` (the classes HF itself never splits across devices, i.e. its decoder layers).
+    """
+    if override_names:
+        return set(override_names)
+    names: set[str] = set()
+    for module in model.modules():
+        names.update(getattr(module, "_no_split_modules", None) or [])
+    return names
+
+
+def build_shard_mesh(sharding: str, num_nodes: int, num_processes: int, device_type: str) -> DeviceMesh:
+    """The mesh ``fully_shard`` shards over: 1-D for full/grad_op, 2-D (replicate, shard) for hybrid/none."""
+    world_size = num_nodes * num_processes
+    if sharding in ("full", "grad_op"):
+        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
+    # HSDP: replicate across nodes, shard within a node; "none" replicates everywhere (shard groups of 1 = DDP).
+    shape = (num_nodes, num_processes) if sharding == "hybrid" else (world_size, 1)
+    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+
+
+def mixed_precision_policy(precision: str, gradient_compression: str) -> MixedPrecisionPolicy:
+    """FSDP2 policy from the Trainer's precision: bf16 compute with fp32 gradient reduction under ``bf16-mixed``.
+
+    ``gradient_compression`` fp16/bf16 lowers the dtype of the gradient reduce-scatter only (FSDP's equivalent
+    of DDP's compression hooks).
+    """
+    param_dtype = torch.bfloat16 if precision == "bf16-mixed" else None
+    reduce_dtype = _HALF.get(gradient_compression, torch.float32 if param_dtype is not None else None)
+    return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
+
+
+def unsharded_parameter_names(model: nn.Module) -> list[str]:
+    """Parameters that FSDP does not manage: they would train with no gradient synchronisation at all."""
+    return [name for name, param in model.named_parameters() if not isinstance(param, DTensor)]
+
+
+class GymFSDPStrategy(ModelParallelStrategy):
+    """FSDP2 over all ranks, one shard unit per decoder layer, for any LightningModule on CPU or CUDA.
+
+    Shard units: every module whose class name is in ``layer_classes`` (default: the decoder-layer classes that the
+    Hugging Face model lists in ``_no_split_modules``), then every top-level child of the LightningModule that holds
+    parameters (for a Hugging Face model: embeddings, final norm and LM head). Parameters set directly on the
+    LightningModule cannot be sharded and are refused. Modules the user already sharded in ``configure_model``
+    are left as they are.
+
+    Args:
+        sharding: ``"full"`` (shard parameters, gradients and optimizer state; re-gather parameters for backward —
+            ZeRO-3-like), ``"grad_op"`` (keep gathered parameters from forward to backward: more memory, less
+            traffic — ZeRO-2-like), ``"hybrid"`` (shard within a node, replicate across nodes), ``"none"``
+            (replicate everywhere, like DDP).
+        layer_classes: Class names of the blocks to shard individually (e.g. ``["LlamaDecoderLayer"]``); default
+            from ``_no_split_modules``. It is an error if a name given here matches no module.
+        activation_checkpointing: Recompute each decoder layer's activations in backward instead of storing them.
+        cpu_offload: Keep sharded parameters, gradients and optimizer state in host memory and run the optimizer
+            there (CUDA only; on CPU ranks everything already lives in host memory and this is a no-op).
+        gradient_compression: ``"none"``, or ``"fp16"`` / ``"bf16"`` to reduce-scatter gradients in half precision.
+            PowerSGD is a DDP communication hook and does not exist for FSDP.
+        save_distributed_checkpoint: ``True``: each rank writes its shard (a checkpoint folder, torch distributed
+            checkpoint format). ``False``: rank 0 gathers a single full file.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
+        timeout: Timeout of collective operations.
+
+    The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
+    gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
+    """
+
+    strategy_name = "gym_fsdp"
+
+    def __init__(
+        self,
+        sharding: Sharding = "full",
+        layer_classes: list[str] | None = None,
+        activation_checkpointing: bool = False,
+        cpu_offload: bool = False,
+        gradient_compression: Literal["none", "fp16", "bf16"] = "none",
+        save_distributed_checkpoint: bool = True,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        raise_if_problems(type(self).__name__, _fsdp_problems(sharding, layer_classes, gradient_compression))
+        super().__init__(
+            save_distributed_checkpoint=save_distributed_checkpoint,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+        self.sharding = sharding
+        self.layer_classes = list(layer_classes) if layer_classes else None
+        self.activation_checkpointing = activation_checkpointing
+        self.cpu_offload = cpu_offload
+        self.gradient_compression = gradient_compression
+        self._shard_mesh: DeviceMesh | None = None
+
+    @override
+    def setup_environment(self) -> None:
+        configure_cpu_threads(self.root_device, self.num_processes)
+        # Lightning's mesh (data_parallel x tensor_parallel) becomes pure data parallel; it stays available to
+        # the module's configure_model and drives the distributed sampler.
+        self._data_parallel_size = self.num_nodes * self.num_processes
+        self._tensor_parallel_size = 1
+        super().setup_environment()
+        self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        if self.model is None or self.accelerator is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
+        self.accelerator.setup(trainer)
+        self.model = self.precision_plugin.convert_module(self.model)
+        self.model_to_device()
+        self.shard_module(self.model)
+        self.barrier()
+        if trainer.state.fn == TrainerFn.FITTING:
+            self.setup_optimizers(trainer)
+        self.setup_precision_plugin()
+
+    def shard_module(self, module: nn.Module) -> None:
+        """Apply activation checkpointing and ``fully_shard`` to ``module``'s layers and top-level children."""
+        if own := [name for name, _ in module.named_parameters(recurse=False)]:
+            raise ValueError(
+                f"{type(self).__name__} cannot shard parameters set directly on the LightningModule ({own}); "
+                "move them into a submodule (an nn.Module attribute)."
+            )
+        kwargs = self._fully_shard_kwargs()
+        for layer in self._layers(module):
+            if self.activation_checkpointing:
+                checkpoint_activations(layer)
+            if not isinstance(layer, FSDPModule):
+                fully_shard(layer, **kwargs)
+        for child in module.children():
+            if not isinstance(child, FSDPModule) and any(True for _ in child.parameters()):
+                fully_shard(child, **kwargs)
+        if missing := unsharded_parameter_names(module):
+            raise RuntimeError(f"FSDP left these parameters unsharded (they would not be synchronised): {missing}")
+
+    def _layers(self, module: nn.Module) -> list[nn.Module]:
+        names = find_layer_classes(module, self.layer_classes)
+        layers = [m for m in module.modules() if type(m).__name__ in names and m is not module]
+        if self.layer_classes and not layers:
+            found = sorted({type(m).__name__ for m in module.modules()})
+            raise ValueError(f"layer_classes={self.layer_classes} matched no module; module classes present: {found}")
+        if not layers:
+            rank_zero_info("gym_fsdp: no decoder layers found; each top-level submodule is one shard unit.")
+        return layers
+
+    def _fully_shard_kwargs(self) -> dict[str, Any]:
+        offload: OffloadPolicy = OffloadPolicy()
+        if self.cpu_offload and self.root_device.type == "cuda":
+            offload = CPUOffloadPolicy(pin_memory=True)
+        elif self.cpu_offload:
+            rank_zero_info("gym_fsdp: cpu_offload is a no-op on CPU ranks (parameters already live in host memory).")
+        return {
+            "mesh": self._shard_mesh,
+            "reshard_after_forward": self.sharding != "grad_op",
+            "mp_policy": mixed_precision_policy(str(self.precision_plugin.precision), self.gradient_compression),
+            "offload_policy": offload,
+        }
+
+    def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Gather the full, unsharded CPU state dict of ``model`` on global rank 0 (``{}`` elsewhere); collective."""
+        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
+        state_dict = get_model_state_dict(model, options=options)
+        return state_dict if self.is_global_zero else {}
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects.
+        return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        strategy_registry.register(
+            "gym_fsdp", cls, description="gym_lightning FSDP2, one shard unit per decoder layer", override=True
+        )
+
+
+def _fsdp_problems(sharding: str, layer_classes: Any, gradient_compression: str) -> list[str]:
+    problems = []
+    if sharding not in SHARDINGS:
+        problems.append(f"sharding={sharding!r} is not one of {SHARDINGS}.")
+    if layer_classes is not None and (
+        not isinstance(layer_classes, (list, tuple)) or not all(isinstance(n, str) for n in layer_classes)
+    ):
+        problems.append(f"layer_classes must be a list of class names (str), got {layer_classes!r}.")
+    if gradient_compression == "powersgd":
+        problems.append(
+            "gradient_compression='powersgd' is a DDP communication hook and does not exist for FSDP; use "
+            "'fp16'/'bf16' (half-precision reduce-scatter) or strategy gym_ddp."
+        )
+    elif gradient_compression not in FSDP_GRADIENT_COMPRESSIONS:
+        problems.append(f"gradient_compression={gradient_compression!r} is not one of {FSDP_GRADIENT_COMPRESSIONS}.")
+    return problems

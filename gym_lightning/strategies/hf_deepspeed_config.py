@@ -1,0 +1,427 @@
+"""DeepSpeed JSON configs in the Hugging Face style: resolve ``"auto"`` and find conflicts (pure functions).
+
+Users bring DeepSpeed files written for the Hugging Face Trainer or LLaMA-Factory (``ds_config_zero3.json``), full
+of ``"auto"``. The rules here are those of transformers' ``HfTrainerDeepSpeedConfig``
+(``transformers/integrations/deepspeed.py``: ``trainer_config_process`` and ``trainer_config_finalize``), with
+the Trainer/module/data module in the place of ``TrainingArguments``:
+
+==============================================  =================================================================
+JSON key                                        ``"auto"`` becomes (an explicit value must equal it)
+==============================================  =================================================================
+``train_micro_batch_size_per_gpu``              ``data.batch_size`` (per-device micro-batch)
+``gradient_accumulation_steps``                 ``trainer.accumulate_grad_batches`` (see "One setting" below)
+``train_batch_size``                            world size x micro-batch x accumulation
+``gradient_clipping``                           ``trainer.gradient_clip_val`` (see "One setting" below)
+``optimizer.params.lr``                         ``model.lr``
+``optimizer.params.betas`` / ``eps``            ``model.betas`` / ``model.eps``
+``optimizer.params.weight_decay``               ``model.weight_decay``
+``scheduler.params.warmup_min_lr``              0 (never checked)
+``scheduler.params.warmup_max_lr``              ``model.lr``
+``scheduler.params.warmup_num_steps``           max(1, warm-up steps) (DeepSpeed >= 0.19.6 rejects 0)
+``scheduler.params.total_num_steps``            the Trainer's estimated optimizer steps
+``fp16.enabled`` / ``bf16.enabled``             ``trainer.precision`` is ``16-*`` / ``bf16-*``
+``zero_optimization.reduce_bucket_size``        hidden_size² (never checked)
+``zero_optimization.stage3_prefetch_bucket_size``       0.9 x hidden_size² (never checked)
+``zero_optimization.stage3_param_persistence_threshold``  10 x hidden_size (never checked)
+==============================================  =================================================================
+
+One setting, never two: Lightning's ``accumulate_grad_batches`` and the JSON's ``gradient_accumulation_steps``
+are the same thing, and so are ``gradient_clip_val`` and ``gradient_clipping``. An explicit JSON value is adopted
+when the Trainer's was left unset (``accumulate_grad_batches`` at its default 1 — Lightning cannot tell an explicit
+1 from the default —, ``gradient_clip_val=None``); when both are set they must agree. The resolved config always
+holds the single effective value of both keys. (HF would raise instead; adopting is what a user moving a working
+HF setup expects, and it can never leave the two sides disagreeing.)
+
+Differences from the HF integration: the stage-3 bucket keys are resolved whatever the stage (HF leaves them
+``"auto"`` below stage 3, which DeepSpeed then rejects), and an ``"auto"`` on any other key is an error naming it.
+All problems are collected into one ``ValueError`` that lists each conflict with both values and the fix.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+AUTO = "auto"
+# HF's ``trainer_config_finalize`` derives these from the model width: buckets of one hidden x hidden matrix keep
+# communication in large messages without holding much more than one layer's worth of memory.
+HIDDEN_SIZE_KEYS: tuple[str, ...] = (
+    "zero_optimization.reduce_bucket_size",
+    "zero_optimization.stage3_prefetch_bucket_size",
+    "zero_optimization.stage3_param_persistence_threshold",
+)
+SCHEDULER_STEP_KEYS: tuple[str, ...] = ("scheduler.params.total_num_steps", "scheduler.params.warmup_num_steps")
+# ZeRO++ (Wang et al. 2023, https://arxiv.org/abs/2306.10209): quantized weight all-gather (qwZ), hierarchical
+# secondary partition (hpZ) and quantized gradient reduce-scatter (qgZ). Stage 3 only.
+ZERO_PLUS_PLUS_KEYS: tuple[str, ...] = ("zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size")
+
+# JSON key -> (the Trainer/module setting it mirrors, the ``gym train`` flag that sets it).
+_SIDES: dict[str, tuple[str, str]] = {
+    "train_micro_batch_size_per_gpu": ("data.batch_size", "--per_device_train_batch_size"),
+    "gradient_accumulation_steps": ("trainer.accumulate_grad_batches", "--gradient_accumulation_steps"),
+    "train_batch_size": (
+        "world size x data.batch_size x trainer.accumulate_grad_batches",
+        "--per_device_train_batch_size/--gradient_accumulation_steps/--devices",
+    ),
+    "gradient_clipping": ("trainer.gradient_clip_val", "--max_grad_norm"),
+    "optimizer.params.lr": ("model.lr", "--learning_rate"),
+    "optimizer.params.betas": ("model.betas", "--adam_beta1/--adam_beta2"),
+    "optimizer.params.eps": ("model.eps", "--adam_epsilon"),
+    "optimizer.params.weight_decay": ("model.weight_decay", "--weight_decay"),
+    "scheduler.params.warmup_max_lr": ("model.lr", "--learning_rate"),
+    "scheduler.params.warmup_num_steps": ("model.warmup_steps/model.warmup_ratio", "--warmup_steps/--warmup_ratio"),
+    "scheduler.params.total_num_steps": (
+        "the Trainer's optimizer steps (trainer.max_steps, or max_epochs x batches / accumulation)",
+        "--max_steps/--num_train_epochs",
+    ),
+    "fp16.enabled": ("trainer.precision", "--fp16"),
+    "bf16.enabled": ("trainer.precision", "--bf16"),
+}
+
+
+@dataclass(frozen=True)
+class TrainingFacts:
+    """What the Trainer, the module and the data module say, in the place of HF's ``TrainingArguments``.
+
+    ``None`` means "not known" (or, for the two adoptable settings, "left unset"): an ``"auto"`` that needs it is
+    an error, an explicit JSON value is not checked against it.
+
+    Args:
+        micro_batch_size: Per-device training micro-batch size.
+        accumulate_grad_batches: ``Trainer(accumulate_grad_batches)``; ``None`` when the user left it unset.
+        world_size: Number of data-parallel processes (devices x nodes).
+        gradient_clip_val: ``Trainer(gradient_clip_val)``; ``None`` when unset (0 means no clipping).
+        precision: ``Trainer(precision)`` as a string, e.g. ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``.
+        lr: Peak learning rate of the module's optimizer.
+        betas: Adam betas of the module's optimizer.
+        eps: Adam epsilon of the module's optimizer.
+        weight_decay: Weight decay of the module's optimizer.
+        warmup_steps: Warm-up length in optimizer steps (a ratio already turned into steps).
+        total_steps: Total optimizer steps of the run.
+        hidden_size: The model's hidden size (for the bucket sizes).
+    """
+
+    micro_batch_size: int | None = None
+    accumulate_grad_batches: int | None = None
+    world_size: int = 1
+    gradient_clip_val: float | None = None
+    precision: str = "32-true"
+    lr: float | None = None
+    betas: tuple[float, float] | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    total_steps: int | None = None
+    hidden_size: int | None = None
+
+
+def load_deepspeed_json(config: str | Path | dict[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``config`` as a dict (a path is read as JSON); the caller's dict is never modified."""
+    if isinstance(config, dict):
+        return json.loads(json.dumps(config))
+    path = Path(config)
+    if not path.is_file():
+        raise ValueError(f"DeepSpeed config file not found: {path}; pass an existing JSON file or a dict.")
+    try:
+        value = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise ValueError(f"{path}:{err.lineno}: invalid JSON in the DeepSpeed config ({err.msg}).") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"{path}: a DeepSpeed config must be a JSON object, got {type(value).__name__}.")
+    return value
+
+
+def get_value(config: dict[str, Any], key: str) -> Any:
+    """The value at dotted ``key`` (e.g. ``"optimizer.params.lr"``), or ``None`` if any part is missing."""
+    node, leaf = _parent(config, key)
+    return None if node is None else node.get(leaf)
+
+
+def is_auto(config: dict[str, Any], key: str) -> bool:
+    """Whether dotted ``key`` is ``"auto"`` in ``config``."""
+    return get_value(config, key) == AUTO
+
+
+def needs_total_steps(config: dict[str, Any]) -> bool:
+    """Whether resolving or checking ``config`` needs the run's total optimizer steps (costly to compute)."""
+    return any(get_value(config, key) is not None for key in SCHEDULER_STEP_KEYS)
+
+
+def needs_hidden_size(config: dict[str, Any]) -> bool:
+    """Whether resolving ``config`` needs the model's hidden size."""
+    return any(is_auto(config, key) for key in HIDDEN_SIZE_KEYS)
+
+
+def hidden_size_of(model_config: Any) -> int | None:
+    """The model width as HF picks it: ``hidden_size``, else the largest ``hidden_sizes``, else the text config's."""
+    for candidate in (model_config, getattr(model_config, "text_config", None)):
+        if candidate is None:
+            continue
+        if getattr(candidate, "hidden_size", None) is not None:
+            return int(candidate.hidden_size)
+        if getattr(candidate, "hidden_sizes", None):
+            return int(max(candidate.hidden_sizes))
+    return None
+
+
+def precision_flags(precision: str) -> tuple[bool, bool]:
+    """``(fp16, bf16)`` as HF's ``--fp16``/``--bf16`` would be for a Lightning precision string."""
+    precision = str(precision)
+    return precision.startswith("16") or precision == "half", precision.startswith("bf16")
+
+
+def adopted_value(json_value: Any, trainer_value: Any) -> Any:
+    """The single value of an adoptable setting: the Trainer's if set, else an explicit JSON number, else ``None``."""
+    if trainer_value is not None:
+        return trainer_value
+    return json_value if isinstance(json_value, int | float) and not isinstance(json_value, bool) else None
+
+
+def resolve_hf_deepspeed_config(config: str | Path | dict[str, Any], facts: TrainingFacts) -> dict[str, Any]:
+    """Resolve every ``"auto"`` of an HF-style DeepSpeed config and check its explicit values against ``facts``.
+
+    Returns a new dict (the input is not modified) that always holds ``gradient_accumulation_steps`` and
+    ``gradient_clipping``. Raises one ``ValueError`` listing every conflict (both values and the fix), every
+    ``"auto"`` that ``facts`` cannot fill, and every ``"auto"`` on a key that is not resolvable at all.
+    """
+    resolver = _Resolver(load_deepspeed_json(config))
+    accumulation = resolver.fill_adoptable("gradient_accumulation_steps", facts.accumulate_grad_batches, default=1)
+    resolver.fill_adoptable("gradient_clipping", facts.gradient_clip_val, default=0.0)
+    resolver.fill("train_micro_batch_size_per_gpu", facts.micro_batch_size)
+    total_batch = None if facts.micro_batch_size is None else facts.world_size * facts.micro_batch_size * accumulation
+    resolver.fill("train_batch_size", total_batch)
+    _fill_optimizer_and_scheduler(resolver, facts)
+    fp16, bf16 = precision_flags(facts.precision)
+    resolver.fill("fp16.enabled", fp16, shown=repr(str(facts.precision)))
+    resolver.fill("bf16.enabled", bf16, shown=repr(str(facts.precision)))
+    _fill_hidden_size_keys(resolver, facts.hidden_size)
+    resolver.raise_if_problems()
+    return resolver.config
+
+
+def zero_plus_plus_problems(config: dict[str, Any], device_type: str, world_size: int) -> list[str]:
+    """Problems of the ZeRO++ keys in ``config`` for a run on ``device_type`` ranks (each with its fix).
+
+    qwZ/qgZ run DeepSpeed's CUDA quantization kernels, which have no CPU build; hpZ keeps a secondary parameter
+    partition inside each node so that all-gathers stay on the fast intra-node links, which needs CUDA devices.
+    """
+    zero = config.get("zero_optimization") or {}
+    hpz = zero.get("zero_hpz_partition_size", 1)
+    enabled = [key for key in ZERO_PLUS_PLUS_KEYS[:2] if zero.get(key) is True]
+    enabled += [f"zero_hpz_partition_size={hpz}"] if hpz not in (None, 1) else []
+    if not enabled:
+        return []
+    names = ", ".join(enabled)
+    problems = []
+    if zero.get("stage") != 3:
+        problems.append(
+            f"ZeRO++ ({names}) needs zero_optimization.stage=3, got {zero.get('stage')!r}; use stage 3 or drop them."
+        )
+    if device_type != "cuda":
+        problems.append(
+            f"ZeRO++ ({names}) cannot run on {device_type} ranks: it needs CUDA GPUs (DeepSpeed's quantization "
+            "kernels and hierarchical partitioning have no CPU implementation). Remove these keys (or set them to "
+            "false / 1) for CPU runs; keep them for GPU runs."
+        )
+    elif not isinstance(hpz, int) or isinstance(hpz, bool) or hpz < 1 or world_size % hpz:
+        problems.append(
+            f"zero_hpz_partition_size={hpz!r} must be a whole number >= 1 that divides the world size "
+            f"({world_size}); use the number of GPUs per node."
+        )
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------------ bridge
+def adopted_accumulation(config: dict[str, Any], trainer_value: int) -> int:
+    """The run's one accumulation count: the Trainer's, or the JSON's explicit one when the Trainer's is the default 1.
+
+    Lightning cannot tell ``accumulate_grad_batches=1`` from the default, so 1 counts as "unset" (see above).
+    """
+    json_value = config.get("gradient_accumulation_steps")
+    value = adopted_value(None if json_value == AUTO else json_value, None if trainer_value == 1 else trainer_value)
+    return int(value) if value is not None else 1
+
+
+def training_facts(trainer: Any, module: Any, config: dict[str, Any], micro_batch_size: int | None) -> TrainingFacts:
+    """``TrainingFacts`` from a Lightning Trainer and module (duck-typed: ``hparams`` named as ``CausalLMModule``).
+
+    The total step count (it may build the training DataLoader) and the hidden size (it may read the model config)
+    are only computed when ``config`` needs them. Call after the Trainer's accumulation is final.
+    """
+    hp = dict(getattr(module, "hparams", {}) or {})
+    total = None
+    if needs_total_steps(config):
+        estimated = trainer.estimated_stepping_batches
+        total = int(estimated) if estimated != float("inf") else None
+    warmup = None
+    if total is not None and "warmup_steps" in hp:
+        warmup = hp["warmup_steps"] if hp["warmup_steps"] > 0 else math.ceil(hp.get("warmup_ratio", 0.0) * total)
+    betas = hp.get("betas")
+    return TrainingFacts(
+        micro_batch_size=micro_batch_size,
+        accumulate_grad_batches=None if trainer.accumulate_grad_batches == 1 else trainer.accumulate_grad_batches,
+        world_size=trainer.world_size,
+        gradient_clip_val=trainer.gradient_clip_val,
+        precision=str(trainer.precision),
+        lr=hp.get("lr"),
+        betas=None if betas is None else (float(betas[0]), float(betas[1])),
+        eps=hp.get("eps"),
+        weight_decay=hp.get("weight_decay"),
+        warmup_steps=warmup,
+        total_steps=total,
+        hidden_size=module_hidden_size(module) if needs_hidden_size(config) else None,
+    )
+
+
+def module_hidden_size(module: Any) -> int | None:
+    """The hidden size of a module's HF model: from the built model, else from its config (ZeRO-3 resolves the
+    config before the model is built inside ``zero.Init``)."""
+    model = getattr(module, "model", None)
+    if model is not None and hasattr(model, "config"):
+        return hidden_size_of(model.config)
+    hp = dict(getattr(module, "hparams", {}) or {})
+    if not isinstance(hp.get("model"), str):
+        return None
+    from gym_lightning.models.loading import load_model_config
+
+    config = load_model_config(hp["model"], hp.get("config_overrides"), bool(hp.get("trust_remote_code", False)))
+    return hidden_size_of(config)
+
+
+# --------------------------------------------------------------------------------------------------- internals
+@dataclass
+class _Resolver:
+    config: dict[str, Any]
+    conflicts: list[str] = field(default_factory=list)
+    unknown: list[str] = field(default_factory=list)
+
+    def fill(self, key: str, value: Any, must_match: bool = True, shown: str | None = None) -> None:
+        """HF's ``fill_match``: ``"auto"`` becomes ``value``; an explicit value must equal it (if ``must_match``)."""
+        node, leaf = _parent(self.config, key)
+        if node is None or leaf not in node:
+            return
+        if node[leaf] == AUTO:
+            if value is None:
+                self.unknown.append(key)
+            else:
+                node[leaf] = value
+            return
+        if must_match and value is not None and _differs(node[leaf], value):
+            self.conflicts.append(_conflict(key, node[leaf], value, shown))
+
+    def fill_adoptable(self, key: str, trainer_value: Any, default: Any) -> Any:
+        """One setting shared by the Trainer and the JSON (see the module docstring); returns the single value."""
+        json_value = self.config.get(key)
+        value = adopted_value(None if json_value == AUTO else json_value, trainer_value)
+        value = default if value is None else value
+        if json_value not in (None, AUTO) and _differs(json_value, value):
+            self.conflicts.append(_conflict(key, json_value, value))
+        self.config[key] = value
+        return value
+
+    def raise_if_problems(self) -> None:
+        leftover = [key for key in _auto_keys(self.config) if key not in self.unknown]
+        problems = [*self.conflicts]
+        problems += [
+            f'{key}: "auto" needs a value that is not known here ({_why_unknown(key)}).' for key in self.unknown
+        ]
+        problems += [
+            f'{key}: "auto" is only understood on the keys the Hugging Face Trainer fills; write a value.'
+            for key in leftover
+        ]
+        if problems:
+            lines = "\n".join(f"  - {problem}" for problem in problems)
+            raise ValueError(
+                f"The DeepSpeed config disagrees with the Trainer/module ({len(problems)} problem(s)):\n{lines}\n"
+                'Writing "auto" in the JSON lets the Trainer/module decide.'
+            )
+
+
+def _fill_optimizer_and_scheduler(resolver: _Resolver, facts: TrainingFacts) -> None:
+    resolver.fill("optimizer.params.lr", facts.lr)
+    resolver.fill("optimizer.params.betas", None if facts.betas is None else [float(b) for b in facts.betas])
+    resolver.fill("optimizer.params.eps", facts.eps)
+    resolver.fill("optimizer.params.weight_decay", facts.weight_decay)
+    resolver.fill("scheduler.params.warmup_min_lr", 0, must_match=False)  # no Trainer setting to compare with
+    resolver.fill("scheduler.params.warmup_max_lr", facts.lr)
+    resolver.fill("scheduler.params.total_num_steps", facts.total_steps)
+    warmup = None if facts.warmup_steps is None else max(1, facts.warmup_steps)
+    resolver.fill("scheduler.params.warmup_num_steps", warmup)
+
+
+def _fill_hidden_size_keys(resolver: _Resolver, hidden: int | None) -> None:
+    reduce_bucket, prefetch, persistence = HIDDEN_SIZE_KEYS
+    square = None if hidden is None else hidden * hidden
+    resolver.fill(reduce_bucket, square, must_match=False)
+    resolver.fill(prefetch, None if square is None else int(0.9 * square), must_match=False)
+    resolver.fill(persistence, None if hidden is None else 10 * hidden, must_match=False)
+
+
+def _parent(config: dict[str, Any], key: str) -> tuple[dict[str, Any] | None, str]:
+    *parents, leaf = key.split(".")
+    node: Any = config
+    for part in parents:
+        node = node.get(part) if isinstance(node, dict) else None
+    return (node if isinstance(node, dict) else None), leaf
+
+
+def _differs(json_value: Any, value: Any) -> bool:
+    if isinstance(json_value, list | tuple) and isinstance(value, list | tuple):
+        return list(json_value) != list(value)
+    return json_value != value
+
+
+def _auto_keys(node: Any, prefix: str = "") -> Iterator[str]:
+    if isinstance(node, dict):
+        for key, value in node.items():
+            yield from _auto_keys(value, f"{prefix}{key}.")
+    elif node == AUTO:
+        yield prefix[:-1]
+
+
+def _conflict(key: str, json_value: Any, value: Any, shown: str | None = None) -> str:
+    setting, flag = _SIDES[key]
+    if key in ("fp16.enabled", "bf16.enabled"):
+        wanted = ("16-mixed" if key == "fp16.enabled" else "bf16-mixed") if json_value else "32-true"
+        how = flag if json_value else f"without {flag}"
+        return (
+            f'{key}={json.dumps(json_value)} in the DeepSpeed config but {setting}={shown}: write "auto" in the '
+            f"JSON, or set {setting}={wanted} (gym train: {how})."
+        )
+    return (
+        f"{key}={json.dumps(json_value)} in the DeepSpeed config but {setting} gives {json.dumps(value)}: "
+        f'write "auto" (or {json.dumps(value)}) in the JSON, or change {setting} (gym train: {flag}) to '
+        f"{json.dumps(json_value)}."
+    )
+
+
+def _why_unknown(key: str) -> str:
+    if key in HIDDEN_SIZE_KEYS:
+        return "the model config has no hidden_size/hidden_sizes; write an integer"
+    setting, _ = _SIDES.get(key, (key, ""))
+    return f"{setting} is not available from this module/data module; write a number"
+
+
+__all__ = [
+    "AUTO",
+    "HIDDEN_SIZE_KEYS",
+    "ZERO_PLUS_PLUS_KEYS",
+    "TrainingFacts",
+    "adopted_accumulation",
+    "adopted_value",
+    "get_value",
+    "hidden_size_of",
+    "is_auto",
+    "load_deepspeed_json",
+    "module_hidden_size",
+    "needs_hidden_size",
+    "needs_total_steps",
+    "precision_flags",
+    "resolve_hf_deepspeed_config",
+    "training_facts",
+    "zero_plus_plus_problems",
+]

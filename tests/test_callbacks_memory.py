@@ -1,0 +1,190 @@
+"""MemoryCallback: bytes each rank holds, exact on one process and per ZeRO/FSDP scheme on 2 CPU ranks.
+
+Run as a script (``python tests/test_callbacks_memory.py <strategy> <out_dir>``) it is the training job that the
+multi-rank tests launch; Lightning's launcher starts the second rank by re-running the same command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+import transformers
+from torch.utils.data import DataLoader
+
+from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
+from gym_lightning.callbacks.memory import CATEGORIES, held_bytes
+from gym_lightning.loss import count_target_tokens, summed_cross_entropy
+
+TINY = {
+    "vocab_size": 256,
+    "hidden_size": 32,
+    "intermediate_size": 64,
+    "num_hidden_layers": 2,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+}
+PSI = 34976  # parameters of TINY (hand count in test_callbacks_flops.py)
+FULL = 4 * PSI  # fp32 bytes of one full copy
+LARGEST_PARAM = 4 * 256 * 32  # embedding / lm_head, fp32 bytes
+
+
+class TinyLM(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.model: transformers.PreTrainedModel | None = None
+
+    def configure_model(self) -> None:  # built inside the strategy's sharding context (ZeRO-3)
+        if self.model is None:
+            torch.manual_seed(0)
+            self.model = transformers.LlamaForCausalLM(transformers.LlamaConfig(**TINY))
+
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        logits = self.model(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+        return summed_cross_entropy(logits, batch["labels"]) / count_target_tokens(batch["labels"]).clamp(min=1)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.AdamW(self.parameters(), lr=1e-3)
+
+
+def _rows(n: int = 32, width: int = 16) -> list[dict[str, torch.Tensor]]:
+    generator = torch.Generator().manual_seed(0)
+    rows = []
+    for i in range(n):
+        ids = torch.randint(0, TINY["vocab_size"], (width,), generator=generator)
+        mask = (torch.arange(width) < 4 + i % 12).long()
+        rows.append({"input_ids": ids, "attention_mask": mask, "labels": torch.where(mask.bool(), ids, -100)})
+    return rows
+
+
+# ------------------------------------------------------------------------------------------ one process, exact
+def test_plain_adamw_exact_bytes_and_tied_weights_counted_once() -> None:
+    module = TinyLM()
+    module.configure_model()
+    module.model.tie_weights()
+    optimizer = module.configure_optimizers()
+    batch = {k: v[None] for k, v in _rows(1)[0].items()}
+    module.training_step(batch, 0).backward()
+    before = held_bytes(module, [optimizer], torch.device("cpu"))
+    optimizer.step()
+    after = held_bytes(module, [optimizer], torch.device("cpu"))
+    assert before.on_device["params"] == FULL and before.on_device["grads"] == FULL
+    assert before.on_device["optimizer_state"] == 0  # AdamW creates its state lazily in the first step
+    n_tensors = len(list(module.parameters()))
+    assert after.on_device["optimizer_state"] == 2 * FULL + 4 * n_tensors  # exp_avg, exp_avg_sq, fp32 step
+    assert sum(after.offloaded.values()) == 0
+
+    module.model.lm_head.weight = module.model.model.embed_tokens.weight  # tied: one storage
+    assert held_bytes(module, [], torch.device("cpu")).on_device["params"] == FULL - LARGEST_PARAM
+
+
+# ------------------------------------------------------------------------------------------------- 2 CPU ranks
+def _strategy(name: str) -> Any:
+    if name != "zero3":
+        return name
+    from gym_lightning.strategies import ZeROStrategy
+
+    # DeepSpeed keeps parameters under stage3_param_persistence_threshold (default 1e5 elements) whole on every
+    # rank; every parameter of the tiny model is below it, so lower it to see the partitioning itself.
+    zero = {
+        "stage": 3,
+        "stage3_param_persistence_threshold": 0,
+        "overlap_comm": True,
+        "contiguous_gradients": True,
+        "reduce_bucket_size": 50_000,
+        "allgather_bucket_size": 50_000,
+    }
+    return ZeROStrategy(config={"zero_optimization": zero})
+
+
+def _run(strategy: str, out_dir: str) -> None:
+    import gym_lightning.strategies  # noqa: F401  (registers the strategy names)
+
+    torch.set_num_threads(1)
+    trainer = pl.Trainer(
+        accelerator="cpu",
+        devices=2,
+        strategy=_strategy(strategy),
+        max_steps=3,
+        callbacks=[MemoryCallback(), ThroughputCallback(warmup_steps=1, log_every_n_steps=1)],
+        default_root_dir=out_dir,
+        logger=False,
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
+    trainer.fit(TinyLM(), DataLoader(_rows(), batch_size=4, collate_fn=_collate))
+
+
+def _collate(rows: list[dict[str, torch.Tensor]]) -> dict[str, torch.Tensor]:
+    return {key: torch.stack([row[key] for row in rows]) for key in rows[0]}
+
+
+def run_two_ranks(strategy: str, out_dir: Path, timeout: float = 600) -> dict[str, Any]:
+    """Launch this file on 2 CPU ranks with ``strategy``; return its memory.json."""
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
+    cmd = [sys.executable, __file__, strategy, str(out_dir)]
+    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"{strategy} run failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return json.loads((out_dir / "memory.json").read_text())
+
+
+# Per-rank bytes each scheme should hold with Ψ fp32 parameters, AdamW (2 states) and 2 ranks.
+EXPECTED = {
+    "gym_ddp": {"params": FULL, "master_params": 0, "optimizer_state": 2 * FULL, "grads": FULL},
+    # ZeRO-1 keeps full gradients (it reduces them in step()) and a fp32 master copy of its half
+    "zero1": {"params": FULL, "master_params": FULL / 2, "optimizer_state": FULL, "grads": FULL},
+    "zero2": {"params": FULL, "master_params": FULL / 2, "optimizer_state": FULL, "grads": FULL / 2},
+    "zero3": {"params": FULL / 2, "master_params": FULL / 2, "optimizer_state": FULL, "grads": FULL / 2},
+    "gym_fsdp": {"params": FULL / 2, "master_params": 0, "optimizer_state": FULL, "grads": FULL / 2},
+}
+
+
+def _tolerance(strategy: str, category: str, expected: float) -> float:
+    """1 % + 1 KiB covers alignment padding of flat buffers / shards and Adam's per-tensor ``step`` scalars.
+    ZeRO-2 reduces each gradient whole into the rank whose partition it starts or ends in, so a parameter that
+    straddles the partition boundary is held by both ranks: allow one largest parameter more."""
+    slack = 0.01 * expected + 1024
+    if strategy == "zero2" and category == "grads":
+        slack += LARGEST_PARAM
+    return slack
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", list(EXPECTED))
+def test_bytes_per_rank_match_each_scheme(strategy: str, two_rank_memory_run: Callable[[str], Path]) -> None:
+    out_dir = two_rank_memory_run(strategy)
+    report = json.loads((out_dir / "memory.json").read_text())
+    assert report["world_size"] == 2 and len(report["ranks"]) == 2
+    for rank in report["ranks"]:
+        for moment in ("after_first_step", "end"):
+            held = rank[moment]
+            for category, expected in EXPECTED[strategy].items():
+                actual = held[category]["on_device"] + held[category]["offloaded"]
+                assert abs(actual - expected) <= _tolerance(strategy, category, expected), (
+                    f"{strategy} rank {rank['rank']} {moment} {category}: {actual} B, expected ~{expected:.0f} B"
+                )
+            assert held["total"] == sum(held[c]["on_device"] + held[c]["offloaded"] for c in CATEGORIES)
+        # not compared with the total: DeepSpeed's communication buckets are allocated but mostly never touched
+        assert rank["peak_host_rss"] > FULL
+        assert rank["cuda_max_allocated"] is None  # CPU run
+    throughput = json.loads((out_dir / "throughput.json").read_text())
+    # 2 measured steps x 2 ranks x batch 4
+    assert throughput["job_counts"]["samples"] == 16 and throughput["world_size"] == 2
+
+
+if __name__ == "__main__":
+    _run(sys.argv[1], sys.argv[2])

@@ -1,0 +1,269 @@
+"""``gym train``: HF Trainer flags -> the LightningCLI arguments of ``gym fit`` (one code path)."""
+
+from __future__ import annotations
+
+import csv
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+import yaml
+from helpers.dist import REPO_ROOT, rank_env, run_python
+
+from gym_lightning import cli
+from gym_lightning.hf_train import build_parser, to_cli_args
+
+DS_ZERO3 = REPO_ROOT / "configs" / "deepspeed" / "ds_zero3.json"
+BASE = ["--model_name_or_path", "tiny-llama", "--dataset", "addition"]
+
+
+def _cli_args(*flags: str) -> dict[str, str]:
+    """The ``--key=value`` arguments ``gym train`` would hand to LightningCLI, as a dict."""
+    args = to_cli_args(build_parser().parse_args([*BASE, *flags]))
+    assert args[0] == "fit"
+    return dict(arg[2:].split("=", 1) for arg in args[1:])
+
+
+def test_hf_flags_map_onto_the_fit_configuration() -> None:
+    args = _cli_args(
+        *("--per_device_train_batch_size", "4", "--per_device_eval_batch_size", "16"),
+        *("--gradient_accumulation_steps", "2", "--learning_rate", "1e-4", "--weight_decay", "0.1"),
+        *("--adam_beta2", "0.95", "--max_grad_norm", "0.5", "--warmup_ratio", "0.1", "--lr_scheduler_type", "cosine"),
+        *("--num_train_epochs", "2", "--bf16", "--gradient_checkpointing", "--output_dir", "out/run"),
+        *("--logging_steps", "5", "--eval_steps", "10", "--save_steps", "20", "--save_total_limit", "3"),
+        *("--seed", "7", "--max_seq_length", "64", "--data_format", "alpaca", "--devices", "2", "--num_nodes", "1"),
+        *("--accelerator", "cpu", "--resume_from_checkpoint", "last.ckpt", "--train_on_prompt", "--packing"),
+    )
+    expected = {
+        "seed_everything": "7",
+        "data.seed": "7",
+        "data.batch_size": "4",
+        "data.eval_batch_size": "16",
+        "data.max_seq_length": "64",
+        "data.format": "alpaca",
+        "data.mask_prompt": "false",
+        "data.packing": "true",
+        "trainer.accumulate_grad_batches": "2",
+        "trainer.gradient_clip_val": "0.5",
+        "trainer.precision": "bf16-mixed",
+        "trainer.max_epochs": "2",
+        "trainer.log_every_n_steps": "5",
+        # Lightning's val_check_interval counts micro-batches: 10 optimizer steps x 2 micro-batches.
+        "trainer.val_check_interval": "20",
+        "trainer.check_val_every_n_epoch": "null",
+        "trainer.default_root_dir": "out/run",
+        "trainer.devices": "2",
+        "trainer.accelerator": "cpu",
+        "model.lr": "0.0001",
+        "model.weight_decay": "0.1",
+        "model.betas": "[0.9, 0.95]",
+        "model.scheduler": "cosine",
+        "model.warmup_ratio": "0.1",
+        "model.gradient_checkpointing": "true",
+        "model.export_dir": "out/run/hf",
+        "ckpt_path": "last.ckpt",
+    }
+    assert {key: args.get(key) for key in expected} == expected
+    (checkpoint,) = json.loads(args["trainer.callbacks"])
+    assert checkpoint["class_path"] == "lightning.pytorch.callbacks.ModelCheckpoint"
+    assert checkpoint["init_args"] | {"dirpath": None} == {
+        "dirpath": None,
+        "every_n_train_steps": 20,
+        "save_top_k": 3,
+        "monitor": "step",
+        "mode": "max",
+    }
+    assert Path(checkpoint["init_args"]["dirpath"]) == Path("out/run/checkpoints")
+
+
+def test_hf_defaults_and_other_choices() -> None:
+    args = _cli_args("--max_steps", "7", "--lr_scheduler_type", "constant", "--warmup_steps", "5", "--fp16")
+    assert args["trainer.max_steps"] == "7" and args["trainer.max_epochs"] == "-1"  # max_steps wins, as in HF
+    assert args["model.scheduler"] == "constant" and args["model.warmup_steps"] == "0"  # HF constant: no warm-up
+    assert args["trainer.precision"] == "16-mixed"
+    assert args["trainer.gradient_clip_val"] == "1.0" and args["model.lr"] == "5e-05"  # HF defaults
+    assert args["trainer.limit_val_batches"] == "0"  # eval_strategy "no" by default, as HF
+    assert "trainer.strategy" not in args
+    lora = _cli_args(
+        "--use_lora", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", "--save_strategy", "no"
+    )
+    assert json.loads(lora["model.lora"]) == {"r": 4, "target_modules": ["q_proj", "v_proj"]}
+    assert lora["trainer.enable_checkpointing"] == "false" and "trainer.callbacks" not in lora
+    epoch = _cli_args("--do_eval", "--report_to", "csv", "--output_dir", "o")
+    assert epoch["trainer.check_val_every_n_epoch"] == "1"
+    assert json.loads(epoch["trainer.logger"])["init_args"] == {"save_dir": "o", "name": "logs"}
+
+
+def test_deepspeed_flag_makes_a_zero_strategy_and_shared_settings_come_from_the_json(tmp_path: Path) -> None:
+    args = _cli_args("--deepspeed", str(DS_ZERO3))
+    strategy = json.loads(args["trainer.strategy"])
+    assert strategy == {"class_path": "gym_lightning.strategies.ZeROStrategy", "init_args": {"config": str(DS_ZERO3)}}
+    assert args["trainer.accumulate_grad_batches"] == "1" and args["trainer.gradient_clip_val"] == "1.0"
+    explicit = tmp_path / "ds.json"
+    explicit.write_text(json.dumps({"gradient_accumulation_steps": 4, "gradient_clipping": 0.3}))
+    args = _cli_args("--deepspeed", str(explicit))
+    assert args["trainer.accumulate_grad_batches"] == "4" and args["trainer.gradient_clip_val"] == "0.3"
+    # Flags given on the command line are the Trainer's side; the strategy then reports any disagreement.
+    args = _cli_args("--deepspeed", str(explicit), "--gradient_accumulation_steps", "2", "--max_grad_norm", "0")
+    assert args["trainer.accumulate_grad_batches"] == "2" and args["trainer.gradient_clip_val"] == "0.0"
+
+
+def test_help_lists_the_hf_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--help"])
+    assert info.value.code == 0
+    out = capsys.readouterr().out
+    for flag in (
+        "--model_name_or_path",
+        "--deepspeed",
+        "--per_device_train_batch_size",
+        "--per_device_eval_batch_size",
+        "--gradient_accumulation_steps",
+        "--learning_rate",
+        "--num_train_epochs",
+        "--max_steps",
+        "--warmup_steps",
+        "--warmup_ratio",
+        "--lr_scheduler_type",
+        "--weight_decay",
+        "--max_grad_norm",
+        "--bf16",
+        "--fp16",
+        "--gradient_checkpointing",
+        "--output_dir",
+        "--logging_steps",
+        "--save_steps",
+        "--eval_steps",
+        "--seed",
+        "--resume_from_checkpoint",
+        "--train_file",
+        "--validation_file",
+        "--data_format",
+        "--max_seq_length",
+        "--use_lora",
+        "--lora_r",
+        "--lora_alpha",
+        "--lora_dropout",
+        "--lora_target_modules",
+        "--devices",
+        "--num_nodes",
+        "--print_config",
+    ):
+        assert flag in out, flag
+    assert "Peak AdamW learning rate" in out
+
+
+@pytest.mark.parametrize(
+    ("flag", "suggestion"),
+    [("--lerning_rate", "--learning_rate"), ("--gradient_acumulation_steps", "--gradient_accumulation_steps")],
+)
+def test_unknown_flag_suggests_the_closest(capsys: pytest.CaptureFixture[str], flag: str, suggestion: str) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *BASE, flag, "1"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err == f"gym train: error: unrecognized argument {flag}; did you mean {suggestion}?\n"
+
+
+def test_bad_flag_combinations_fail_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", "--model_name_or_path", "tiny-llama", "--bf16", "--fp16", "--lora_r", "4"])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    for text in ("--bf16 and --fp16", "no training data", "--lora_r need --use_lora"):
+        assert text in err
+
+
+def _losses(root: Path) -> list[float]:
+    (metrics,) = root.glob("logs/version_*/metrics.csv")
+    with metrics.open() as file:
+        return [float(row["train/loss"]) for row in csv.DictReader(file) if row.get("train/loss")]
+
+
+@pytest.mark.slow
+def test_print_config_yaml_reproduces_the_run(tmp_path: Path) -> None:
+    out = tmp_path / "run"
+    flags = [
+        *BASE,
+        *("--max_steps", "4", "--per_device_train_batch_size", "8", "--gradient_accumulation_steps", "2"),
+        *("--learning_rate", "3e-3", "--warmup_steps", "1", "--max_seq_length", "32", "--logging_steps", "1"),
+        *("--report_to", "csv", "--save_strategy", "no", "--accelerator", "cpu", "--devices", "1"),
+        *("--output_dir", str(out)),
+    ]
+    env = rank_env()
+    printed = run_python(["-m", "gym_lightning", "train", *flags, "--print_config"], timeout=300, env=env).stdout
+    config = yaml.safe_load(printed)
+    assert config["trainer"]["accumulate_grad_batches"] == 2 and config["model"]["lr"] == 3e-3
+    config_path = tmp_path / "train.yaml"
+    config_path.write_text(printed)
+
+    run_python(["-m", "gym_lightning", "train", *flags], timeout=300, env=env)
+    from_train = _losses(out)
+    assert len(from_train) == 4 and all(loss > 0 for loss in from_train)
+    assert (out / "hf" / "config.json").is_file()
+    shutil.rmtree(out)
+
+    run_python(["-m", "gym_lightning", "fit", "--config", str(config_path)], timeout=300, env=env)
+    assert _losses(out) == from_train
+
+
+# ------------------------------------------------------------------------------------------ shipped DeepSpeed JSONs
+# Each shipped JSON through `gym train` on 2 CPU ranks (Lightning launches the second), 3 optimizer steps of the
+# tiny Llama, every "auto" resolved from the flags. The logged loss is rank 0's local one, and the data order of 2
+# ranks is not that of 1 process, so runs are compared with each other: the first loss (before any update) is the
+# same for all six; configs without an optimizer block (the module's torch AdamW and schedule) agree with each
+# other at every step, and so do the offload configs, whose HF-docs optimizer/scheduler blocks make DeepSpeed
+# build DeepSpeedCPUAdam and WarmupDecayLR (its log warm-up starts at lr 0, so their second loss differs from
+# the module-optimizer runs: proof that the JSON's blocks were used). Tolerance 1e-5 relative: fp32, ZeRO-3
+# re-partitions parameters; a normalisation bug moves losses by >= 1e-2 (tests/test_strategies_multirank.py).
+DS_DIR = REPO_ROOT / "configs" / "deepspeed"
+MODULE_OPTIMIZER = ["ds_zero1", "ds_zero2", "ds_zero3"]
+JSON_OPTIMIZER = ["ds_zero2_offload", "ds_zero3_offload", "ds_zero_infinity"]
+RUN_FLAGS = [
+    *BASE,
+    *("--max_steps", "3", "--gradient_accumulation_steps", "2", "--learning_rate", "3e-3", "--warmup_steps", "1"),
+    *("--max_seq_length", "32", "--logging_steps", "1", "--report_to", "csv", "--save_strategy", "no"),
+    *("--accelerator", "cpu", "--devices", "2", "--per_device_train_batch_size", "4"),
+]
+
+
+def _shipped(name: str, tmp_path: Path) -> Path:
+    if name != "ds_zero_infinity":
+        return DS_DIR / f"{name}.json"
+    config = json.loads((DS_DIR / f"{name}.json").read_text())
+    for key in ("offload_optimizer", "offload_param"):
+        config["zero_optimization"][key]["nvme_path"] = str(tmp_path / "nvme")
+    path = tmp_path / f"{name}.json"
+    path.write_text(json.dumps(config))
+    return path
+
+
+@pytest.fixture(scope="module")
+def shipped_losses() -> dict[str, list[float]]:
+    return {}
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODULE_OPTIMIZER + JSON_OPTIMIZER)
+def test_shipped_json_trains_on_two_cpu_ranks(
+    name: str, tmp_path: Path, shipped_losses: dict[str, list[float]]
+) -> None:
+    from transformers import AutoModelForCausalLM
+
+    out = tmp_path / "run"
+    config = _shipped(name, tmp_path)
+    run_python(["-m", "gym_lightning", "train", *RUN_FLAGS, "--output_dir", str(out), "--deepspeed", str(config)], 600)
+    losses = _losses(out)
+    assert len(losses) == 3
+    same_kind = MODULE_OPTIMIZER if name in MODULE_OPTIMIZER else JSON_OPTIMIZER
+    for other, other_losses in shipped_losses.items():
+        assert losses[0] == pytest.approx(other_losses[0], rel=1e-5), other
+        if other in same_kind:
+            assert losses == pytest.approx(other_losses, rel=1e-5), other
+        else:
+            assert losses[1] != pytest.approx(other_losses[1], rel=1e-4), other
+    shipped_losses[name] = losses
+    model = AutoModelForCausalLM.from_pretrained(out / "hf")  # the HF folder is complete and loads
+    assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()

@@ -1,0 +1,148 @@
+"""Single-process checks of the strategies: registry names, construction-time validation, pure helpers."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from lightning.pytorch.strategies import StrategyRegistry
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from gym_lightning.strategies import (
+    STRATEGY_NAMES,
+    GymDDPStrategy,
+    GymFSDPStrategy,
+    ZeRO1Strategy,
+    ZeRO3Strategy,
+    ZeROStrategy,
+)
+from gym_lightning.strategies._common import threads_per_rank
+from gym_lightning.strategies.deepspeed import zero_config
+from gym_lightning.strategies.fsdp import find_layer_classes, mixed_precision_policy
+
+
+@pytest.mark.parametrize(
+    ("name", "cls", "attrs"),
+    [
+        ("gym_ddp", GymDDPStrategy, {}),
+        ("gym_fsdp", GymFSDPStrategy, {"sharding": "full"}),
+        ("zero1", ZeROStrategy, {"stage": 1}),
+        ("zero2", ZeROStrategy, {"stage": 2}),
+        ("zero3", ZeROStrategy, {"stage": 3}),
+        ("zero2_offload", ZeROStrategy, {"stage": 2}),
+        ("zero3_offload", ZeROStrategy, {"stage": 3, "remote_device": "cpu"}),
+        ("zero_infinity", ZeROStrategy, {"stage": 3, "remote_device": "nvme"}),
+    ],
+)
+def test_registered_names_build_the_right_strategy(name: str, cls: type, attrs: dict) -> None:
+    assert name in STRATEGY_NAMES
+    strategy = StrategyRegistry.get(name)
+    assert type(strategy) is cls
+    for key, value in attrs.items():
+        assert getattr(strategy, key) == value
+
+
+def test_offload_presets_write_the_offload_sections() -> None:
+    zero = StrategyRegistry.get("zero3_offload").config["zero_optimization"]
+    assert zero["offload_optimizer"]["device"] == zero["offload_param"]["device"] == "cpu"
+    assert StrategyRegistry.get("zero2_offload").config["zero_optimization"]["offload_optimizer"]["device"] == "cpu"
+    assert "offload_param" not in StrategyRegistry.get("zero2_offload").config["zero_optimization"]
+
+
+def test_zero_config_lets_lightning_own_accumulation_and_keeps_the_torch_optimizer() -> None:
+    config = ZeROStrategy(stage=2).config
+    assert config["managed_gradient_accumulation"] is False
+    assert config["zero_force_ds_cpu_optimizer"] is False
+    assert "gradient_accumulation_steps" not in config  # filled from the Trainer at setup
+    assert zero_config(1, "none", "none", None, False, 10)["zero_optimization"]["overlap_comm"] is False
+
+
+def test_zero_reports_every_problem_in_one_error() -> None:
+    with pytest.raises(ValueError) as info:
+        ZeROStrategy(stage=4, offload_optimizer="disk", offload_parameters="nvme", cpu_optimizer="fast")
+    message = str(info.value)
+    assert "stage=4 is not a ZeRO stage" in message
+    assert "offload_optimizer='disk'" in message
+    assert "offload_parameters='nvme' needs stage=3" in message
+    assert "NVMe offload needs nvme_path" in message
+    assert "cpu_optimizer='fast'" in message
+    assert "5 problem(s)" in message
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "expected"),
+    [
+        ({"stage": 2, "offload_parameters": "cpu"}, "needs stage=3"),
+        ({"stage": 3, "nvme_path": "/nvme"}, "nvme_path='/nvme' is unused"),
+        ({"stage": 2, "cpu_optimizer": "deepspeed"}, "needs offload_optimizer='cpu' or 'nvme'"),
+        ({"stage": 3, "config": {"zero_optimization": {"stage": 2}}}, "disagrees with the config"),
+        ({"config": {"zero_optimization": {"stage": 2}}, "offload_optimizer": "cpu"}, "ignored when config is given"),
+    ],
+)
+def test_zero_invalid_combinations(kwargs: dict, expected: str) -> None:
+    with pytest.raises(ValueError, match=expected):
+        ZeROStrategy(**kwargs)
+
+
+def test_zero_config_dict_sets_the_stage_and_is_copied() -> None:
+    user = {"zero_optimization": {"stage": 3, "offload_param": {"device": "cpu"}}}
+    strategy = ZeROStrategy(config=user)
+    assert strategy.stage == 3 and strategy.remote_device == "cpu"
+    assert "managed_gradient_accumulation" not in user, "the caller's dict must not be modified"
+
+
+def test_zero_convenience_classes() -> None:
+    assert ZeRO1Strategy().stage == 1
+    assert ZeRO3Strategy(offload_optimizer="cpu", offload_parameters="cpu").remote_device == "cpu"
+
+
+def test_ddp_invalid_combinations() -> None:
+    with pytest.raises(ValueError) as info:
+        GymDDPStrategy(gradient_compression="int8", powersgd_rank=0)
+    message = str(info.value)
+    assert "gradient_compression='int8'" in message
+    assert "powersgd_rank=0 only applies to PowerSGD" in message
+    assert "powersgd_rank must be an integer >= 1" in message
+    with pytest.raises(ValueError, match="powersgd_start_iter must be an integer >= 2"):
+        GymDDPStrategy(gradient_compression="powersgd", powersgd_start_iter=1)
+
+
+def test_fsdp_invalid_combinations() -> None:
+    with pytest.raises(ValueError) as info:
+        GymFSDPStrategy(sharding="zero3", layer_classes="LlamaDecoderLayer", gradient_compression="powersgd")
+    message = str(info.value)
+    assert "sharding='zero3'" in message
+    assert "layer_classes must be a list" in message
+    assert "PowerSGD is a DDP" in message or "DDP communication hook" in message
+
+
+def test_fsdp_finds_decoder_layers_from_no_split_modules() -> None:
+    config = LlamaConfig(
+        vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2, num_attention_heads=2
+    )
+    model = torch.nn.ModuleDict({"model": LlamaForCausalLM(config)})
+    assert find_layer_classes(model) == {"LlamaDecoderLayer"}
+    assert find_layer_classes(model, ["LlamaMLP"]) == {"LlamaMLP"}
+    assert find_layer_classes(torch.nn.Linear(2, 2)) == set()
+
+
+def test_fsdp_mixed_precision_policy_follows_trainer_precision() -> None:
+    bf16 = mixed_precision_policy("bf16-mixed", "none")
+    assert (bf16.param_dtype, bf16.reduce_dtype) == (torch.bfloat16, torch.float32)
+    fp32 = mixed_precision_policy("32-true", "none")
+    assert (fp32.param_dtype, fp32.reduce_dtype) == (None, None)
+    compressed = mixed_precision_policy("32-true", "bf16")
+    assert (compressed.param_dtype, compressed.reduce_dtype) == (None, torch.bfloat16)
+
+
+@pytest.mark.parametrize(("ranks", "cpus", "threads"), [(2, 2, 1), (1, 2, 2), (2, 16, 8), (4, 2, 1)])
+def test_threads_per_rank_never_oversubscribes(ranks: int, cpus: int, threads: int) -> None:
+    assert threads_per_rank(ranks, cpus) == threads
+
+
+def test_bucket_sizes_are_capped_at_the_model_size() -> None:
+    from gym_lightning.strategies.deepspeed import cap_bucket_sizes
+
+    config = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 200_000_000, "allgather_bucket_size": 500}}
+    capped = cap_bucket_sizes(config, model_numel=1000)
+    assert capped["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 500}
+    assert config["zero_optimization"]["reduce_bucket_size"] == 200_000_000, "the input must not be modified"
