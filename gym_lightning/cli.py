@@ -20,7 +20,11 @@ from gym_lightning.prediction_writer import JsonlPredictionWriter
 USER_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError)
 
 # Commands beside LightningCLI's subcommands: name -> "module:function" taking the remaining arguments.
-COMMANDS: dict[str, str] = {"train": "gym_lightning.hf_train:main", "plan": "gym_lightning.planner.cli:main"}
+COMMANDS: dict[str, str] = {
+    "train": "gym_lightning.hf_train:main",
+    "plan": "gym_lightning.planner.cli:main",
+    "export": "gym_lightning.checkpointing.export:main",
+}
 
 
 class GymCLI(LightningCLI):

@@ -3,15 +3,18 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
+from lightning.pytorch.strategies import DeepSpeedStrategy
+from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_warn
+from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.export import export_from_trainer
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
@@ -24,6 +27,13 @@ from gym_lightning.tokenizer import load_tokenizer
 
 # Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
 torch.serialization.add_safe_globals([GenerationArgs, LoRAArgs])
+
+OnNonFinite = Literal["stop", "skip"]
+SKIPPED_KEY = "gym_skipped_nonfinite_steps"
+
+
+class NonFiniteLossError(RuntimeError):
+    """The training loss or gradients became NaN or infinite; training stopped before the optimizer step."""
 
 
 def resolve_tokenizer_source(model: str, tokenizer: str | None) -> str | None:
@@ -65,6 +75,11 @@ class CausalLMModule(pl.LightningModule):
         generation: How completions are generated for ``predict`` and the exact-match metric.
         val_exact_match: Also score greedy completions of the validation prompts against their references.
         export_dir: Write a Hugging Face folder here at the end of ``fit``; ``None`` skips the export.
+        on_nonfinite: What a NaN/infinite loss (any rank) or gradient (DDP, FSDP, single device) does: ``"stop"``
+            raises ``NonFiniteLossError`` naming the step before the optimizer step runs, so nothing is saved over
+            the last good checkpoint; ``"skip"`` drops that optimizer step (all gradients discarded, the learning-rate
+            schedule still advances) and counts it in ``train/skipped_nonfinite_steps``. ``"skip"`` is not
+            available under DeepSpeed, whose engine owns the gradients; there only the loss is checked.
     """
 
     def __init__(
@@ -89,6 +104,7 @@ class CausalLMModule(pl.LightningModule):
         generation: GenerationArgs = GenerationArgs(),  # noqa: B008 - frozen dataclass, safe as a default
         val_exact_match: bool = False,
         export_dir: str | None = None,
+        on_nonfinite: OnNonFinite = "stop",
     ) -> None:
         super().__init__()
         _validate(locals())
@@ -103,6 +119,8 @@ class CausalLMModule(pl.LightningModule):
         self.val_loss = MeanMetric()
         self.val_exact_match = MeanMetric()
         self._warned_no_step_tokens = False
+        self.skipped_nonfinite_steps = 0
+        self._nonfinite_loss_flags: torch.Tensor | None = None
 
     # ----------------------------------------------------------------------------------------------- building
     @override
@@ -139,8 +157,11 @@ class CausalLMModule(pl.LightningModule):
         ).logits
         return summed_cross_entropy(logits, batch["labels"]), count_target_tokens(batch["labels"])
 
-    def _step_token_count(self, batch: dict[str, Any], local_count: torch.Tensor) -> tuple[torch.Tensor, int]:
-        """Target tokens of this optimizer step over all ranks, and the accumulation factor to undo."""
+    def _step_token_count(
+        self, batch: dict[str, Any], local_count: torch.Tensor, loss_sum: torch.Tensor
+    ) -> tuple[torch.Tensor, int, torch.Tensor]:
+        """Target tokens of this optimizer step over all ranks, the accumulation factor to undo, and per rank a flag
+        that its loss is not finite (one collective for both; the flags stay on the device, no host sync)."""
         if STEP_TOKENS_KEY in batch:
             local, undo = batch[STEP_TOKENS_KEY], self.trainer.accumulate_grad_batches
         else:
@@ -153,19 +174,95 @@ class CausalLMModule(pl.LightningModule):
                 )
                 self._warned_no_step_tokens = True
             local, undo = local_count, 1
-        total = self.trainer.strategy.reduce(local.to(self.device, torch.float32), reduce_op="sum")
-        return total, undo
+        values = torch.zeros(1 + self.trainer.world_size, device=self.device, dtype=torch.float32)
+        values[0] = local.to(self.device, torch.float32)
+        values[1 + self.trainer.global_rank] = float(not torch.isfinite(loss_sum.detach()).all())
+        values = self.trainer.strategy.reduce(values, reduce_op="sum")
+        return values[0], undo, values[1:]
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         loss_sum, count = self._summed_loss(batch)
-        step_tokens, undo_accumulation = self._step_token_count(batch, count)
+        step_tokens, undo_accumulation, loss_flags = self._step_token_count(batch, count, loss_sum)
+        # Checked once per optimizer step (on_before_optimizer_step), not per micro-batch: no host sync here.
+        self._nonfinite_loss_flags = (
+            loss_flags if self._nonfinite_loss_flags is None else (self._nonfinite_loss_flags + loss_flags)
+        )
+        if self.hparams.on_nonfinite == "skip":
+            self.log("train/skipped_nonfinite_steps", float(self.skipped_nonfinite_steps), on_step=True)
         self.train_loss(loss_sum.detach() / count.clamp(min=1), weight=count)
         self.log("train/loss", self.train_loss, on_step=True, on_epoch=False, prog_bar=True)
         # Strategies average gradients over ranks and Lightning divides by the accumulation count: undo both so
         # the summed gradient is d(sum of token losses in the step) / (tokens in the step).
         scale = self.trainer.world_size * undo_accumulation / step_tokens.clamp(min=1.0)
         return loss_sum * scale
+
+    # ----------------------------------------------------------------------------------------------- non-finite guard
+    def _nonfinite_message(self, what: str, ranks: list[int]) -> str:
+        done = self.trainer.global_step
+        where = f"epoch {self.trainer.current_epoch}"
+        return (
+            f"Non-finite training {what} (NaN or inf) on rank(s) {ranks} in optimizer step {done + 1} ({where}; "
+            f"{done} steps completed). Training stopped before this step was applied, so no checkpoint holds it and "
+            "the last checkpoint is the last good state. Lower the learning rate, add gradient clipping or check this "
+            "step's data; or set model.on_nonfinite=skip to drop such steps and continue."
+        )
+
+    def _nonfinite_grad_flags(self) -> torch.Tensor:
+        """Per rank, 1.0 where it holds a NaN/inf gradient (local shards under FSDP); a collective, except under
+        DeepSpeed, whose engine keeps the gradients (``param.grad`` is ``None``): nothing to find, no collective.
+
+        One fused norm over all gradients (foreach kernels) rather than an ``isfinite`` mask and a host sync per
+        parameter: the norm is NaN/inf iff an element is (or the squares overflow fp32, which has diverged anyway).
+        """
+        flags = torch.zeros(self.trainer.world_size, device=self.device, dtype=torch.float32)
+        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            return flags
+        grads = [p.grad for p in self.parameters() if p.grad is not None]
+        grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+        if grads:
+            total = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
+            flags[self.trainer.global_rank] = (~torch.isfinite(total)).float()
+        return self.trainer.strategy.reduce(flags, reduce_op="sum")
+
+    @override
+    def on_fit_start(self) -> None:
+        if self.hparams.on_nonfinite == "skip" and isinstance(self.trainer.strategy, DeepSpeedStrategy):
+            raise ValueError(
+                "model.on_nonfinite='skip' cannot drop an optimizer step under DeepSpeed (its engine holds the "
+                "gradients and always steps); use on_nonfinite='stop' (the default) or a gym_ddp/gym_fsdp strategy."
+            )
+
+    @override
+    def on_train_start(self) -> None:
+        # Resume at the saved mid-epoch data position even though configure_optimizers set up the data early.
+        load_pending_loader_states(self.trainer)
+
+    @override
+    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
+        loss_flags, self._nonfinite_loss_flags = self._nonfinite_loss_flags, None
+        grad_flags = self._nonfinite_grad_flags()
+        if loss_flags is None:
+            loss_flags = torch.zeros_like(grad_flags)
+        loss_ranks, grad_ranks = (torch.nonzero(f).flatten().tolist() for f in (loss_flags, grad_flags))
+        ranks = loss_ranks or grad_ranks
+        if not ranks:
+            return
+        what = "loss" if loss_ranks else "gradient"
+        if self.hparams.on_nonfinite == "stop":
+            raise NonFiniteLossError(self._nonfinite_message(what, ranks))
+        # Gradients set to None make torch optimizers skip every parameter: no update, no moment or step change.
+        optimizer.zero_grad(set_to_none=True)
+        self.skipped_nonfinite_steps += 1
+        rank_zero_warn(f"Skipped optimizer step {self.trainer.global_step + 1}: non-finite {what} on rank(s) {ranks}.")
+
+    @override
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint[SKIPPED_KEY] = self.skipped_nonfinite_steps
+
+    @override
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.skipped_nonfinite_steps = int(checkpoint.get(SKIPPED_KEY, 0))
 
     # ----------------------------------------------------------------------------------------------- evaluation
     @override
@@ -241,8 +338,10 @@ def _validate(args: dict[str, Any]) -> None:
     if args["lora"] is not None:
         problems += args["lora"].problems()
     problems += args["generation"].problems()
+    if args["on_nonfinite"] not in ("stop", "skip"):
+        problems.append(f"on_nonfinite must be 'stop' or 'skip', got {args['on_nonfinite']!r}")
     if problems:
         raise ValueError("Invalid CausalLMModule settings: " + "; ".join(problems) + ".")
 
 
-__all__ = ["CausalLMModule", "resolve_tokenizer_source"]
+__all__ = ["CausalLMModule", "NonFiniteLossError", "resolve_tokenizer_source"]

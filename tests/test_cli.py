@@ -108,3 +108,18 @@ def test_predict_writes_completions(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr[-3000:]
     rows = [json.loads(line) for line in (tmp_path / "predictions.jsonl").read_text().splitlines()]
     assert [row["prompt"] for row in rows] == ["12+30=", "7+8="] and all("completion" in row for row in rows)
+
+
+def test_a_local_model_folder_trains_from_the_cli(tmp_path: Path) -> None:
+    """Model and data module then both name the folder as tokenizer (their hparams must agree for the logger)."""
+    from gym_lightning.models import build_causal_lm
+    from gym_lightning.tokenizer import load_tokenizer
+
+    build_causal_lm("tiny-llama").save_pretrained(tmp_path / "model")
+    load_tokenizer(None).save_pretrained(tmp_path / "model")
+    proc = run_cli(
+        "fit", "--config", "configs/quickstart.yaml", "--model.model", str(tmp_path / "model"),
+        "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
+        "--model.export_dir", "null",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]

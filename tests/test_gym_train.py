@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 import yaml
 from helpers.dist import REPO_ROOT, rank_env, run_python
 
@@ -245,16 +246,31 @@ def shipped_losses() -> dict[str, list[float]]:
     return {}
 
 
+@pytest.fixture(scope="module")
+def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """tiny-llama saved as a local folder: every stage then starts from the same weights (a preset built inside
+    ZeRO-3's zero.Init draws its random initialisation in another order than stages 1/2)."""
+    from gym_lightning.models import build_causal_lm
+    from gym_lightning.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    folder = tmp_path_factory.mktemp("tiny-llama")
+    build_causal_lm("tiny-llama").save_pretrained(folder)
+    load_tokenizer(None).save_pretrained(folder)
+    return folder
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("name", MODULE_OPTIMIZER + JSON_OPTIMIZER)
 def test_shipped_json_trains_on_two_cpu_ranks(
-    name: str, tmp_path: Path, shipped_losses: dict[str, list[float]]
+    name: str, tmp_path: Path, shipped_losses: dict[str, list[float]], tiny_folder: Path
 ) -> None:
     from transformers import AutoModelForCausalLM
 
     out = tmp_path / "run"
     config = _shipped(name, tmp_path)
-    run_python(["-m", "gym_lightning", "train", *RUN_FLAGS, "--output_dir", str(out), "--deepspeed", str(config)], 600)
+    flags = [*RUN_FLAGS, "--model_name_or_path", str(tiny_folder), "--output_dir", str(out), "--deepspeed", str(config)]
+    run_python(["-m", "gym_lightning", "train", *flags], 600)
     losses = _losses(out)
     assert len(losses) == 3
     same_kind = MODULE_OPTIMIZER if name in MODULE_OPTIMIZER else JSON_OPTIMIZER

@@ -146,3 +146,25 @@ def test_bucket_sizes_are_capped_at_the_model_size() -> None:
     capped = cap_bucket_sizes(config, model_numel=1000)
     assert capped["zero_optimization"] == {"stage": 2, "reduce_bucket_size": 1000, "allgather_bucket_size": 500}
     assert config["zero_optimization"]["reduce_bucket_size"] == 200_000_000, "the input must not be modified"
+    # DeepSpeed asserts that bucket sizes are multiples of 2: an odd parameter count is rounded up.
+    assert cap_bucket_sizes(config, model_numel=109_997)["zero_optimization"]["reduce_bucket_size"] == 109_998
+
+
+def test_fsdp_descends_into_module_lists() -> None:
+    """``fully_shard`` refuses containers without a forward; their children become the shard units instead."""
+    import torch.distributed as dist
+    from helpers.dist import free_port
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import FSDPModule
+
+    from gym_lightning.strategies.fsdp import _shard_unit
+
+    blocks = nn.ModuleList([nn.Linear(4, 4), nn.ModuleDict({"a": nn.Linear(4, 4)}), nn.ReLU()])
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        _shard_unit(blocks, {"mesh": init_device_mesh("cpu", (1,))})
+    finally:
+        dist.destroy_process_group()
+    assert isinstance(blocks[0], FSDPModule) and isinstance(blocks[1]["a"], FSDPModule)
+    assert not isinstance(blocks, FSDPModule) and not isinstance(blocks[2], FSDPModule)

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import random
+from collections.abc import Iterator
 from typing import Literal
 
 import torch
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset
+from torch.utils.data import DataLoader, Dataset, RandomSampler
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
@@ -31,6 +32,33 @@ class SampleDataset(Dataset):
 
     def __getitem__(self, index: int) -> TokenizedSample:
         return self.samples[index]
+
+
+class EpochShuffleSampler(RandomSampler):
+    """A new permutation every pass, fixed by ``(seed, epoch)``, so a resumed run sees the same order again.
+
+    Lightning calls ``set_epoch`` at the start of every epoch (for any sampler that has it); without that, each pass
+    takes the next epoch. It is a ``RandomSampler`` so that Lightning still replaces it by its ``DistributedSampler``
+    (seeded the same way, by ``seed_everything``) on several ranks. ``RandomSampler`` with a generator would continue
+    the generator's stream instead, which a resumed process cannot reproduce.
+
+    Args:
+        data_source: The data set.
+        seed: Seed of the permutations.
+    """
+
+    def __init__(self, data_source: Dataset, seed: int) -> None:
+        super().__init__(data_source)
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self) -> Iterator[int]:
+        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        self.epoch += 1
+        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
 
 
 class CausalLMDataModule(LightningDataModule):
@@ -82,7 +110,10 @@ class CausalLMDataModule(LightningDataModule):
         problems = _config_problems(locals())
         if problems:
             raise ValueError("Invalid data configuration:\n" + "\n".join(f"  - {p}" for p in problems))
-        self.save_hyperparameters()
+        # The tokenizer is the model's (the CLI links it from model.tokenizer, resolved to the model's folder or hub
+        # name): it is logged with the module's hyper-parameters, and Lightning refuses to merge a key that both hold
+        # with different values (None there, the resolved name here).
+        self.save_hyperparameters(ignore=["tokenizer"])
         self.dataset = dataset
         self.train_files, self.val_files, self.predict_files = train_files, val_files, predict_files
         self.val_split, self.format, self.tokenizer_source = val_split, format, tokenizer
@@ -108,21 +139,23 @@ class CausalLMDataModule(LightningDataModule):
 
     @override
     def setup(self, stage: str) -> None:
-        if stage == "fit":
-            self._samples.setdefault("train", self._tokenize_train())
-        if stage in ("fit", "validate"):
-            self._samples.setdefault("val", self._tokenize_val())
-        if stage == "predict":
-            self._samples.setdefault("predict", self._tokenize_predict())
+        # Tokenize each split once: Lightning calls setup for every fit/validate/predict (setdefault would evaluate,
+        # i.e. re-tokenize, its argument every time and then discard it).
+        if stage == "fit" and "train" not in self._samples:
+            self._samples["train"] = self._tokenize_train()
+        if stage in ("fit", "validate") and "val" not in self._samples:
+            self._samples["val"] = self._tokenize_val()
+        if stage == "predict" and "predict" not in self._samples:
+            self._samples["predict"] = self._tokenize_predict()
 
     @override
     def train_dataloader(self) -> DataLoader:
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+        dataset = SampleDataset(self._stage_samples("train", "fit"))
         return StepTokenDataLoader(
-            SampleDataset(self._stage_samples("train", "fit")),
+            dataset,
             batch_size=self.batch_size,
-            shuffle=True,
-            generator=torch.Generator().manual_seed(self.seed),
+            sampler=EpochShuffleSampler(dataset, self.seed),
             collate_fn=Collator(self.tokenizer.pad_token_id),
             num_workers=self.num_workers,
             accumulate_grad_batches=accumulate,

@@ -1,10 +1,18 @@
-"""A DataLoader that tells each micro-batch how many target tokens its optimizer step holds.
+"""A DataLoader that tells each micro-batch how many target tokens its optimizer step holds, and can resume mid-epoch.
 
 Lightning gives ``training_step`` one micro-batch at a time, so the module cannot know the token count of the
 whole gradient-accumulation window by itself. This loader reads the window ahead (as the Hugging Face Trainer's
 ``get_batch_samples`` does) and attaches the local count to every batch of the window as ``step_target_tokens``.
 The module sums that count over data-parallel ranks. Windows restart at every epoch and hold
 ``accumulate_grad_batches`` batches, exactly the grouping Lightning's loop uses to decide when to step.
+
+Mid-epoch resume: Lightning's fit loop saves ``state_dict()`` of every training DataLoader that has one in the
+checkpoint and, when it restarts inside an epoch, hands it back through ``load_state_dict`` before iterating
+(``lightning/pytorch/loops/fit_loop.py``, ``_load_combined_loader_states``). The state is the number of batches
+this loader already handed out in the current pass; the next pass skips them, so training continues with the next
+micro-batch of the interrupted epoch. Skipped batches are still read (so that the window grouping, which starts at
+the epoch's first batch, stays the same) but never reach the model. The sampler must give the same order for the
+same epoch (Lightning's ``DistributedSampler`` and ``CausalLMDataModule``'s sampler do, via ``set_epoch``).
 
 It is a plain ``DataLoader`` subclass so that Lightning can still re-create it with a distributed sampler.
 """
@@ -16,15 +24,34 @@ from itertools import islice
 from typing import Any
 
 import torch
-from torch.utils.data import DataLoader
+from torch.utils.data import DataLoader, DistributedSampler
 
 from gym_lightning.loss import count_target_tokens
 
 STEP_TOKENS_KEY = "step_target_tokens"
 
 
+def batches_to_skip(state: dict[str, Any], batch_size: int, num_replicas: int, num_batches: int) -> int:
+    """Batches of this pass to skip to continue after ``state``'s position (0 when that pass was complete).
+
+    The position is kept as samples consumed over all ranks: rank ``r`` of a ``DistributedSampler`` takes
+    ``permutation[r::W]``, so the first ``n`` batches of all ranks together are exactly the permutation's first
+    ``n * batch_size * W`` samples, whatever ``W`` is. That lets a run saved on 2 ranks resume on 1.
+    """
+    consumed = int(state["samples_consumed"])
+    per_batch = batch_size * num_replicas
+    if consumed % per_batch:
+        raise ValueError(
+            f"Cannot resume the data position: {consumed} samples were consumed in the interrupted epoch, not a "
+            f"multiple of the new global batch ({batch_size} per rank x {num_replicas} rank(s)). Resume with a "
+            "batch size and number of ranks whose product divides it, or from an end-of-epoch checkpoint."
+        )
+    skip = consumed // per_batch
+    return 0 if skip >= num_batches else skip
+
+
 class StepTokenDataLoader(DataLoader):
-    """``DataLoader`` whose batches (dicts with ``labels``) carry ``step_target_tokens``.
+    """``DataLoader`` whose batches (dicts with ``labels``) carry ``step_target_tokens``; resumable mid-epoch.
 
     Args:
         *args: As for ``torch.utils.data.DataLoader``.
@@ -40,11 +67,41 @@ class StepTokenDataLoader(DataLoader):
             )
         super().__init__(*args, **kwargs)
         self.accumulate_grad_batches = accumulate_grad_batches
+        self._yielded = 0  # batches handed out in the current pass
+        self._skip = 0  # batches the next pass skips (set by load_state_dict)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
+        skip, self._skip = self._skip, 0
+        self._yielded = 0
         batches = super().__iter__()
+        index = 0
         while window := list(islice(batches, self.accumulate_grad_batches)):
             total = torch.stack([count_target_tokens(batch["labels"]) for batch in window]).sum()
             for batch in window:
+                index += 1
+                if index <= skip:
+                    continue
                 batch[STEP_TOKENS_KEY] = total
+                self._yielded = index  # counted before the consumer sees the batch: a checkpoint taken then has it
                 yield batch
+
+    def _num_replicas(self) -> int:
+        return self.sampler.num_replicas if isinstance(self.sampler, DistributedSampler) else 1
+
+    def state_dict(self) -> dict[str, Any]:
+        """Position in the current pass, as samples consumed over all ranks (see ``batches_to_skip``)."""
+        return {
+            "samples_consumed": self._yielded * int(self.batch_size or 1) * self._num_replicas(),
+            "accumulate_grad_batches": self.accumulate_grad_batches,
+        }
+
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        """Make the next pass start after the saved position."""
+        saved = state_dict.get("accumulate_grad_batches", self.accumulate_grad_batches)
+        if saved != self.accumulate_grad_batches and state_dict.get("samples_consumed", 0):
+            raise ValueError(
+                f"The checkpoint was taken mid-epoch with accumulate_grad_batches={saved}, this run uses "
+                f"{self.accumulate_grad_batches}: the accumulation windows of the interrupted epoch would not line up. "
+                f"Resume with trainer.accumulate_grad_batches={saved}, or from an end-of-epoch checkpoint."
+            )
+        self._skip = batches_to_skip(state_dict, int(self.batch_size or 1), self._num_replicas(), len(self))

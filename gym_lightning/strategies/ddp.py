@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
@@ -17,6 +17,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry
+from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
 
@@ -122,6 +123,12 @@ class GymDDPStrategy(DDPStrategy):
     def full_model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere (every rank holds all weights)."""
         return cpu_state_dict(model) if self.is_global_zero else {}
+
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects.
+        with refuse_unsafe_pickles(checkpoint_path):
+            return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
 
     @classmethod
     @override

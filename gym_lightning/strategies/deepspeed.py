@@ -41,6 +41,7 @@ from torch.optim import Adam, AdamW, Optimizer
 from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, rank_zero_info, rank_zero_warn
+from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
 from gym_lightning.strategies.hf_deepspeed_config import (
     adopted_accumulation,
@@ -90,9 +91,10 @@ def cap_bucket_sizes(config: dict[str, Any], model_numel: int) -> dict[str, Any]
     elements, is 763 MiB of fp32 per rank): for a model smaller than that the excess is never used, only held.
     """
     zero = dict(config.get("zero_optimization", {}))
+    cap = max(2, model_numel + model_numel % 2)  # DeepSpeed wants even bucket sizes (its alignment factor is 2)
     for key in ("reduce_bucket_size", "allgather_bucket_size"):
-        if isinstance(zero.get(key), int | float) and zero[key] > model_numel:
-            zero[key] = max(1, model_numel)
+        if isinstance(zero.get(key), int | float) and zero[key] > cap:
+            zero[key] = cap
     return {**config, "zero_optimization": zero} if zero else config
 
 
@@ -376,6 +378,7 @@ class ZeROStrategy(DeepSpeedStrategy):
             lr_scheduler=lr_scheduler,
             dist_init_required=False,
         )
+        use_weights_only_engine(engine)
         return engine, deepspeed_optimizer
 
     @override
@@ -392,6 +395,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         self.model, _, _, _ = deepspeed.initialize(
             args=self._deepspeed_args(), config=inference_config, model=model, dist_init_required=False
         )
+        use_weights_only_engine(self.model)
 
     @contextmanager
     @override
@@ -413,6 +417,16 @@ class ZeROStrategy(DeepSpeedStrategy):
             unset_hf_deepspeed_config()
             self._hf_deepspeed_config = None
         super().teardown()
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        if not (self.load_full_weights and self.zero_stage_3):
+            raise_if_zero_world_size_changed(checkpoint_path, self.world_size)
+        # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a
+        # weights_only=True one (gym_lightning.checkpointing.safe_load), and a full-weights file loads the same way.
+        with refuse_unsafe_pickles(checkpoint_path):
+            return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
 
     # ---------------------------------------------------------------------------------------------------- export
     def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
@@ -453,6 +467,26 @@ class ZeROStrategy(DeepSpeedStrategy):
         )
 
 
+def zero_checkpoint_world_size(checkpoint_path: str | os.PathLike[str]) -> int | None:
+    """Data-parallel ranks that wrote a DeepSpeed checkpoint folder (one optimizer-state file each), or ``None``."""
+    files = list(Path(checkpoint_path).glob("*/zero_pp_rank_*_mp_rank_*_optim_states.pt"))
+    return len(files) or None
+
+
+def raise_if_zero_world_size_changed(checkpoint_path: str | os.PathLike[str], world_size: int) -> None:
+    """DeepSpeed cannot re-partition ZeRO optimizer state for another rank count: say so before it fails."""
+    saved = zero_checkpoint_world_size(checkpoint_path)
+    if saved is not None and saved != world_size:
+        raise ValueError(
+            f"The ZeRO checkpoint {os.fspath(checkpoint_path)!r} was written by {saved} data-parallel ranks and this "
+            f"run has {world_size}: DeepSpeed cannot re-partition ZeRO optimizer state for another number of ranks. "
+            f"Resume on {saved} ranks; or export the weights (python -m gym_lightning export --checkpoint ... "
+            "--output_dir ...) and start a new run from that folder (optimizer state is lost); or convert it with "
+            "DeepSpeed's ds_to_universal.py and load it as a universal checkpoint. FSDP (gym_fsdp) checkpoints reshard "
+            "on load."
+        )
+
+
 def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
     try:
         from transformers.integrations import HfDeepSpeedConfig
@@ -476,92 +510,66 @@ def _gather_stage3_state_dict(module: nn.Module, prefix: str, out: dict[str, tor
         _gather_stage3_state_dict(child, f"{prefix}{name}.", out, keep)
 
 
-class ZeRO1Strategy(ZeROStrategy):
+class _ZeROStageStrategy(ZeROStrategy):
+    """A ``ZeROStrategy`` with its stage (1 or 2) fixed by the subclass; no ``offload_parameters``, since only stage 3
+    partitions parameters."""
+
+    _stage: Literal[1, 2]
+
+    def __init__(
+        self,
+        offload_optimizer: OffloadDevice = "none",
+        nvme_path: str | None = None,
+        config: str | dict[str, Any] | None = None,
+        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
+        pin_memory: bool = False,
+        bucket_size: int = 200_000_000,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        logging_level: int = logging.WARN,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        super().__init__(
+            stage=self._stage,
+            offload_optimizer=offload_optimizer,
+            nvme_path=nvme_path,
+            config=config,
+            cpu_optimizer=cpu_optimizer,
+            pin_memory=pin_memory,
+            bucket_size=bucket_size,
+            load_full_weights=load_full_weights,
+            exclude_frozen_parameters=exclude_frozen_parameters,
+            logging_level=logging_level,
+            accelerator=accelerator,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=timeout,
+        )
+
+
+class ZeRO1Strategy(_ZeROStageStrategy):
     """``ZeROStrategy(stage=1)``: optimizer state sharded over ranks.
 
     Arguments as for :class:`ZeROStrategy` (no ``offload_parameters``: only stage 3 partitions parameters).
     """
 
-    def __init__(
-        self,
-        offload_optimizer: OffloadDevice = "none",
-        nvme_path: str | None = None,
-        config: str | dict[str, Any] | None = None,
-        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
-        pin_memory: bool = False,
-        bucket_size: int = 200_000_000,
-        load_full_weights: bool = False,
-        exclude_frozen_parameters: bool = False,
-        logging_level: int = logging.WARN,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        precision_plugin: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-    ) -> None:
-        super().__init__(
-            stage=1,
-            offload_optimizer=offload_optimizer,
-            nvme_path=nvme_path,
-            config=config,
-            cpu_optimizer=cpu_optimizer,
-            pin_memory=pin_memory,
-            bucket_size=bucket_size,
-            load_full_weights=load_full_weights,
-            exclude_frozen_parameters=exclude_frozen_parameters,
-            logging_level=logging_level,
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-        )
+    _stage = 1
 
 
-class ZeRO2Strategy(ZeROStrategy):
+class ZeRO2Strategy(_ZeROStageStrategy):
     """``ZeROStrategy(stage=2)``: optimizer state and gradients sharded over ranks.
 
     Arguments as for :class:`ZeROStrategy` (no ``offload_parameters``: only stage 3 partitions parameters).
     """
 
-    def __init__(
-        self,
-        offload_optimizer: OffloadDevice = "none",
-        nvme_path: str | None = None,
-        config: str | dict[str, Any] | None = None,
-        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
-        pin_memory: bool = False,
-        bucket_size: int = 200_000_000,
-        load_full_weights: bool = False,
-        exclude_frozen_parameters: bool = False,
-        logging_level: int = logging.WARN,
-        accelerator: Accelerator | None = None,
-        parallel_devices: list[torch.device] | None = None,
-        cluster_environment: ClusterEnvironment | None = None,
-        precision_plugin: Precision | None = None,
-        process_group_backend: str | None = None,
-        timeout: timedelta | None = default_pg_timeout,
-    ) -> None:
-        super().__init__(
-            stage=2,
-            offload_optimizer=offload_optimizer,
-            nvme_path=nvme_path,
-            config=config,
-            cpu_optimizer=cpu_optimizer,
-            pin_memory=pin_memory,
-            bucket_size=bucket_size,
-            load_full_weights=load_full_weights,
-            exclude_frozen_parameters=exclude_frozen_parameters,
-            logging_level=logging_level,
-            accelerator=accelerator,
-            parallel_devices=parallel_devices,
-            cluster_environment=cluster_environment,
-            precision_plugin=precision_plugin,
-            process_group_backend=process_group_backend,
-            timeout=timeout,
-        )
+    _stage = 2
 
 
 class ZeRO3Strategy(ZeROStrategy):

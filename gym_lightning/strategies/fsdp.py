@@ -25,6 +25,7 @@ from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info
+from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
@@ -166,8 +167,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
             if not isinstance(layer, FSDPModule):
                 fully_shard(layer, **kwargs)
         for child in module.children():
-            if not isinstance(child, FSDPModule) and any(True for _ in child.parameters()):
-                fully_shard(child, **kwargs)
+            _shard_unit(child, kwargs)
         if missing := unsharded_parameter_names(module):
             raise RuntimeError(f"FSDP left these parameters unsharded (they would not be synchronised): {missing}")
 
@@ -202,8 +202,10 @@ class GymFSDPStrategy(ModelParallelStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects.
-        return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
+        # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects. A sharded folder
+        # reshards on load (torch distributed checkpoint), so it may be resumed on a different number of ranks.
+        with refuse_unsafe_pickles(checkpoint_path):
+            return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
 
     @classmethod
     @override
@@ -229,3 +231,15 @@ def _fsdp_problems(sharding: str, layer_classes: Any, gradient_compression: str)
     elif gradient_compression not in FSDP_GRADIENT_COMPRESSIONS:
         problems.append(f"gradient_compression={gradient_compression!r} is not one of {FSDP_GRADIENT_COMPRESSIONS}.")
     return problems
+
+
+def _shard_unit(module: nn.Module, kwargs: dict[str, Any]) -> None:
+    """``fully_shard`` a module that has parameters; containers without a ``forward`` (``ModuleList``,
+    ``ModuleDict``), which ``fully_shard`` refuses, are descended into instead."""
+    if isinstance(module, FSDPModule) or not any(True for _ in module.parameters()):
+        return
+    if isinstance(module, nn.ModuleList | nn.ModuleDict):
+        for child in module.children():
+            _shard_unit(child, kwargs)
+        return
+    fully_shard(module, **kwargs)

@@ -1,0 +1,546 @@
+"""gym_lightning against what users would pick instead, side by side in one run, as ratios; writes docs/benchmarks.md.
+
+    python benchmarks/run.py --quick      # the short pass (~6 min on 2 idle cores, ~8 at load 7); docs/benchmarks.md
+    python benchmarks/run.py              # the full pass (about 25-30 minutes): more repeats, steps and model sizes
+    python benchmarks/run.py --sections zero fsdp --out /tmp/b.md   # a subset
+
+Sections (each comparison runs both sides in the same job, repeats interleaved, side order alternating):
+
+1. ``fit``: ``Trainer.fit`` vs a plain PyTorch loop, 1 process (benchmarks/fit_vs_plain.py's functions).
+2. ``zero``: ``ZeROStrategy`` stage 1/2/3 vs DeepSpeed's engine in a minimal loop, same JSON config, 2 ranks.
+3. ``fsdp``: ``GymFSDPStrategy`` vs a plain FSDP2 loop (``fully_shard`` per decoder layer + root), 2 ranks.
+   (``gym_ddp`` vs a plain DDP loop rides along in the same job.)
+4. ``ddp``: DDP scaling, 2 ranks x 1 thread vs 1 rank x 1 thread, and the share of step time spent communicating.
+5. ``memory``: per-rank memory of every strategy (MemoryCallback) next to the planner's prediction.
+
+2-rank jobs run benchmarks/workers/dist_bench.py under torchrun on a free port with ``OMP_NUM_THREADS=1``. The GPU
+section is rendered from ``--gpu-results`` (written by benchmarks/gpu.sh) when that file exists.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+sys.path.insert(0, str(BENCH_DIR))
+
+SECTIONS = ("fit", "zero", "fsdp", "ddp", "memory")
+TARGET = 0.95
+DDP_TARGET = 0.9
+DEFAULT_GPU_RESULTS = BENCH_DIR / "results" / "gpu" / "results.json"
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How long each section runs; ``--quick`` picks the small column."""
+
+    repeats: int
+    fit_steps: int
+    fit_warmup: int
+    strategy_steps: int
+    strategy_warmup: int
+    strategy_model: dict[str, int]
+    strategy_batch: tuple[int, int]
+    ddp_sizes: tuple[tuple[int, int], ...]
+    ddp_batch: tuple[int, int]
+    ddp_steps: int
+    ddp_warmup: int
+    memory_steps: int
+    memory_warmup: int
+
+
+QUICK = Settings(
+    repeats=3,
+    fit_steps=50,
+    fit_warmup=10,
+    strategy_steps=10,
+    strategy_warmup=3,
+    strategy_model={"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4},
+    strategy_batch=(4, 64),
+    ddp_sizes=((128, 2), (512, 4)),
+    ddp_batch=(4, 128),
+    ddp_steps=6,
+    ddp_warmup=2,
+    memory_steps=3,
+    memory_warmup=1,
+)
+FULL = Settings(
+    repeats=5,
+    fit_steps=120,
+    fit_warmup=20,
+    strategy_steps=30,
+    strategy_warmup=5,
+    strategy_model={"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 4},
+    strategy_batch=(4, 64),
+    ddp_sizes=((128, 2), (256, 4), (512, 4), (768, 6)),
+    ddp_batch=(4, 128),
+    ddp_steps=10,
+    ddp_warmup=3,
+    memory_steps=6,
+    memory_warmup=2,
+)
+
+
+@dataclass
+class Report:
+    """Markdown sections collected while the benchmarks run."""
+
+    settings: Settings
+    argv: list[str]
+    sections: dict[str, str] = field(default_factory=dict)
+    load_before: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    load_after: tuple[float, float, float] = (0.0, 0.0, 0.0)
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------------------------------------------- statistics
+def summary(values: list[float], digits: int = 0) -> str:
+    """``median (min-max)``."""
+    return f"{statistics.median(values):,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
+
+
+def ratio_cell(numerator: list[float], denominator: list[float], target: float | None = TARGET) -> str:
+    """Ratio of medians, the min-max of per-repeat ratios, and whether it meets ``target``."""
+    ratio = statistics.median(numerator) / statistics.median(denominator)
+    pairs = [a / b for a, b in zip(numerator, denominator, strict=True)]
+    verdict = "" if target is None else (" ✅" if ratio >= target else " ❌")
+    return f"**{ratio:.3f}** ({min(pairs):.3f}-{max(pairs):.3f}){verdict}"
+
+
+def markdown_table(header: list[str], rows: list[list[str]]) -> str:
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
+
+
+# ---------------------------------------------------------------------------------------------------- machine
+def cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or "unknown"
+
+
+def versions() -> dict[str, str]:
+    import deepspeed
+    import lightning
+    import torch
+    import transformers
+
+    return {
+        "python": platform.python_version(),
+        "torch": torch.__version__,
+        "lightning": lightning.__version__,
+        "deepspeed": deepspeed.__version__,
+        "transformers": transformers.__version__,
+    }
+
+
+def machine_section(report: Report) -> str:
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    vers = ", ".join(f"{name} {value}" for name, value in versions().items())
+    load = " / ".join(f"{x:.2f}" for x in report.load_before)
+    load_end = " / ".join(f"{x:.2f}" for x in report.load_after)
+    return (
+        f"- CPU: {cpu_model()}, {cores} cores usable by this process ({os.cpu_count()} online), "
+        f"{platform.system()} {platform.release()}\n- Software: {vers}\n"
+        f"- Load average (1/5/15 min) at start: {load}; at end: {load_end}. The cores are shared with other jobs: "
+        "absolute figures are noisy, the ratios (both sides in the same job, repeats interleaved) are what counts.\n"
+        f"- Command: `{' '.join(shlex.quote(a) for a in report.argv)}` (took {report.seconds / 60:.1f} min)"
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- 1. fit
+def fit_section(settings: Settings) -> str:
+    """Trainer.fit vs the plain loop of benchmarks/fit_vs_plain.py, alternating, in this process."""
+    import warnings
+
+    import lightning.pytorch as pl
+    import torch
+    from fit_vs_plain import fit_run, make_datamodule, plain_run, timed_tokens
+
+    from gym_lightning.models.loading import build_causal_lm
+
+    args = argparse.Namespace(dataset="addition", batch_size=64, seed=42, model="tiny-llama")
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore", ".*does not have many workers.*")
+    pl.seed_everything(args.seed, verbose=False)
+    init, dm = build_causal_lm(args.model), make_datamodule(args)
+    tokens, fingerprint = timed_tokens(dm, settings.fit_warmup, settings.fit_steps)
+    plain, fit = [], []
+    with tempfile.TemporaryDirectory() as logdir:
+        for repeat in range(settings.repeats):
+            for side in ("plain", "fit") if repeat % 2 == 0 else ("fit", "plain"):
+                if side == "plain":
+                    seconds, seen = plain_run(init, dm, settings.fit_warmup, settings.fit_steps)
+                    if seen != fingerprint:
+                        raise RuntimeError("The plain loop saw different batches than the data module's loader.")
+                    plain.append(tokens / seconds)
+                else:
+                    fit.append(tokens / fit_run(init, dm, settings.fit_warmup, settings.fit_steps, logdir))
+    rows = [["plain PyTorch loop", summary(plain), ""], ["`Trainer.fit`", summary(fit), ratio_cell(fit, plain)]]
+    return (
+        f"tiny-llama preset (0.49M parameters), `addition` data, batch 64, {settings.fit_steps} timed steps after "
+        f"{settings.fit_warmup} warm-up steps, {settings.repeats} interleaved repeats, 1 process x 1 thread. Both "
+        "sides: same initial weights, same collated batches in the same order, same AdamW groups and schedule. fit: "
+        "no validation/checkpointing, progress bar and CSV logging every 50 steps.\n\n"
+        + markdown_table(["loop", "tokens/s, median (min-max)", "ratio to plain (per-repeat min-max)"], rows)
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- 2-4. torchrun
+def free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def torchrun(spec: dict[str, Any], workdir: Path, timeout: float) -> list[dict[str, Any]]:
+    """Run benchmarks/workers/dist_bench.py on 2 ranks; rank 0's results, one dict per run."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "spec.json").write_text(json.dumps({**spec, "out": str(workdir)}))
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
+    cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
+    cmd += [str(BENCH_DIR / "workers" / "dist_bench.py"), str(workdir / "spec.json")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
+    done = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    if done.returncode != 0:
+        raise RuntimeError(f"torchrun job failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
+    return [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
+
+
+def zero_config(stage: int, micro_batch: int) -> dict[str, Any]:
+    """The JSON config both ZeRO sides get (ZeROStrategy's own defaults for the stage, written out)."""
+    return {
+        "train_micro_batch_size_per_gpu": micro_batch,
+        "gradient_accumulation_steps": 1,
+        "zero_allow_untested_optimizer": True,
+        "zero_force_ds_cpu_optimizer": False,
+        "zero_optimization": {
+            "stage": stage,
+            "overlap_comm": stage >= 2,
+            "contiguous_gradients": True,
+            "reduce_scatter": True,
+            "allgather_bucket_size": 200_000_000,
+            "reduce_bucket_size": 200_000_000,
+        },
+    }
+
+
+PAIRS: dict[str, tuple[str, str]] = {
+    # name: (gym_lightning side, the peer), as dist_bench.py kinds
+    "zero1": ("gym_zero", "ds_engine"),
+    "zero2": ("gym_zero", "ds_engine"),
+    "zero3": ("gym_zero", "ds_engine"),
+    "fsdp": ("gym_fsdp", "fsdp2"),
+    "ddp": ("gym_ddp", "ddp"),
+}
+
+
+def strategy_runs(settings: Settings, names: list[str]) -> list[dict[str, Any]]:
+    batch, seq = settings.strategy_batch
+    base = {"batch_size": batch, "seq_len": seq, "steps": settings.strategy_steps}
+    base |= {"warmup": settings.strategy_warmup, "overrides": settings.strategy_model}
+    runs = []
+    for repeat in range(settings.repeats):
+        for name in names:
+            sides = PAIRS[name] if repeat % 2 == 0 else PAIRS[name][::-1]
+            for kind in sides:
+                run = {**base, "name": name, "kind": kind}
+                if name.startswith("zero"):
+                    run["ds_config"] = zero_config(int(name[-1]), batch)
+                runs.append(run)
+    return runs
+
+
+def tokens_per_sec(results: list[dict[str, Any]], name: str, kind: str) -> list[float]:
+    return [r["tokens"] / r["seconds"] for r in results if r["name"] == name and r["kind"] == kind]
+
+
+def strategy_sections(settings: Settings, names: list[str], workdir: Path) -> dict[str, str]:
+    results = torchrun({"runs": strategy_runs(settings, names)}, workdir, timeout=3600)
+    labels = {"gym_zero": "`ZeROStrategy`", "ds_engine": "DeepSpeed engine loop", "gym_fsdp": "`GymFSDPStrategy`"}
+    labels |= {"fsdp2": "plain FSDP2 loop", "gym_ddp": "`GymDDPStrategy`", "ddp": "plain DDP loop"}
+    rows = []
+    for name in names:
+        ours, peer = (tokens_per_sec(results, name, kind) for kind in PAIRS[name])
+        rows.append(
+            [
+                name,
+                f"{labels[PAIRS[name][0]]}: {summary(ours)}",
+                f"{labels[PAIRS[name][1]]}: {summary(peer)}",
+                ratio_cell(ours, peer),
+            ]
+        )
+    o = settings.strategy_model
+    batch, seq = settings.strategy_batch
+    intro = (
+        f"2 ranks x 1 thread (gloo), tiny-llama shape with hidden {o['hidden_size']}, {o['num_hidden_layers']} "
+        f"layers ({param_count(o) / 1e6:.1f}M parameters), fp32, batch {batch} x {seq} tokens per rank, "
+        f"{settings.strategy_steps} timed steps after {settings.strategy_warmup} warm-up, {settings.repeats} "
+        "repeats interleaved in one torchrun job (side "
+        "order alternating). Same synthetic batches, same AdamW; gym_lightning runs `Trainer.fit(CausalLMModule)` "
+        "(no validation, no checkpoints, no progress bar, logging every 50 steps), whose loss normalisation "
+        "all-reduces the step's target-token count (one scalar all-reduce per step) where the plain loops use the "
+        "local mean. ZeRO: both sides get the JSON config below; ZeROStrategy adds `managed_gradient_accumulation: "
+        "false` and `engine.backward(scale_wrt_gas=False)`.\n\n"
+    )
+    header = ["comparison", "gym_lightning, tokens/s median (min-max)", "peer, tokens/s", "ratio (per-repeat min-max)"]
+    config = json.dumps(zero_config(3, batch))
+    note = "stage 3 shown; stages 1 and 2 differ only in `stage`, and stage 1 has `overlap_comm: false`"
+    return {"strategies": intro + markdown_table(header, rows) + f"\n\nZeRO config ({note}): `{config}`"}
+
+
+def ddp_runs(settings: Settings) -> list[dict[str, Any]]:
+    batch, seq = settings.ddp_batch
+    base = {"batch_size": batch, "seq_len": seq, "steps": settings.ddp_steps, "warmup": settings.ddp_warmup}
+    runs = []
+    for repeat in range(settings.repeats):
+        for hidden, layers in settings.ddp_sizes:
+            overrides = {"hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers}
+            kinds = ["single", "ddp", "ddp_nosync"]
+            for kind in kinds if repeat % 2 == 0 else kinds[::-1]:
+                runs.append({**base, "name": f"h{hidden}_l{layers}", "kind": kind, "overrides": overrides})
+    return runs
+
+
+def ddp_section(settings: Settings, workdir: Path) -> str:
+    results = torchrun({"runs": ddp_runs(settings)}, workdir, timeout=3600)
+    rows, efficiencies = [], {}
+    for hidden, layers in settings.ddp_sizes:
+        name = f"h{hidden}_l{layers}"
+        one, two, free = (tokens_per_sec(results, name, kind) for kind in ("single", "ddp", "ddp_nosync"))
+        efficiency = [t / (2 * s) for s, t in zip(one, two, strict=True)]
+        comm = [1 - t / f for t, f in zip(two, free, strict=True)]
+        size = param_count({"hidden_size": hidden, "intermediate_size": 3 * hidden, "num_hidden_layers": layers})
+        verdict = " ✅" if statistics.median(efficiency) >= DDP_TARGET else " ❌"
+        efficiencies[f"hidden {hidden}, {layers} layers ({size / 1e6:.1f}M parameters)"] = statistics.median(efficiency)
+        rows.append(
+            [
+                f"hidden {hidden}, {layers} layers ({size / 1e6:.1f}M)",
+                summary(one),
+                summary(two),
+                f"**{statistics.median(efficiency):.2f}** ({min(efficiency):.2f}-{max(efficiency):.2f}){verdict}",
+                f"{100 * statistics.median(comm):.0f}% ({100 * min(comm):.0f}-{100 * max(comm):.0f}%)",
+            ]
+        )
+    batch, seq = settings.ddp_batch
+    intro = (
+        f"Plain torch loops, batch {batch} x {seq} tokens per rank (weak scaling), fp32 AdamW, "
+        f"{settings.ddp_steps} timed steps after {settings.ddp_warmup} warm-up, {settings.repeats} repeats "
+        "interleaved in one torchrun job. T1: rank 0 alone, no wrapper (rank 1 sleeps); T2: "
+        "`DistributedDataParallel` on 2 ranks; efficiency = T2 / (2·T1) on tokens/s. Communication share = "
+        "1 - T2 / T2(no_sync), where no_sync skips the gradient all-reduce: the step time the all-reduce adds "
+        "(what backward does not hide).\n\n"
+    )
+    header = ["model", "T1 tokens/s (1 rank)", "T2 tokens/s (2 ranks)", "efficiency (min-max)", "comm share"]
+    return intro + markdown_table(header, rows) + "\n\n" + scaling_verdict(settings, efficiencies)
+
+
+def scaling_verdict(settings: Settings, efficiencies: dict[str, float]) -> str:
+    """Which model size is the first to reach the efficiency target in this run, if any."""
+    reached = [name for name, value in efficiencies.items() if value >= DDP_TARGET]
+    if reached:
+        return f"Smallest size reaching efficiency >= {DDP_TARGET} in this run: **{reached[0]}**."
+    largest = list(efficiencies)[-1]
+    return (
+        f"No size reached efficiency >= {DDP_TARGET} in this run (largest tried: {largest}, "
+        f"{efficiencies[largest]:.2f}). With other jobs on the 2 cores (load average above), 2 ranks rarely get "
+        "both cores at once while 1 rank needs only one, so efficiency here measures the contention as much as "
+        "DDP; the communication share (the all-reduce's own cost) is the figure to compare across runs."
+    )
+
+
+def param_count(overrides: dict[str, int]) -> int:
+    """Parameters of the tiny-llama preset with ``overrides`` (built on the meta device: no memory, no init)."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from gym_lightning.models.loading import load_model_config
+
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(load_model_config("tiny-llama", overrides, False))
+    return sum(p.numel() for p in model.parameters())
+
+
+# ---------------------------------------------------------------------------------------------------- 5. memory
+PLANNER_KEYS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp_full", "zero3_persist0": "zero3"}
+
+
+def predicted(name: str) -> Any:
+    """The planner's estimate for strategies_table.py's run: tiny-llama, 2 ranks, fp32 AdamW, batch 16 x 32."""
+    from gym_lightning.planner import STRATEGIES, Setup, estimate, resolve_shape
+
+    threshold = 0 if name == "zero3_persist0" else 100_000
+    setup = Setup(
+        gpus_per_node=2,
+        precision="32-true",
+        micro_batch_size=16,
+        seq_length=32,
+        zero3_param_persistence_threshold=threshold,
+    )
+    strategy = next(s for s in STRATEGIES if s.key == PLANNER_KEYS.get(name, name))
+    return estimate(resolve_shape("tiny-llama"), strategy, setup)
+
+
+def memory_section(settings: Settings, workdir: Path) -> str:
+    import strategies_table as st
+
+    from gym_lightning.callbacks.reports import format_bytes
+
+    results = {}
+    for name in st.STRATEGIES:
+        print(f"  memory: {name}", file=sys.stderr, flush=True)
+        results[name] = st.launch(name, workdir / name, settings.memory_steps, settings.memory_warmup)
+    rows = []
+    for name, (_, memory) in results.items():
+        got = {c: st._max_rank(memory, c) for c in st.MEMORY_COLUMNS}
+        plan = predicted(name)
+        states = got["params"] + got["grads"] + got["master_params"] + got["optimizer_state"]
+        cells = [(got["params"], plan.params), (got["grads"], plan.grads)]
+        cells += [(got["master_params"] + got["optimizer_state"], plan.optimizer_state), (states, plan.model_states)]
+        row = [st.LABELS.get(name, name)]
+        row += [
+            f"{format_bytes(m)} / {format_bytes(p)} ({m / p:.2f})" if p else f"{format_bytes(m)} / 0" for m, p in cells
+        ]
+        row.append(f"{format_bytes(got['comm_buffers'])} / {format_bytes(plan.buffers)}")
+        rows.append(row)
+    header = ["strategy", "params", "grads", "master + optimizer", "model states", "comm buffers"]
+    return (
+        "Measured by `MemoryCallback` (largest rank, around the last optimizer step) / predicted by "
+        "`gym_lightning.planner` (`Setup(gpus_per_node=2, precision='32-true', micro_batch_size=16, "
+        "seq_length=32)`), (measured / predicted). Runs: `benchmarks/strategies_table.py` (tiny-llama, 2 CPU "
+        f"ranks, `addition`, batch 16 x 32, {settings.memory_steps} steps); the planner's `zero3` for "
+        "`zero3 (persist 0)` uses `zero3_param_persistence_threshold=0`.\n\n" + markdown_table(header, rows)
+    )
+
+
+# ---------------------------------------------------------------------------------------------------- GPU
+def gpu_section(path: Path) -> str:
+    """The GPU comparison from benchmarks/gpu.sh's results, or a plain statement that it has not been run."""
+    if not path.is_file():
+        return (
+            "**Not run yet.** No GPU has been available to this project so far. `benchmarks/gpu.sh` is prepared "
+            "(Qwen3-1.7B shape, random weights, bf16-mixed, sequence length 2048, 1 x H200, about 8 minutes): it "
+            "compares gym_lightning's `GymFSDPStrategy` and `ZeROStrategy(stage=3)` (world size 1) with Lightning's "
+            "`FSDPStrategy` and `DeepSpeedStrategy(stage=3)` on the same model and batches, and writes "
+            f"`{_shown(path)}`; re-run `python benchmarks/run.py --sections gpu` (or the full "
+            "command) to render it here. Targets: gym_lightning >= Lightning's built-ins; MFU >= 40%."
+        )
+    data = json.loads(path.read_text())
+    return render_gpu(data)
+
+
+def _shown(path: Path) -> str:
+    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
+
+
+def render_gpu(data: dict[str, Any]) -> str:
+    """Markdown table of benchmarks/workers/gpu_bench.py results (``{"meta": {...}, "runs": {name: {...}}}``)."""
+    runs, meta = data["runs"], data.get("meta", {})
+    rows = []
+    for name, run in runs.items():
+        if "error" in run:
+            rows.append([name, "failed: " + run["error"][:160].replace("|", "/"), "", "", "", "", ""])
+            continue
+        peer = runs.get(run.get("peer") or "", {})
+        speed = _ratio(run["tokens_per_sec"], peer.get("tokens_per_sec"))
+        memory = _ratio(run["peak_memory_bytes"], peer.get("peak_memory_bytes"))
+        mfu = "n/a" if run.get("mfu") is None else f"{100 * run['mfu']:.1f}%"
+        rounds = ", ".join(f"{r:,.0f}" for r in run.get("rounds", []))
+        row = [name, f"{run['tokens_per_sec']:,.0f} ({rounds})", mfu, f"{run['peak_memory_bytes'] / 2**30:.1f} GiB"]
+        rows.append([*row, run.get("peer") or "", speed, memory])
+    header = ["strategy", "tokens/s (per round)", "MFU", "peak CUDA memory (max allocated)", "vs"]
+    header += ["tokens/s ratio", "peak memory ratio"]
+    facts = ", ".join(f"{k}: {v}" for k, v in meta.items())
+    return f"{facts}\n\n" + markdown_table(header, rows)
+
+
+def _ratio(ours: float | None, peer: float | None) -> str:
+    return f"{ours / peer:.3f}" if ours and peer else ""
+
+
+# ---------------------------------------------------------------------------------------------------- document
+def document(report: Report) -> str:
+    s, parts = report.sections, ["# Benchmarks", ""]
+    parts.append(
+        "Generated by `benchmarks/run.py`; do not edit by hand. Every comparison runs gym_lightning and the peer "
+        "side by side in one run, repeats interleaved; figures are medians with (min-max) over repeats, ratios "
+        f"are gym_lightning / peer (targets: >= {TARGET} for the wrappers, DDP efficiency >= {DDP_TARGET})."
+    )
+    parts += ["", "## Machine", "", machine_section(report)]
+    titles = {
+        "fit": "1. `Trainer.fit` vs a plain PyTorch loop (1 process)",
+        "strategies": "2-3. ZeRO, FSDP (and DDP) strategies vs their plain loops (2 ranks)",
+        "ddp": "4. DDP scaling on this machine",
+        "memory": "5. Per-rank memory: measured vs the planner",
+        "gpu": "GPU: Qwen3-1.7B shape on 1 x H200 vs Lightning's built-in strategies",
+    }
+    for key, title in titles.items():
+        if key in s:
+            parts += ["", f"## {title}", "", s[key]]
+    return "\n".join(parts) + "\n"
+
+
+def run_sections(report: Report, sections: list[str], gpu_results: Path) -> None:
+    settings = report.settings
+    with tempfile.TemporaryDirectory() as tmp:
+        if "fit" in sections:
+            print("section fit ...", file=sys.stderr, flush=True)
+            report.sections["fit"] = fit_section(settings)
+        names = [
+            n for n in PAIRS if (n.startswith("zero") and "zero" in sections) or (n == "fsdp" and "fsdp" in sections)
+        ]
+        if "fsdp" in sections:
+            names.append("ddp")
+        if names:
+            print(f"section strategies {names} ...", file=sys.stderr, flush=True)
+            report.sections.update(strategy_sections(settings, names, Path(tmp) / "strategies"))
+        if "ddp" in sections:
+            print("section ddp ...", file=sys.stderr, flush=True)
+            report.sections["ddp"] = ddp_section(settings, Path(tmp) / "ddp")
+        if "memory" in sections:
+            print("section memory ...", file=sys.stderr, flush=True)
+            report.sections["memory"] = memory_section(settings, Path(tmp) / "memory")
+    report.sections["gpu"] = gpu_section(gpu_results)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--quick", action="store_true", help="the short pass (~6 min on 2 idle cores)")
+    parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=[*SECTIONS, "gpu"])
+    parser.add_argument("--repeats", type=int, help="interleaved repeats per comparison (default: 3 quick, 5 full)")
+    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md", help="markdown to write")
+    parser.add_argument("--gpu-results", type=Path, default=DEFAULT_GPU_RESULTS, help="benchmarks/gpu.sh output")
+    args = parser.parse_args(argv)
+    settings = QUICK if args.quick else FULL
+    if args.repeats is not None:
+        settings = Settings(**{**settings.__dict__, "repeats": args.repeats})
+    report = Report(settings, ["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])
+    report.load_before = os.getloadavg()
+    start = time.perf_counter()
+    run_sections(report, args.sections, args.gpu_results)
+    report.seconds, report.load_after = time.perf_counter() - start, os.getloadavg()
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(document(report))
+    print(f"wrote {args.out}", file=sys.stderr)
+
+
+if __name__ == "__main__":
+    main()

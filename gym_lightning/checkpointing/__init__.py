@@ -1,0 +1,13 @@
+"""Checkpoints that survive crashes: atomic periodic saves, exact resume, safe loading, export to Hugging Face.
+
+- :class:`StepCheckpoint`: a ``ModelCheckpoint`` that saves every N optimizer steps, keeps the newest k, links
+  ``last.ckpt`` and never leaves a half-written checkpoint under a real name.
+- :func:`load_weights_only`: ``torch.load(weights_only=True)`` with a clear :class:`UnsafeCheckpointError`.
+- ``python -m gym_lightning export`` (:mod:`gym_lightning.checkpointing.export`): any strategy's checkpoint to a
+  Hugging Face folder, streamed shard by shard.
+"""
+
+from gym_lightning.checkpointing.callback import StepCheckpoint
+from gym_lightning.checkpointing.safe_load import UnsafeCheckpointError, load_weights_only
+
+__all__ = ["StepCheckpoint", "UnsafeCheckpointError", "load_weights_only"]

@@ -1,0 +1,210 @@
+"""Single-process checkpointing tests: atomic saves and keep-k, a crash while saving, safe loading, the non-finite
+guard, the resumable loader and random states. The 2-rank SIGKILL/resume/export tests are in
+test_checkpointing_resume.py."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import pytest
+import torch
+
+from gym_lightning import CausalLMDataModule, CausalLMModule
+from gym_lightning.checkpointing import StepCheckpoint, UnsafeCheckpointError, load_weights_only
+from gym_lightning.checkpointing.callback import link_atomically, publish, staging_path
+from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
+from gym_lightning.checkpointing.safe_load import weights_only_checkpoint_engine
+from gym_lightning.data.loader import STEP_TOKENS_KEY, StepTokenDataLoader, batches_to_skip
+from gym_lightning.module import NonFiniteLossError
+from gym_lightning.strategies import GymDDPStrategy
+
+SMALL = {"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
+SMALL["num_key_value_heads"] = 1
+
+
+def tiny_module(**kwargs: Any) -> CausalLMModule:
+    return CausalLMModule("tiny-llama", config_overrides=SMALL, lr=1e-2, scheduler="constant", **kwargs)
+
+
+def fit(
+    module: CausalLMModule, root: Path, callbacks: list[pl.Callback], max_steps: int, **fit_kwargs: Any
+) -> pl.Trainer:
+    trainer = pl.Trainer(
+        max_steps=max_steps, limit_val_batches=0, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        default_root_dir=root, callbacks=callbacks, accelerator="cpu", devices=1,
+    )  # fmt: skip
+    records = [{"prompt": f"{i}+{i}=", "completion": str(2 * i) * (1 + i % 3)} for i in range(48)]
+    train = root / "train.jsonl"
+    train.write_text("".join(json.dumps(record) + "\n" for record in records))
+    trainer.fit(module, CausalLMDataModule(train_files=str(train), batch_size=4, max_seq_length=16), **fit_kwargs)
+    return trainer
+
+
+# ------------------------------------------------------------------------------------------------ periodic + atomic
+def test_step_checkpoints_keep_newest_k_and_link_last(tmp_path: Path) -> None:
+    fit(tiny_module(), tmp_path, [StepCheckpoint(tmp_path / "ck", every_n_steps=2, keep_last=2)], max_steps=7)
+    names = sorted(os.listdir(tmp_path / "ck"))
+    # steps 2, 4, 6 by the period, 7 at the end of training; the newest two are kept; nothing hidden is left over
+    assert names == ["last.ckpt", "step-00000006.ckpt", "step-00000007.ckpt"]
+    assert os.readlink(tmp_path / "ck" / "last.ckpt") == "step-00000007.ckpt"
+    assert load_weights_only(tmp_path / "ck" / "last.ckpt")["global_step"] == 7
+
+
+def test_a_crash_while_saving_leaves_last_on_the_previous_complete_checkpoint(tmp_path: Path, monkeypatch) -> None:
+    original = pl.Trainer.save_checkpoint
+
+    def dies_half_way(self: pl.Trainer, filepath: str | Path, weights_only: bool | None = None, **kwargs: Any) -> None:
+        if self.global_step == 4:
+            Path(filepath).write_bytes(b"PK\x03\x04 half a checkpoint")
+            raise RuntimeError("killed while saving")
+        original(self, filepath, weights_only, **kwargs)
+
+    monkeypatch.setattr(pl.Trainer, "save_checkpoint", dies_half_way)
+    with pytest.raises(RuntimeError, match="killed while saving"):
+        fit(tiny_module(), tmp_path, [StepCheckpoint(tmp_path / "ck", every_n_steps=2)], max_steps=8)
+    folder = tmp_path / "ck"
+    assert os.readlink(folder / "last.ckpt") == "step-00000002.ckpt"
+    assert not (folder / "step-00000004.ckpt").exists(), "a half-written checkpoint must not get a real name"
+    assert staging_path(folder / "step-00000004.ckpt").exists()  # it stays hidden; the next save replaces it
+
+    monkeypatch.setattr(pl.Trainer, "save_checkpoint", original)
+    callback = StepCheckpoint(folder, every_n_steps=2)
+    resumed = fit(tiny_module(), tmp_path, [callback], max_steps=6, ckpt_path="last")
+    assert resumed.global_step == 6
+    assert sorted(os.listdir(folder)) == ["last.ckpt", "step-00000002.ckpt", "step-00000004.ckpt", "step-00000006.ckpt"]
+
+
+def test_publish_and_link_replace_atomically(tmp_path: Path) -> None:
+    old, new = tmp_path / "step-1.ckpt", tmp_path / "step-2.ckpt"
+    old.mkdir()
+    link_atomically(old, tmp_path / "last.ckpt")
+    staging = staging_path(new)
+    staging.mkdir()
+    (staging / "shard").write_text("complete")
+    publish(staging, new)
+    link_atomically(new, tmp_path / "last.ckpt")
+    assert (tmp_path / "last.ckpt" / "shard").read_text() == "complete" and not staging.exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["last.ckpt", "step-1.ckpt", "step-2.ckpt"]
+
+
+def test_step_checkpoint_settings_are_validated_together() -> None:
+    with pytest.raises(ValueError, match=r"every_n_steps must be .*keep_last must be"):
+        StepCheckpoint(every_n_steps=0, keep_last=0)
+
+
+# ------------------------------------------------------------------------------------------------ safe loading
+class Payload:
+    """Unpickling this calls a function: exactly what weights_only=True exists to refuse."""
+
+    def __reduce__(self) -> tuple[Any, tuple]:
+        return (os.getpid, ())
+
+
+def test_pickle_bearing_checkpoints_are_refused_with_a_clear_error(tmp_path: Path) -> None:
+    evil = tmp_path / "evil.ckpt"
+    torch.save({"state_dict": {}, "payload": Payload()}, evil)
+    with pytest.raises(UnsafeCheckpointError, match=r"weights_only=True.*GLOBAL posix.getpid"):
+        load_weights_only(evil)
+    with pytest.raises(UnsafeCheckpointError, match="Refused to load"):
+        GymDDPStrategy().load_checkpoint(evil)  # the strategies' path (FSDP and ZeRO share refuse_unsafe_pickles)
+    with pytest.raises(UnsafeCheckpointError, match="Refused to load"):
+        weights_only_checkpoint_engine().load(str(evil))  # DeepSpeed's checkpoint engine as ZeROStrategy installs it
+    torch.save({"weights": torch.ones(2)}, tmp_path / "plain.pt")
+    assert load_weights_only(tmp_path / "plain.pt")["weights"].sum() == 2
+
+
+# ------------------------------------------------------------------------------------------------ non-finite guard
+class PoisonLoss(pl.Callback):
+    """Turn one micro-batch's loss into NaN (through the input of the loss: the model itself stays finite)."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_step == self.at_step:
+            summed = module._summed_loss
+            module._summed_loss = lambda b: (summed(b)[0] * float("nan"), summed(b)[1])
+        elif "_summed_loss" in vars(module):
+            del module._summed_loss
+
+
+def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
+    module = tiny_module()
+    expected = r"loss \(NaN or inf\) on rank\(s\) \[0\] in optimizer step 4 \(epoch 0; 3 steps"
+    with pytest.raises(NonFiniteLossError, match=expected):
+        fit(module, tmp_path, [StepCheckpoint(tmp_path / "ck", every_n_steps=1), PoisonLoss(at_step=3)], max_steps=6)
+    assert os.readlink(tmp_path / "ck" / "last.ckpt") == "step-00000003.ckpt"
+    state = load_weights_only(tmp_path / "ck" / "last.ckpt")["state_dict"]
+    assert all(torch.isfinite(value).all() for value in state.values())
+
+
+def test_nonfinite_skip_drops_the_step_and_counts_it(tmp_path: Path) -> None:
+    module = tiny_module(on_nonfinite="skip")
+    callbacks = [StepCheckpoint(tmp_path / "ck", every_n_steps=1, keep_last=-1), PoisonLoss(at_step=3)]
+    trainer = fit(module, tmp_path, callbacks, max_steps=6)
+    assert trainer.global_step == 6 and module.skipped_nonfinite_steps == 1
+    assert all(torch.isfinite(p).all() for p in module.parameters())
+    before, after, later = (load_weights_only(tmp_path / "ck" / f"step-0000000{n}.ckpt") for n in (3, 4, 5))
+    for key, value in before["state_dict"].items():  # step 4 was dropped: no update at all, unlike step 5
+        assert torch.equal(after["state_dict"][key], value), key
+    assert any(not torch.equal(later["state_dict"][k], v) for k, v in before["state_dict"].items())
+    assert after["gym_skipped_nonfinite_steps"] == 1
+
+
+# ------------------------------------------------------------------------------------------------ resumable loader
+def token_batches(count: int) -> list[dict[str, torch.Tensor]]:
+    rows = []
+    for i in range(count):
+        labels = torch.full((1, 6), -100)
+        labels[0, : 2 + i % 4] = i
+        rows.append({"input_ids": torch.zeros(1, 6, dtype=torch.long), "labels": labels})
+    return rows
+
+
+def test_loader_resumes_after_the_consumed_batches_with_the_same_windows() -> None:
+    data = token_batches(7)
+    make = lambda: StepTokenDataLoader(data, batch_size=None, accumulate_grad_batches=3)  # noqa: E731
+    reference = [(int(b["labels"][0, 0]), int(b[STEP_TOKENS_KEY])) for b in make()]
+    interrupted = make()
+    iterator = iter(interrupted)
+    consumed = [next(iterator) for _ in range(4)]  # one full window and one batch of the next
+    state = interrupted.state_dict()
+    assert state["samples_consumed"] == len(consumed)
+    resumed = make()
+    resumed.load_state_dict(state)
+    rest = [(int(b["labels"][0, 0]), int(b[STEP_TOKENS_KEY])) for b in resumed]
+    assert rest == reference[4:], "the partial window keeps its token count from the epoch's own grouping"
+    assert len(list(resumed)) == 7, "only the first pass after loading skips"
+
+
+def test_resume_position_converts_between_rank_counts() -> None:
+    # 3 batches of 2 on each of 2 ranks = the first 12 samples of the permutation = 6 batches of 2 on 1 rank.
+    assert batches_to_skip({"samples_consumed": 12}, batch_size=2, num_replicas=1, num_batches=20) == 6
+    assert batches_to_skip({"samples_consumed": 40}, batch_size=2, num_replicas=1, num_batches=20) == 0  # epoch done
+    with pytest.raises(ValueError, match="not a multiple of the new global batch"):
+        batches_to_skip({"samples_consumed": 12}, batch_size=8, num_replicas=1, num_batches=20)
+
+
+def test_rng_states_round_trip_through_a_weights_only_file(tmp_path: Path) -> None:
+    import numpy as np
+
+    torch.save(capture_rng_state(), tmp_path / "rng.pt")
+    expected = (random.random(), float(np.random.rand()), torch.rand(1).item())
+    restore_rng_state(load_weights_only(tmp_path / "rng.pt"))
+    assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expected
+
+
+def test_zero_checkpoint_on_another_rank_count_fails_with_the_reason(tmp_path: Path) -> None:
+    from gym_lightning.strategies.deepspeed import raise_if_zero_world_size_changed
+
+    (tmp_path / "checkpoint").mkdir()
+    for rank in (0, 1):
+        (tmp_path / "checkpoint" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").touch()
+    raise_if_zero_world_size_changed(tmp_path, world_size=2)  # same count: fine
+    with pytest.raises(ValueError, match=r"written by 2 data-parallel ranks and this run has 1.*Resume on 2 ranks"):
+        raise_if_zero_world_size_changed(tmp_path, world_size=1)
