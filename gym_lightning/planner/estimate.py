@@ -244,7 +244,8 @@ def buffer_bytes(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
         gathered = compute * counts.total_with_adapters if strategy.keep_gathered else 2 * compute * unit
         return gathered + 4 * counts.largest_trainable_unit
     p = 2 if half else 4
-    bucket = p * setup.bucket_size
+    # ZeROStrategy caps the bucket at the model's element count (strategies/deepspeed.py: cap_bucket_sizes).
+    bucket = p * min(setup.bucket_size, counts.total_with_adapters)
     if strategy.stage < 3:
         return float(bucket)
     # ZeRO-3: a gathered working set of about two units (current + prefetch) and one unit's full gradient; DeepSpeed's
