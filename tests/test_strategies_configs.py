@@ -34,7 +34,6 @@ def test_config_trains_on_two_cpu_processes_and_exports(name: str, tmp_path: Pat
             f"configs/{name}.yaml",
             "--trainer.max_steps=2",
             f"--trainer.default_root_dir={tmp_path}",
-            "--trainer.enable_checkpointing=false",
             "--trainer.enable_progress_bar=false",
             f"--model.export_dir={export_dir}",
         ],
