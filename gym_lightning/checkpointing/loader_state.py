@@ -13,10 +13,9 @@ from __future__ import annotations
 
 import lightning.pytorch as pl
 
+from gym_lightning._compat import load_combined_loader_states
+
 
 def load_pending_loader_states(trainer: pl.Trainer) -> None:
     """Give the training DataLoaders the positions saved in the checkpoint being resumed, if not done yet."""
-    # Private FitLoop method (Lightning 2.6); it checks `restarting` and clears the pending states itself.
-    restore = getattr(trainer.fit_loop, "_load_combined_loader_states", None)
-    if restore is not None:
-        restore()
+    load_combined_loader_states(trainer)
