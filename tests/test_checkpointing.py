@@ -208,3 +208,34 @@ def test_zero_checkpoint_on_another_rank_count_fails_with_the_reason(tmp_path: P
     raise_if_zero_world_size_changed(tmp_path, world_size=2)  # same count: fine
     with pytest.raises(ValueError, match=r"written by 2 data-parallel ranks and this run has 1.*Resume on 2 ranks"):
         raise_if_zero_world_size_changed(tmp_path, world_size=1)
+
+
+# ------------------------------------------------------------------------------------------------ LoRA export
+@pytest.mark.parametrize("mode", ["merged", "adapter"])
+def test_gym_export_of_a_lora_checkpoint(tmp_path: Path, mode: str) -> None:
+    """A LoRA run's checkpoint exports as merged weights or as a PEFT adapter; both reproduce the module's logits."""
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    from gym_lightning import LoRAArgs
+    from gym_lightning.checkpointing.export import export_checkpoint
+    from gym_lightning.models import build_causal_lm
+
+    lora = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL, lr=5e-2, scheduler="constant", lora=lora)
+    fit(module, tmp_path, [StepCheckpoint(tmp_path / "ck", every_n_steps=3)], max_steps=3)
+    assert any(p.abs().max() > 0 for n, p in module.model.named_parameters() if "lora_B" in n), "adapters untrained"
+    out = export_checkpoint(tmp_path / "ck" / "last.ckpt", tmp_path / "hf", lora=mode)
+    if mode == "merged":
+        exported = AutoModelForCausalLM.from_pretrained(out)
+    else:
+        assert (out / "adapter_config.json").is_file() and (out / "adapter_model.safetensors").is_file()
+        base = build_causal_lm("tiny-llama", config_overrides=SMALL)
+        weights = module.model.get_base_model().state_dict()
+        base.load_state_dict({k.replace(".base_layer", ""): v for k, v in weights.items() if "lora_" not in k})
+        exported = PeftModel.from_pretrained(base, out)
+    probe = torch.tensor([[5, 9, 12, 40, 7, 3]])
+    module.model.eval()
+    exported.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(exported(input_ids=probe).logits, module.model(input_ids=probe).logits)
