@@ -30,7 +30,7 @@ import torch
 
 LOSS_RTOL, LOSS_ATOL, WEIGHT_ATOL = 1e-5, 1e-7, 1e-6
 KILL_AT_STEP, KILL_AT_BATCH = 4, 3
-STRATEGIES = ["gym_ddp", "gym_fsdp", "zero3"]
+STRATEGIES = ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3"]
 
 
 # ------------------------------------------------------------------------------------------------------ worker
