@@ -5,17 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 import transformers
+from helpers.tiny import TINY
 
 from gym_lightning.callbacks.flops import TransformerFlops, attention_shape, matmul_param_counts, transformer_flops
 
-TINY = {
-    "vocab_size": 256,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 # Hand count for TINY: per layer q 32*32 + k 32*16 + v 32*16 + o 32*32 + mlp 3*32*64 + 2 norms*32 = 9280;
 # 2 layers = 18560; final norm 32; lm_head 256*32 = 8192; embedding 8192 (excluded: a lookup, not a matmul).
 TINY_TOTAL = 34976

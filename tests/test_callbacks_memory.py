@@ -19,20 +19,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import transformers
+from helpers.tiny import TINY
 from torch.utils.data import DataLoader
 
 from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
 from gym_lightning.callbacks.memory import CATEGORIES, held_bytes
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 
-TINY = {
-    "vocab_size": 256,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 PSI = 34976  # parameters of TINY (hand count in test_callbacks_flops.py)
 FULL = 4 * PSI  # fp32 bytes of one full copy
 LARGEST_PARAM = 4 * 256 * 32  # embedding / lm_head, fp32 bytes

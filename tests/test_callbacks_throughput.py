@@ -12,21 +12,13 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import transformers
+from helpers.tiny import TINY
 from torch.utils.data import DataLoader, Sampler
 
 from gym_lightning.callbacks import ThroughputCallback
 from gym_lightning.callbacks.flops import transformer_flops
 from gym_lightning.callbacks.throughput import Counters, Sample, SlidingWindow, batch_counts, rates
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
-
-TINY = {
-    "vocab_size": 256,
-    "hidden_size": 32,
-    "intermediate_size": 64,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-}
 
 
 def _sample(time: float, steps: int, tokens: int, world: int = 2, flops: float | None = None) -> Sample:
