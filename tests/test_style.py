@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-import shutil
+import importlib.util
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,8 +14,9 @@ REPO = Path(__file__).resolve().parents[1]
 
 @pytest.mark.parametrize("command", [["check", "."], ["format", "--check", "."]], ids=["lint", "format"])
 def test_ruff(command: list[str]) -> None:
-    ruff = shutil.which("ruff")
-    if ruff is None:
-        pytest.fail("ruff is not installed; install the test extras: pip install -e '.[test]'")
-    proc = subprocess.run([ruff, *command], cwd=REPO, capture_output=True, text=True)
+    # Run ruff from this interpreter's environment, not from PATH: CI calls `.venv/bin/python -m pytest` without
+    # activating the venv, so the `ruff` executable is not on PATH there.
+    if importlib.util.find_spec("ruff") is None:
+        pytest.fail(f"ruff is not installed in {sys.prefix}; install the test extras: pip install -e '.[test]'")
+    proc = subprocess.run([sys.executable, "-m", "ruff", *command], cwd=REPO, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
