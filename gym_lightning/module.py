@@ -115,12 +115,11 @@ class CausalLMModule(pl.LightningModule):
         self.generation = generation
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
-        self.train_loss = MeanMetric()
         self.val_loss = MeanMetric()
         self.val_exact_match = MeanMetric()
         self._warned_no_step_tokens = False
         self.skipped_nonfinite_steps = 0
-        self._nonfinite_loss_flags: torch.Tensor | None = None
+        self._nonfinite_loss_flag: torch.Tensor | None = None
 
     # ----------------------------------------------------------------------------------------------- building
     @override
@@ -157,11 +156,13 @@ class CausalLMModule(pl.LightningModule):
         ).logits
         return summed_cross_entropy(logits, batch["labels"]), count_target_tokens(batch["labels"])
 
-    def _step_token_count(
-        self, batch: dict[str, Any], local_count: torch.Tensor, loss_sum: torch.Tensor
-    ) -> tuple[torch.Tensor, int, torch.Tensor]:
-        """Target tokens of this optimizer step over all ranks, the accumulation factor to undo, and per rank a flag
-        that its loss is not finite (one collective for both; the flags stay on the device, no host sync)."""
+    def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
+        """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the
+        accumulation factor to undo, and the pending collective (``None`` on one rank).
+
+        The count does not depend on the forward pass, so the all-reduce is launched before it and waited for after:
+        it overlaps the forward instead of adding a point mid-step where every rank waits for the slowest.
+        """
         if STEP_TOKENS_KEY in batch:
             local, undo = batch[STEP_TOKENS_KEY], self.trainer.accumulate_grad_batches
         else:
@@ -173,28 +174,32 @@ class CausalLMModule(pl.LightningModule):
                     "Use gym_lightning.data.StepTokenDataLoader (CausalLMDataModule does) for exact token weighting."
                 )
                 self._warned_no_step_tokens = True
-            local, undo = local_count, 1
-        values = torch.zeros(1 + self.trainer.world_size, device=self.device, dtype=torch.float32)
-        values[0] = local.to(self.device, torch.float32)
-        values[1 + self.trainer.global_rank] = float(not torch.isfinite(loss_sum.detach()).all())
-        values = self.trainer.strategy.reduce(values, reduce_op="sum")
-        return values[0], undo, values[1:]
+            local, undo = count_target_tokens(batch["labels"]), 1
+        tokens = local.to(self.device, torch.float32).reshape(1).clone()
+        pending = None
+        if self.trainer.world_size > 1 and torch.distributed.is_initialized():
+            pending = torch.distributed.all_reduce(tokens, op=torch.distributed.ReduceOp.SUM, async_op=True)
+        return tokens, undo, pending
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        step_tokens, undo_accumulation, pending = self._start_step_token_count(batch)
         loss_sum, count = self._summed_loss(batch)
-        step_tokens, undo_accumulation, loss_flags = self._step_token_count(batch, count, loss_sum)
-        # Checked once per optimizer step (on_before_optimizer_step), not per micro-batch: no host sync here.
-        self._nonfinite_loss_flags = (
-            loss_flags if self._nonfinite_loss_flags is None else (self._nonfinite_loss_flags + loss_flags)
+        # Checked (and compared across ranks) once per optimizer step in on_before_optimizer_step: no sync here.
+        nonfinite = (~torch.isfinite(loss_sum.detach())).float()
+        self._nonfinite_loss_flag = (
+            nonfinite if self._nonfinite_loss_flag is None else self._nonfinite_loss_flag + nonfinite
         )
         if self.hparams.on_nonfinite == "skip":
             self.log("train/skipped_nonfinite_steps", float(self.skipped_nonfinite_steps), on_step=True)
-        self.train_loss(loss_sum.detach() / count.clamp(min=1), weight=count)
-        self.log("train/loss", self.train_loss, on_step=True, on_epoch=False, prog_bar=True)
+        # The local micro-batch's token mean, logged as a tensor (no host sync here). Not through a torchmetrics
+        # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero3_trace.py).
+        self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False, prog_bar=True)
+        if pending is not None:
+            pending.wait()
         # Strategies average gradients over ranks and Lightning divides by the accumulation count: undo both so
         # the summed gradient is d(sum of token losses in the step) / (tokens in the step).
-        scale = self.trainer.world_size * undo_accumulation / step_tokens.clamp(min=1.0)
+        scale = self.trainer.world_size * undo_accumulation / step_tokens[0].clamp(min=1.0)
         return loss_sum * scale
 
     # ----------------------------------------------------------------------------------------------- non-finite guard
@@ -208,22 +213,32 @@ class CausalLMModule(pl.LightningModule):
             "step's data; or set model.on_nonfinite=skip to drop such steps and continue."
         )
 
-    def _nonfinite_grad_flags(self) -> torch.Tensor:
-        """Per rank, 1.0 where it holds a NaN/inf gradient (local shards under FSDP); a collective, except under
-        DeepSpeed, whose engine keeps the gradients (``param.grad`` is ``None``): nothing to find, no collective.
+    def _local_nonfinite_grad_flag(self) -> torch.Tensor:
+        """1.0 where this rank holds a NaN/inf gradient (its local shards under FSDP), else 0.0. Under DeepSpeed the
+        engine keeps the gradients (``param.grad`` is ``None``): nothing to find.
 
         One fused norm over all gradients (foreach kernels) rather than an ``isfinite`` mask and a host sync per
         parameter: the norm is NaN/inf iff an element is (or the squares overflow fp32, which has diverged anyway).
         """
-        flags = torch.zeros(self.trainer.world_size, device=self.device, dtype=torch.float32)
         if isinstance(self.trainer.strategy, DeepSpeedStrategy):
-            return flags
+            return torch.zeros((), device=self.device)
         grads = [p.grad for p in self.parameters() if p.grad is not None]
         grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        if grads:
-            total = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
-            flags[self.trainer.global_rank] = (~torch.isfinite(total)).float()
-        return self.trainer.strategy.reduce(flags, reduce_op="sum")
+        if not grads:
+            return torch.zeros((), device=self.device)
+        total = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
+        return (~torch.isfinite(total)).float().to(self.device)
+
+    def _nonfinite_ranks(self) -> tuple[list[int], list[int]]:
+        """Ranks whose loss (in any micro-batch of this step) or gradients are not finite; one collective for both."""
+        world, rank = self.trainer.world_size, self.trainer.global_rank
+        flags = torch.zeros(2 * world, device=self.device, dtype=torch.float32)
+        if self._nonfinite_loss_flag is not None:
+            flags[rank] = self._nonfinite_loss_flag
+        flags[world + rank] = self._local_nonfinite_grad_flag()
+        self._nonfinite_loss_flag = None
+        flags = self.trainer.strategy.reduce(flags, reduce_op="sum")
+        return torch.nonzero(flags[:world]).flatten().tolist(), torch.nonzero(flags[world:]).flatten().tolist()
 
     @override
     def on_fit_start(self) -> None:
@@ -240,11 +255,7 @@ class CausalLMModule(pl.LightningModule):
 
     @override
     def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        loss_flags, self._nonfinite_loss_flags = self._nonfinite_loss_flags, None
-        grad_flags = self._nonfinite_grad_flags()
-        if loss_flags is None:
-            loss_flags = torch.zeros_like(grad_flags)
-        loss_ranks, grad_ranks = (torch.nonzero(f).flatten().tolist() for f in (loss_flags, grad_flags))
+        loss_ranks, grad_ranks = self._nonfinite_ranks()
         ranks = loss_ranks or grad_ranks
         if not ranks:
             return

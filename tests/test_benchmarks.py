@@ -122,7 +122,23 @@ def test_planner_prediction_for_every_table_strategy(run_py: ModuleType) -> None
 
 
 def test_scaling_verdict_names_the_smallest_size_reaching_the_target(run_py: ModuleType) -> None:
-    found = run_py.scaling_verdict(run_py.QUICK, {"small": 0.6, "medium": 0.93, "large": 0.97})
+    found = run_py.scaling_verdict({"small": (0.6, 0.7), "medium": (0.93, 0.95), "large": (0.97, 0.99)})
     assert "**medium**" in found
-    missed = run_py.scaling_verdict(run_py.QUICK, {"small": 0.6, "large": 0.8})
-    assert "No size reached" in missed and "large, 0.80" in missed
+    machine = run_py.scaling_verdict({"small": (0.6, 0.8), "large": (0.7, 0.95)})
+    assert "No size reached" in machine and "large, 0.70" in machine and "from **large** on" in machine
+    ddp = run_py.scaling_verdict({"small": (0.6, 0.7), "large": (0.8, 0.85)})
+    assert "Even DDP's own efficiency stays below" in ddp
+
+
+def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
+    settings = run_py.Settings(**{**run_py.FULL.__dict__, "repeats": 1})
+    runs = run_py.strategy_runs(settings, ["zero1"])
+    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [
+        ("zero1", 4, 30),
+        ("zero1", 4, 30),
+        ("zero1@16", 16, 12),
+        ("zero1@16", 16, 12),
+    ]
+    assert runs[2]["ds_config"]["train_micro_batch_size_per_gpu"] == 16
+    ddp = run_py.ddp_runs(settings)
+    assert {(r["name"], r["batch_size"]) for r in ddp} >= {("h256_l4_b4", 4), ("h256_l4_b16", 16)}

@@ -168,3 +168,57 @@ def test_fsdp_descends_into_module_lists() -> None:
         dist.destroy_process_group()
     assert isinstance(blocks[0], FSDPModule) and isinstance(blocks[1]["a"], FSDPModule)
     assert not isinstance(blocks, FSDPModule) and not isinstance(blocks[2], FSDPModule)
+
+
+# ------------------------------------------------------------------------------------------- ZeRO-3 trace fix
+class _Offload:
+    """Stands in for DeepSpeed's DeepSpeedZeRoOffload: the lists of hook handles it registered."""
+
+    def __init__(self, modules: list[torch.nn.Module]) -> None:
+        self.forward_hooks = [m.register_forward_pre_hook(lambda *a: None) for m in modules]
+        self.forward_hooks += [m.register_forward_hook(lambda *a: None) for m in modules]
+        self.backward_hooks = [m.register_forward_pre_hook(lambda *a: None) for m in modules]
+
+
+class _Engine:
+    def __init__(self, module: torch.nn.Module, offload: _Offload) -> None:
+        self.module, self.optimizer = module, type("Stage3", (), {"parameter_offload": offload})()
+
+
+def test_a_torchmetrics_metric_is_never_equal_to_itself_for_deepspeed() -> None:
+    # Why zero3_trace exists: DeepSpeed's trace check is `sub_module != expected`, and for a metric that is a
+    # (truthy) CompositionalMetric even when both are the same object. If torchmetrics changes this, the fix can go.
+    from torchmetrics import MeanMetric
+
+    metric = MeanMetric()
+    assert bool(metric != metric)
+    linear = torch.nn.Linear(2, 2)
+    assert not bool(linear != linear)  # plain modules compare by identity
+
+
+def test_zero3_hooks_are_detached_from_parameter_free_metrics_only() -> None:
+    from torchmetrics import MeanMetric
+
+    from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid, trace_breaking_modules
+
+    root = torch.nn.Module()
+    root.linear, root.metric, root.act = torch.nn.Linear(2, 2), MeanMetric(), torch.nn.Tanh()
+    assert trace_breaking_modules(root) == [root.metric]
+    user_hook = root.metric.register_forward_hook(lambda *a: None)  # a user's own hook must survive
+    offload = _Offload([root.linear, root.metric, root.act])
+    assert keep_zero3_trace_valid(_Engine(root, offload)) == 3
+    assert len(offload.forward_hooks) == 4 and len(offload.backward_hooks) == 2
+    assert list(root.metric._forward_hooks) == [user_hook.id] and not root.metric._forward_pre_hooks
+    assert len(root.linear._forward_pre_hooks) == 2 and len(root.act._forward_hooks) == 1
+
+
+def test_zero3_trace_fix_warns_when_deepspeed_internals_moved() -> None:
+    from torchmetrics import MeanMetric
+
+    from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid
+
+    root = torch.nn.Module()
+    root.metric = MeanMetric()
+    engine = type("Engine", (), {"module": root, "optimizer": object()})()
+    with pytest.warns(UserWarning, match="could not find DeepSpeed's ZeRO-3 hooks"):
+        assert keep_zero3_trace_valid(engine) == 0

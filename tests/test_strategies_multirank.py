@@ -44,6 +44,8 @@ CPU_ADAM = {"class": "ZeROStrategy", "kwargs": {"stage": 2, "offload_optimizer":
 COMPRESSIONS = ["fp16", "bf16", "powersgd"]
 ACCUMULATION_STRATEGIES = ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3"]
 SGD_ACCUMULATION = {"max_epochs": 2, "optimizer": "sgd", "accumulate": 2, "dataset_size": 24}
+# The control run switches gym_lightning's ZeRO-3 trace fix off, to show the test below can fail.
+ZERO3_METRIC_CONTROL = {"name": "zero3_metric_without_fix", "zero3_trace_fix": False}
 SHARDED = {"gym_fsdp", "zero3", "zero3_offload", "zero_infinity", "fsdp_grad_op", "fsdp_ac"}
 
 
@@ -80,6 +82,10 @@ def mlp_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     phases += [_compression_phase(c) for c in COMPRESSIONS]
     phases.append({"name": "zero2_cpu_adam", "max_epochs": 1, "strategy": CPU_ADAM})
     phases.append({"name": "fsdp_none", "max_epochs": 1, "strategy": FSDP_NO_SHARD})
+    phases += [
+        {"name": "zero3_metric", "max_epochs": 1, "strategy": "zero3", "metric_in_step": True},
+        {**ZERO3_METRIC_CONTROL, "max_epochs": 1, "strategy": "zero3", "metric_in_step": True},
+    ]
     phases += [{**SGD_ACCUMULATION, "name": f"{name}/sgd", "strategy": name} for name in ACCUMULATION_STRATEGIES]
     spec = {"model": "mlp", "dataset_size": 32, "batch_size": 4, "phases": phases}
     results = run_worker(spec, out, timeout=600)
@@ -116,6 +122,17 @@ def test_plain_lightning_module_trains_like_single_process(mlp_runs: dict[str, A
     _assert_same_weights(weights, mlp_runs["ref_weights"], WEIGHT_ATOL)
     stored = result["local_numel"] / result["full_numel"]
     assert stored == (0.5 if name in SHARDED else 1.0), f"{name} stores {stored:.2f} of the parameters per rank"
+
+
+def test_zero3_trace_survives_a_torchmetrics_metric_called_in_training_step(mlp_runs: dict[str, Any]) -> None:
+    # DeepSpeed checks its recorded module order with `module != expected`; a torchmetrics metric's `!=` is always
+    # truthy, so without the fix every step throws the trace (and with it ZeRO-3's prefetching) away.
+    fixed = mlp_runs["results"]["zero3_metric"]
+    assert fixed["global_step"] == 4 and len(fixed["zero3_trace"]) == 4
+    assert fixed["zero3_trace"][1:] == ["complete"] * 3, fixed["zero3_trace"]
+    torch.testing.assert_close(fixed["losses"], mlp_runs["ref_losses"], rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    control = mlp_runs["results"][ZERO3_METRIC_CONTROL["name"]]
+    assert "invalid" in control["zero3_trace"] and "complete" not in control["zero3_trace"][1:], control
 
 
 TWO_NODE_STRATEGIES: dict[str, Any] = {

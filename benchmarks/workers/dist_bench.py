@@ -43,6 +43,7 @@ from fit_vs_plain import StepClock
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 from gym_lightning.models.loading import build_causal_lm
+from gym_lightning.optim import weight_decay_groups
 
 LR = 1e-3
 KINDS = ("gym_zero", "ds_engine", "gym_fsdp", "fsdp2", "gym_ddp", "ddp", "ddp_nosync", "single")
@@ -69,6 +70,13 @@ def make_batches(run: dict[str, Any], rank: int, vocab: int) -> list[dict[str, t
 def build_model(run: dict[str, Any]) -> torch.nn.Module:
     torch.manual_seed(0)
     return build_causal_lm("tiny-llama", config_overrides=run.get("overrides") or None).train()
+
+
+def adamw(model: torch.nn.Module) -> torch.optim.AdamW:
+    """CausalLMModule's optimizer: AdamW over its two parameter groups (matrices / biases and norms), its default
+    weight decay 0. The group count matters: ZeRO-1/2 run one gradient-norm all-reduce and one parameter all-gather
+    per group, so one group on the peer's side only would be a different workload."""
+    return torch.optim.AdamW(weight_decay_groups(model.named_parameters(), 0.0), lr=LR)
 
 
 def local_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -98,7 +106,7 @@ def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -
 
     deepspeed.init_distributed(dist_backend="gloo")  # wraps the existing process group
     model = build_model(run)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    optimizer = adamw(model)
     engine, _, _, _ = deepspeed.initialize(
         # DeepSpeed's device rank: on CPU it must be given (the local rank), as any CPU user of the engine does.
         args=argparse.Namespace(device_rank=int(os.environ["LOCAL_RANK"])),
@@ -152,7 +160,7 @@ def run_single(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], flag
 
 
 def _torch_loop(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], model: Any, sync: Any = nullcontext):
-    optimizer = torch.optim.AdamW(model.parameters(), lr=LR)
+    optimizer = adamw(model)
 
     def step(batch: dict[str, torch.Tensor]) -> None:
         with sync():

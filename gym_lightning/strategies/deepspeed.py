@@ -15,6 +15,8 @@ Differences from Lightning's ``DeepSpeedStrategy`` and why:
   to DeepSpeed's fused ``DeepSpeedCPUAdam`` (same update rule, faster, different rounding order).
 - ZeRO-3: the model is built inside ``deepspeed.zero.Init`` with the Hugging Face DeepSpeed integration active,
   so no rank ever holds the full model and HF still initialises (or loads) the weights correctly.
+- ZeRO-3 with torchmetrics: DeepSpeed's hooks are removed from parameter-free metric modules, whose overloaded
+  ``!=`` otherwise invalidates ZeRO-3's prefetch trace on every step (strategies/zero3_trace.py).
 """
 
 from __future__ import annotations
@@ -50,6 +52,7 @@ from gym_lightning.strategies.hf_deepspeed_config import (
     training_facts,
     zero_plus_plus_problems,
 )
+from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
@@ -379,6 +382,8 @@ class ZeROStrategy(DeepSpeedStrategy):
             dist_init_required=False,
         )
         use_weights_only_engine(engine)
+        if self.zero_stage_3:
+            keep_zero3_trace_valid(engine)
         return engine, deepspeed_optimizer
 
     @override
@@ -396,6 +401,8 @@ class ZeROStrategy(DeepSpeedStrategy):
             args=self._deepspeed_args(), config=inference_config, model=model, dist_init_required=False
         )
         use_weights_only_engine(self.model)
+        if self.zero_stage_3:
+            keep_zero3_trace_valid(self.model)
 
     @contextmanager
     @override

@@ -15,6 +15,8 @@ from __future__ import annotations
 import json
 import os
 import sys
+from collections.abc import Generator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +26,7 @@ import torch.nn.functional as F
 from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
+from torchmetrics import MeanMetric
 
 # --------------------------------------------------------------------------------------------- plain Lightning model
 
@@ -44,14 +47,20 @@ def same_order_sampler(trainer: pl.Trainer, dataset: Dataset) -> Sampler | None:
 class ClassifierMLP(pl.LightningModule):
     """A two-layer MLP classifier; deliberately plain Lightning (no gym_lightning imports)."""
 
-    def __init__(self, lr: float = 0.05, optimizer: str = "adamw") -> None:
+    def __init__(self, lr: float = 0.05, optimizer: str = "adamw", metric_in_step: bool = False) -> None:
         super().__init__()
         self.lr, self.optimizer = lr, optimizer
         self.net = nn.Sequential(nn.Linear(16, 32), nn.Tanh(), nn.Linear(32, 4))
+        # The usual Lightning pattern: a torchmetrics metric called (as a module) in training_step and logged.
+        self.train_acc = MeanMetric() if metric_in_step else None
 
     def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
         x, y = batch
-        return F.cross_entropy(self.net(x), y)
+        logits = self.net(x)
+        if self.train_acc is not None:
+            self.train_acc((logits.argmax(-1) == y).float().mean())
+            self.log("train/acc", self.train_acc, on_step=True)
+        return F.cross_entropy(logits, y)
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         if self.optimizer == "sgd":  # plain SGD: any error in the gradient's scale shows in the weights
@@ -168,6 +177,37 @@ class RecordLosses(Callback):
         self.losses.append(float(trainer.strategy.reduce(loss.detach().float(), reduce_op="mean")))
 
 
+class RecordZero3Trace(Callback):
+    """After each batch, the state of DeepSpeed ZeRO-3's module trace ("record", "complete" or "invalid")."""
+
+    def __init__(self) -> None:
+        self.modes: list[str] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        from gym_lightning.strategies.zero3_trace import zero3_parameter_offload
+
+        offload = zero3_parameter_offload(trainer.strategy.model)
+        if offload is None:  # not a ZeRO-3 engine
+            return
+        coordinator = offload.get_param_coordinator()
+        checks = {"complete": coordinator.is_complete_trace, "invalid": coordinator.is_invalid_trace}
+        self.modes.append(next((mode for mode, check in checks.items() if check()), "record"))
+
+
+@contextmanager
+def zero3_trace_fix(enabled: bool) -> Generator[None, None, None]:
+    """Run with gym_lightning's ZeRO-3 trace fix switched off when not ``enabled`` (the control run)."""
+    import gym_lightning.strategies.deepspeed as gym_deepspeed
+
+    original = gym_deepspeed.keep_zero3_trace_valid
+    if not enabled:
+        gym_deepspeed.keep_zero3_trace_valid = lambda engine: 0
+    try:
+        yield
+    finally:
+        gym_deepspeed.keep_zero3_trace_valid = original
+
+
 def build_strategy(spec: dict[str, Any], phase: dict[str, Any]) -> Any:
     import gym_lightning.strategies as strategies
 
@@ -201,12 +241,12 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     module = (
         causal_module(spec, phase.get("preset", False))
         if is_causal
-        else ClassifierMLP(optimizer=phase.get("optimizer", "adamw"))
+        else ClassifierMLP(optimizer=phase.get("optimizer", "adamw"), metric_in_step=phase.get("metric_in_step", False))
     )
     data_cls = TokenData if is_causal else MLPData
     data = data_cls(phase.get("dataset_size", spec["dataset_size"]), spec["batch_size"])
-    recorder = RecordLosses()
-    callbacks: list[Callback] = [recorder]
+    recorder, tracer = RecordLosses(), RecordZero3Trace()
+    callbacks: list[Callback] = [recorder, tracer]
     if phase.get("save_dir"):
         callbacks.append(ModelCheckpoint(dirpath=out / phase["save_dir"], save_last=True, save_top_k=0))
     trainer = pl.Trainer(
@@ -227,7 +267,8 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
         deterministic=False,
     )
     ckpt = str(out / phase["resume_from"] / "last.ckpt") if phase.get("resume_from") else None
-    trainer.fit(module, datamodule=data, ckpt_path=ckpt)
+    with zero3_trace_fix(phase.get("zero3_trace_fix", True)):
+        trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     target = module.model if is_causal else module.net
     gather = getattr(trainer.strategy, "full_model_state_dict", None)
     state = gather(target) if gather is not None else target.state_dict()
@@ -235,7 +276,7 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
         torch.save({k: v.detach().cpu() for k, v in state.items()}, out / f"{phase['name']}.pt")
     report = shard_report(trainer, module)
     trainer.strategy.barrier()
-    return {"losses": recorder.losses, "global_step": trainer.global_step, **report}
+    return {"losses": recorder.losses, "global_step": trainer.global_step, "zero3_trace": tracer.modes, **report}
 
 
 def main(spec_path: str) -> None:

@@ -1,0 +1,68 @@
+"""2-rank worker: the loss turns NaN on one rank only; every rank must take the same decision.
+
+``python nonfinite_worker.py OUT STRATEGY ON_NONFINITE`` (Lightning's launcher re-runs it for rank 1). Rank 1's loss
+is NaN in optimizer step 3 (global_step 2). Each rank writes ``OUT/rank<r>.json``: the error it raised (or None),
+the steps done, the skipped-step count and a checksum of its full weights.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+import torch
+
+from gym_lightning import CausalLMDataModule, CausalLMModule
+from gym_lightning.module import NonFiniteLossError
+
+BAD_RANK, BAD_STEP = 1, 2
+
+
+class PoisonLossOnOneRank(pl.Callback):
+    """Multiply one rank's summed loss by NaN in one optimizer step (the model itself stays finite)."""
+
+    def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_rank == BAD_RANK and trainer.global_step == BAD_STEP:
+            summed = type(module)._summed_loss
+            module._summed_loss = lambda b: (summed(module, b)[0] * float("nan"), summed(module, b)[1])
+        elif "_summed_loss" in vars(module):
+            del module._summed_loss
+
+
+def main(out: Path, strategy: str, on_nonfinite: str) -> None:
+    torch.set_num_threads(1)
+    pl.seed_everything(3)
+    module = CausalLMModule(
+        "tiny-llama", config_overrides={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
+        lr=1e-2, scheduler="constant", on_nonfinite=on_nonfinite,
+    )  # fmt: skip
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=2, strategy=strategy, max_steps=5, limit_val_batches=0, logger=False,
+        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
+        callbacks=[PoisonLossOnOneRank()],
+    )  # fmt: skip
+    records = [{"prompt": f"{i}+{i}=", "completion": str(2 * i) * (1 + i % 3)} for i in range(48)]
+    train = out / "train.jsonl"
+    if not train.exists():
+        train.write_text("".join(json.dumps(record) + "\n" for record in records))
+    error = None
+    try:
+        trainer.fit(module, CausalLMDataModule(train_files=str(train), batch_size=4, max_seq_length=16))
+    except NonFiniteLossError as err:
+        error = str(err)
+    state = trainer.strategy.full_model_state_dict(module.model) if error is None else {}
+    result = {
+        "error": error,
+        "global_step": trainer.global_step,
+        "skipped": module.skipped_nonfinite_steps,
+        "finite": all(bool(torch.isfinite(p).all()) for p in module.model.parameters()),
+        "checksum": float(sum(v.double().sum() for v in state.values())) if state else None,
+    }
+    (out / f"rank{trainer.global_rank}.json").write_text(json.dumps(result))
+
+
+if __name__ == "__main__":
+    main(Path(sys.argv[1]), sys.argv[2], sys.argv[3])
