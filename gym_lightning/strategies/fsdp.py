@@ -189,7 +189,9 @@ class GymFSDPStrategy(ModelParallelStrategy):
             rank_zero_info("gym_fsdp: cpu_offload is a no-op on CPU ranks (parameters already live in host memory).")
         return {
             "mesh": self._shard_mesh,
-            "reshard_after_forward": self.sharding != "grad_op",
+            # None: reshard every unit after forward except the root, whose parameters backward needs first anyway
+            # (torch's fully_shard docs); True on the root too cost one extra all-gather per step. grad_op: never.
+            "reshard_after_forward": None if self.sharding != "grad_op" else False,
             "mp_policy": mixed_precision_policy(str(self.precision_plugin.precision), self.gradient_compression),
             "offload_policy": offload,
         }
