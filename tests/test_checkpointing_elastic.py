@@ -42,19 +42,12 @@ def run_attempt(spec: dict[str, Any]) -> None:
     """One torchrun attempt: the same ``fit(ckpt_path="last")`` every time; attempt 0 may kill rank 1."""
     import lightning.pytorch as pl
     from helpers.strategy_worker import RecordLosses
-    from test_checkpointing_resume import KILL_AT_BATCH, KILL_AT_STEP, KillRank, build_strategy
+    from test_checkpointing_resume import KILL_AT_BATCH, KILL_AT_STEP, KillRank, build_strategy, seeded_module_and_data
 
-    from gym_lightning import CausalLMDataModule, CausalLMModule
     from gym_lightning.checkpointing import StepCheckpoint
 
     out = Path(spec["out"])
-    pl.seed_everything(7, workers=True)
-    module = CausalLMModule(
-        model=spec["model_dir"], lr=3e-3, weight_decay=0.01, scheduler="linear", warmup_steps=2, min_lr_ratio=0.1
-    )
-    data = CausalLMDataModule(
-        train_files=spec["train_file"], tokenizer=spec["model_dir"], batch_size=2, max_seq_length=32
-    )
+    module, data = seeded_module_and_data(spec)
     recorder = RecordLosses()
     callbacks = [recorder, RecordAttempt(out), StepCheckpoint(dirpath=out / "ckpt", every_n_steps=1, keep_last=2)]
     if spec["kill"] and os.environ[ATTEMPT_ENV] == "0":

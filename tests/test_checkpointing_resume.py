@@ -63,14 +63,12 @@ class KillRank(__import__("lightning.pytorch", fromlist=["Callback"]).Callback):
             os.kill(os.getpid(), signal.SIGKILL)
 
 
-def run_phase(spec: dict[str, Any], phase: str, devices: int) -> dict[str, Any]:
+def seeded_module_and_data(spec: dict[str, Any]) -> tuple[Any, Any]:
+    """The run every kill/resume test trains (seeded): CausalLMModule on ``spec``'s model folder and its data."""
     import lightning.pytorch as pl
-    from helpers.strategy_worker import RecordLosses
 
     from gym_lightning import CausalLMDataModule, CausalLMModule
-    from gym_lightning.checkpointing import StepCheckpoint
 
-    out = Path(spec["out"])
     pl.seed_everything(7, workers=True)
     module = CausalLMModule(
         model=spec["model_dir"], lr=3e-3, weight_decay=0.01, scheduler="linear", warmup_steps=2, min_lr_ratio=0.1
@@ -78,6 +76,17 @@ def run_phase(spec: dict[str, Any], phase: str, devices: int) -> dict[str, Any]:
     data = CausalLMDataModule(
         train_files=spec["train_file"], tokenizer=spec["model_dir"], batch_size=2, max_seq_length=32
     )
+    return module, data
+
+
+def run_phase(spec: dict[str, Any], phase: str, devices: int) -> dict[str, Any]:
+    import lightning.pytorch as pl
+    from helpers.strategy_worker import RecordLosses
+
+    from gym_lightning.checkpointing import StepCheckpoint
+
+    out = Path(spec["out"])
+    module, data = seeded_module_and_data(spec)
     recorder = RecordLosses()
     ckpt_dir = out / ("ckpt" if phase in ("crash", "resume") else f"{phase}-ckpt")
     callbacks = [recorder, StepCheckpoint(dirpath=ckpt_dir, every_n_steps=1, keep_last=2)]
