@@ -26,10 +26,8 @@ def raise_if_problems(subject: str, problems: Iterable[str]) -> None:
     problems = [str(problem) for problem in problems]
     if not problems:
         return
-    if len(problems) == 1:
-        raise GymUserError(f"{subject}: {problems[0]}")
     lines = "\n".join(f"  - {problem}" for problem in problems)
-    raise GymUserError(f"{subject} ({len(problems)} problems):\n{lines}")
+    raise GymUserError(f"{subject} ({len(problems)} problem(s)):\n{lines}")
 
 
 __all__ = ["GymUserError", "raise_if_problems"]
