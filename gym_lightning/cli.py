@@ -1,34 +1,55 @@
-"""Command line: ``python -m gym_lightning {fit,validate,test,predict} --config ...`` (also installed as ``gym``).
+"""Command line: ``gym COMMAND ...`` (also ``python -m gym_lightning COMMAND ...``); ``gym --help`` lists them.
 
 ``fit``/``validate``/``test``/``predict`` are a LightningCLI over ``CausalLMModule`` and ``CausalLMDataModule``.
 Other commands (``gym train``, ...) live in their own modules, listed in ``COMMANDS`` and imported only when used.
-Errors in the user's settings end the program with one readable line and a non-zero exit status, not a traceback.
+
+One way to fail: a mistake in the user's input raises ``gym_lightning.errors.GymUserError`` wherever it is found
+(a setting, a flag, a data file, a checkpoint), and argument-parsing errors raise jsonargparse's/argparse's
+``ArgumentError``; the CLI prints either as one line and exits with status 2. Every other exception is a bug (or an
+environment failure) and keeps its traceback. ``GYM_DEBUG=1`` shows the traceback of user errors too.
 """
 
 from __future__ import annotations
 
+import argparse
+import difflib
 import importlib
+import os
 import sys
+from pathlib import Path
+from typing import Any
 
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.data.datamodule import CausalLMDataModule
+from gym_lightning.errors import GymUserError
 from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
 from gym_lightning.prediction_writer import JsonlPredictionWriter
+from gym_lightning.strategies import strategy_name_problem
 
-USER_ERRORS = (ValueError, TypeError, FileNotFoundError, ImportError)
-
-# Commands beside LightningCLI's subcommands: name -> "module:function" taking the remaining arguments.
-COMMANDS: dict[str, str] = {
-    "train": "gym_lightning.hf_train:main",
-    "plan": "gym_lightning.planner.cli:main",
-    "export": "gym_lightning.checkpointing.export:main",
+# LightningCLI's subcommands, with the one line ``gym --help`` shows for each.
+LIGHTNING_COMMANDS: dict[str, str] = {
+    "fit": "train (and validate) from a YAML config: gym fit --config configs/quickstart.yaml",
+    "validate": "run the validation loop once and print its metrics",
+    "test": "run the test loop once and print its metrics",
+    "predict": "generate completions for the prediction prompts (written to predictions.jsonl)",
 }
+# Commands beside LightningCLI's subcommands: name -> ("module:function" taking the remaining arguments, help line).
+COMMANDS: dict[str, tuple[str, str]] = {
+    "train": ("gym_lightning.hf_train:main", "train with Hugging Face Trainer flags (--deepspeed ds.json, ...)"),
+    "plan": ("gym_lightning.planner.cli:main", "predict memory per rank of a model/strategy before launching"),
+    "export": ("gym_lightning.checkpointing.export:main", "write a Hugging Face folder from a checkpoint"),
+}
+# ``fit --ckpt_path`` values that are not paths (Lightning resolves them itself).
+CKPT_KEYWORDS: tuple[str, ...] = ("last", "best", "hpc", "registry")
+DEBUG_ENV_VAR = "GYM_DEBUG"
 
 
 class GymCLI(LightningCLI):
-    """LightningCLI whose data module always tokenizes with the model's tokenizer."""
+    """LightningCLI whose data module always tokenizes with the model's tokenizer, and whose user errors (an unknown
+    strategy name, an unreadable ``--ckpt_path``) are found before anything is built."""
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
@@ -36,34 +57,100 @@ class GymCLI(LightningCLI):
         parser.link_arguments(("model.model", "model.tokenizer"), "data.tokenizer", compute_fn=resolve_tokenizer_source)
         parser.link_arguments("model.trust_remote_code", "data.trust_remote_code")
 
+    @override
+    def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
+        super().parse_arguments(parser, args)
+        subcommand = self.config.get("subcommand")
+        if subcommand:
+            check_ckpt_path(self.config[subcommand].get("ckpt_path"))
+
+    @override
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        strategy = config.trainer.get("strategy")
+        if isinstance(strategy, str) and (problem := strategy_name_problem(strategy)):
+            raise GymUserError(f"--trainer.strategy {strategy!r}: {problem}")
+
     def before_predict(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
         """``predict`` from the command line writes its completions to a file unless a writer is configured."""
         if not any(isinstance(callback, JsonlPredictionWriter) for callback in self.trainer.callbacks):
             self.trainer.callbacks.append(JsonlPredictionWriter())
 
 
-def run_lightning_cli(args: list[str]) -> None:
+def check_ckpt_path(ckpt_path: str | None) -> None:
+    """Fail early, in one line, on a ``--ckpt_path`` that is missing or not a readable, safe checkpoint file.
+
+    Lightning's CLI reads the file's hyper-parameters before anything else, and a broken file would end there in a
+    torch traceback. Memory-mapped, so only the pickled metadata is read, not the tensors. Folders (sharded FSDP and
+    DeepSpeed checkpoints) are checked by their strategy when they are loaded.
+    """
+    if not ckpt_path or ckpt_path in CKPT_KEYWORDS:
+        return
+    path = Path(ckpt_path)
+    if not path.exists():
+        raise GymUserError(
+            f"--ckpt_path {ckpt_path!r} does not exist; pass a checkpoint file or folder, or 'last' to resume from the "
+            "newest checkpoint of this run."
+        )
+    if path.is_file():
+        load_lightning_checkpoint(path, required=("state_dict", "pytorch-lightning_version"))
+
+
+def run_lightning_cli(args: list[str] | None) -> None:
+    """Run ``GymCLI``; ``args=None`` parses ``sys.argv`` (passing both makes LightningCLI warn)."""
+    subcommands = {name: {"exit_on_error": False} for name in LIGHTNING_COMMANDS}
     GymCLI(
         CausalLMModule,
         CausalLMDataModule,
         args=args,
         save_config_kwargs={"overwrite": True},
+        parser_kwargs={"exit_on_error": False, **subcommands},
     )
+
+
+def usage() -> str:
+    """The text of ``gym --help``: every command with one line."""
+    width = max(map(len, [*LIGHTNING_COMMANDS, *COMMANDS]))
+    lines = ["usage: gym COMMAND [options]   (or: python -m gym_lightning COMMAND [options])", "", "commands:"]
+    lines += [f"  {name:<{width}}  {text}" for name, text in LIGHTNING_COMMANDS.items()]
+    lines += [f"  {name:<{width}}  {text}" for name, (_, text) in COMMANDS.items()]
+    lines += ["", "Run `gym COMMAND --help` for the options of a command."]
+    return "\n".join(lines)
+
+
+def _unknown_command(name: str) -> GymUserError:
+    names = [*LIGHTNING_COMMANDS, *COMMANDS]
+    close = difflib.get_close_matches(name, names, n=1)
+    hint = f"did you mean {close[0]!r}? " if close else ""
+    return GymUserError(f"unknown command {name!r}; {hint}the commands are {', '.join(names)} (see gym --help).")
+
+
+def _dispatch(args: list[str], from_sys_argv: bool) -> None:
+    command = args[0]
+    if command in COMMANDS:
+        module_name, function = COMMANDS[command][0].split(":")
+        getattr(importlib.import_module(module_name), function)(args[1:])
+    elif command in LIGHTNING_COMMANDS:
+        run_lightning_cli(None if from_sys_argv else args)
+    else:
+        raise _unknown_command(command)
 
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``gym`` and ``python -m gym_lightning``."""
     args = list(sys.argv[1:] if argv is None else argv)
+    if not args or args[0] in ("-h", "--help"):
+        print(usage(), file=sys.stdout if args else sys.stderr)
+        raise SystemExit(0 if args else 2)
     try:
-        if args and args[0] in COMMANDS:
-            module_name, function = COMMANDS[args[0]].split(":")
-            getattr(importlib.import_module(module_name), function)(args[1:])
-        else:
-            run_lightning_cli(args)
-    except USER_ERRORS as err:
-        print(f"gym_lightning: error: {_one_line(err)}", file=sys.stderr)
+        _dispatch(args, from_sys_argv=argv is None)
+    except (GymUserError, argparse.ArgumentError) as err:
+        if os.environ.get(DEBUG_ENV_VAR):
+            raise
+        print(f"gym_lightning: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
 
 
-def _one_line(err: BaseException) -> str:
+def one_line(err: BaseException) -> str:
+    """An exception's message on one line (its whitespace, newlines included, collapsed)."""
     return " ".join(str(err).split()) or type(err).__name__

@@ -6,6 +6,8 @@ from dataclasses import dataclass
 
 from transformers import PreTrainedModel
 
+from gym_lightning.errors import GymUserError
+
 
 @dataclass(frozen=True)
 class LoRAArgs:
@@ -42,7 +44,7 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
     try:
         from peft import LoraConfig, get_peft_model
     except ImportError as err:
-        raise ImportError("LoRA needs the 'peft' package: pip install 'gym-lightning[lora]'.") from err
+        raise GymUserError("LoRA needs the 'peft' package: pip install 'gym-lightning[lora]'.") from err
     target = args.target_modules
     config = LoraConfig(
         r=args.r,

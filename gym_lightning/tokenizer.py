@@ -11,6 +11,7 @@ from pathlib import Path
 from transformers import AutoTokenizer, PreTrainedTokenizerBase
 
 from gym_lightning._compat import rank_zero_info
+from gym_lightning.errors import GymUserError
 
 SHIPPED_TOKENIZER_DIR = Path(__file__).resolve().parent / "assets" / "tokenizer"
 
@@ -29,7 +30,7 @@ def load_tokenizer(source: str | None = None, trust_remote_code: bool = False) -
     try:
         tokenizer = AutoTokenizer.from_pretrained(location, trust_remote_code=trust_remote_code)
     except (OSError, ValueError) as error:
-        raise ValueError(
+        raise GymUserError(
             f"Could not load the tokenizer {location!r}: {error}\n"
             "Pass a local folder that holds tokenizer.json / tokenizer_config.json, a model preset (which uses the "
             "shipped tokenizer), or a Hugging Face Hub name on a machine that can reach the Hub (or has it cached)."
@@ -43,7 +44,7 @@ def _ensure_pad_token(tokenizer: PreTrainedTokenizerBase, location: str) -> None
     if tokenizer.pad_token is not None:
         return
     if tokenizer.eos_token is None:
-        raise ValueError(
+        raise GymUserError(
             f"The tokenizer {location!r} has neither a pad token nor an eos token; add a pad_token to its "
             "tokenizer_config.json or use another tokenizer."
         )

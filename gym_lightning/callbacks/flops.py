@@ -34,6 +34,8 @@ from typing import Any
 import torch
 from torch import nn
 
+from gym_lightning.errors import GymUserError
+
 
 @dataclass(frozen=True)
 class TransformerFlops:
@@ -110,7 +112,7 @@ def attention_shape(config: Any) -> tuple[int, int]:
         hidden = _first_attr(text_config, ("hidden_size", "n_embd", "d_model"))
         head_dim = hidden // num_heads if hidden else None
     if not num_layers or not num_heads or not head_dim:
-        raise ValueError(
+        raise GymUserError(
             f"cannot read the attention shape from {type(text_config).__name__}: need num_hidden_layers, "
             "num_attention_heads and head_dim (or hidden_size); pass flops_per_token explicitly instead."
         )

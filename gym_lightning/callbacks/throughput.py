@@ -15,6 +15,7 @@ from typing import Any
 
 import torch
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.loss import count_target_tokens
 
 # Order of the counters in the tensor the callback accumulates on the device.
@@ -86,7 +87,7 @@ class SlidingWindow:
 
     def __init__(self, window_steps: int) -> None:
         if not isinstance(window_steps, int) or window_steps < 1:
-            raise ValueError(f"window_steps must be a positive integer, got {window_steps!r}.")
+            raise GymUserError(f"window_steps must be a positive integer, got {window_steps!r}.")
         self.window_steps = window_steps
         self.first: Sample | None = None
         self._samples: deque[Sample] = deque()
@@ -130,7 +131,7 @@ def batch_counts(batch: Mapping[str, Any]) -> torch.Tensor:
     """
     input_ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
     if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise TypeError(
+        raise GymUserError(
             "ThroughputCallback counts tokens from dict batches with a 2-D `input_ids` tensor (plus optional "
             f"`attention_mask` and `labels`), got {type(batch).__name__}"
             + (f" with keys {sorted(batch)}" if isinstance(batch, Mapping) else "")

@@ -15,6 +15,7 @@ from gym_lightning.callbacks.flops import transformer_flops
 from gym_lightning.callbacks.peak_flops import dense_peak_flops, precision_to_dtype
 from gym_lightning.callbacks.reports import markdown_table, report_dir, write_json
 from gym_lightning.callbacks.throughput import Counters, Sample, SlidingWindow, batch_counts, rates
+from gym_lightning.errors import GymUserError
 
 PALM_CONVENTION = "6*N_trainable + 4*N_frozen + 12*L*H*Q*T per token (PaLM app. B; Kaplan et al. 2020)"
 
@@ -62,7 +63,7 @@ class ThroughputCallback(Callback):
     ) -> None:
         problems = _argument_problems(warmup_steps, window_steps, log_every_n_steps, flops_per_token, peak_flops)
         if problems:
-            raise ValueError("invalid ThroughputCallback arguments:\n  - " + "\n  - ".join(problems))
+            raise GymUserError("invalid ThroughputCallback arguments:\n  - " + "\n  - ".join(problems))
         self.warmup_steps = warmup_steps
         self.window_steps = window_steps
         self.log_every_n_steps = log_every_n_steps

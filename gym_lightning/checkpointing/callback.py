@@ -17,6 +17,8 @@ does not store them), so dropout and other random draws continue as in an uninte
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import os
 import shutil
 import uuid
@@ -32,8 +34,11 @@ from typing_extensions import override
 from gym_lightning._compat import rank_zero_warn
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
+from gym_lightning.errors import GymUserError
 
 RNG_KEY = "gym_rng_states"
+# A write that fails for lack of room (full disk, exhausted quota, file size limit) is the user's to fix, not a bug.
+DISK_FULL_ERRNOS: tuple[int, ...] = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
 STAGING_SUFFIX = ".partial"
 
 
@@ -43,15 +48,32 @@ def staging_path(target: str | os.PathLike[str]) -> Path:
     return target.parent / f".{target.name}{STAGING_SUFFIX}"
 
 
-def remove_path(path: str | os.PathLike[str]) -> None:
-    """Delete a file, link or folder; a folder is first renamed to a hidden name so no half of it stays listed."""
+def remove_path(path: str | os.PathLike[str], missing_ok: bool = False) -> None:
+    """Delete a file, link or folder; a folder is first renamed to a hidden name so no half of it stays listed.
+
+    ``missing_ok``: another rank may remove the same path at the same time (cleaning up after a failed save).
+    """
     path = Path(path)
+    if missing_ok:
+        with contextlib.suppress(FileNotFoundError):
+            remove_path(path)
+        return
     if path.is_symlink() or path.is_file():
         path.unlink()
     elif path.is_dir():
         trash = path.parent / f".{path.name}.trash-{uuid.uuid4().hex[:8]}"
         os.replace(path, trash)
         shutil.rmtree(trash, ignore_errors=True)
+
+
+def _disk_full(filepath: str, err: OSError) -> GymUserError:
+    folder = Path(filepath).parent
+    free = shutil.disk_usage(folder).free if folder.exists() else 0
+    return GymUserError(
+        f"Could not write checkpoint {filepath}: {os.strerror(err.errno or 0)} ({free / 2**20:.1f} MiB free in "
+        f"{folder}). The partial file was removed; the previous checkpoints and last.ckpt are intact. Free space, "
+        "point StepCheckpoint(dirpath=...) at a larger disk, or keep fewer checkpoints (keep_last)."
+    )
 
 
 def publish(staging: str | os.PathLike[str], target: str | os.PathLike[str]) -> None:
@@ -116,7 +138,7 @@ class StepCheckpoint(ModelCheckpoint):
         if not isinstance(keep_last, int) or isinstance(keep_last, bool) or not (keep_last >= 1 or keep_last == -1):
             problems.append(f"keep_last must be an integer >= 1 or -1 (keep all), got {keep_last!r}")
         if problems:
-            raise ValueError("Invalid StepCheckpoint settings: " + "; ".join(problems) + ".")
+            raise GymUserError("Invalid StepCheckpoint settings: " + "; ".join(problems) + ".")
         super().__init__(
             dirpath=dirpath,
             filename=self.FILENAME,
@@ -144,7 +166,13 @@ class StepCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero and (staging.exists() or staging.is_symlink()):
             remove_path(staging)  # left by a process killed while saving
         trainer.strategy.barrier("gym_checkpoint_stage")
-        trainer.save_checkpoint(str(staging), self.save_weights_only)  # every rank writes; ends with a barrier
+        try:
+            trainer.save_checkpoint(str(staging), self.save_weights_only)  # every rank writes; ends with a barrier
+        except OSError as err:
+            if err.errno not in DISK_FULL_ERRNOS:
+                raise
+            remove_path(staging, missing_ok=True)  # the previous checkpoints and last.ckpt were not touched
+            raise _disk_full(filepath, err) from err
         if trainer.is_global_zero:
             publish(staging, filepath)
             if os.path.abspath(filepath) != os.path.abspath(self.last_link):

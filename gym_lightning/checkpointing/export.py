@@ -28,7 +28,13 @@ import torch
 from safetensors.torch import save_file
 
 from gym_lightning.atomic import atomic_directory
-from gym_lightning.checkpointing.safe_load import deepspeed_safe_globals, load_weights_only, refuse_unsafe_pickles
+from gym_lightning.checkpointing.safe_load import (
+    deepspeed_safe_globals,
+    load_lightning_checkpoint,
+    load_weights_only,
+    refuse_unsafe_pickles,
+)
+from gym_lightning.errors import GymUserError
 
 LoRAExport = Literal["merged", "adapter"]
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
@@ -42,7 +48,7 @@ def parse_size(text: str) -> int:
     match = _SIZE.match(str(text))
     unit = match[2].upper() if match else ""
     if not match or (unit not in _UNITS and unit + "B" not in _UNITS):
-        raise ValueError(f"--max_shard_size {text!r} is not a size; use e.g. 2GB, 500MB, 800MiB or a byte count.")
+        raise GymUserError(f"--max_shard_size {text!r} is not a size; use e.g. 2GB, 500MB, 800MiB or a byte count.")
     return max(1, int(float(match[1]) * _UNITS.get(unit, _UNITS.get(unit + "B", 1))))
 
 
@@ -73,7 +79,7 @@ def _from_tensors(state: dict[str, torch.Tensor]) -> dict[str, LazyTensor]:
 
 
 def read_single_file(path: Path) -> CheckpointContents:
-    checkpoint = load_weights_only(path, mmap=True)
+    checkpoint = load_lightning_checkpoint(path)
     return CheckpointContents(_from_tensors(checkpoint.pop("state_dict")), checkpoint)
 
 
@@ -144,7 +150,7 @@ def read_checkpoint(path: str | Path) -> CheckpointContents:
         return read_distributed_checkpoint(path)
     if (path / "latest").is_file():
         return read_deepspeed_checkpoint(path)
-    raise ValueError(
+    raise GymUserError(
         f"{str(path)!r} is not a gym_lightning checkpoint: expected a .ckpt file (DDP), a folder with .metadata "
         "(FSDP, torch distributed checkpoint), a folder with a 'latest' file (DeepSpeed) or a folder with last.ckpt."
     )
@@ -252,12 +258,12 @@ def export_checkpoint(
     from gym_lightning.tokenizer import load_tokenizer
 
     if lora not in ("merged", "adapter"):
-        raise ValueError(f"--lora must be 'merged' or 'adapter', got {lora!r}.")
+        raise GymUserError(f"--lora must be 'merged' or 'adapter', got {lora!r}.")
     limit = max_shard_size if isinstance(max_shard_size, int) else parse_size(max_shard_size)
     contents = read_checkpoint(checkpoint)
     hparams = dict(contents.metadata.get("hyper_parameters") or {})
     if "model" not in hparams:
-        raise ValueError(
+        raise GymUserError(
             f"{str(checkpoint)!r} has no CausalLMModule hyper-parameters (model source): cannot tell its config."
         )
     config = _model_config(hparams)

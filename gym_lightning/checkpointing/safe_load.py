@@ -16,8 +16,10 @@ from typing import Any
 
 import torch
 
+from gym_lightning.errors import GymUserError
 
-class UnsafeCheckpointError(ValueError):
+
+class UnsafeCheckpointError(GymUserError):
     """A checkpoint file holds pickled Python objects that ``weights_only=True`` refuses to run."""
 
 
@@ -39,13 +41,61 @@ def refuse_unsafe_pickles(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         yield
     except pickle.UnpicklingError as err:
-        raise _refusal(path, err) from err
+        # A refused GLOBAL means a real pickle that would run code; any other unpickling failure is a broken file.
+        raise (_refusal(path, err) if "GLOBAL" in str(err) else _not_a_checkpoint(path, err)) from err
 
 
 def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu", mmap: bool = False) -> Any:
-    """``torch.load(path, weights_only=True)``; an ``UnsafeCheckpointError`` if the file needs more."""
-    with refuse_unsafe_pickles(path):
+    """``torch.load(path, weights_only=True)``; an ``UnsafeCheckpointError`` if the file needs more, and a
+    ``GymUserError`` naming the file if it is missing or not a PyTorch checkpoint at all (truncated, another format).
+
+    torch reports a file that is not a checkpoint in many ways (``EOFError`` for an empty file, ``KeyError`` for text,
+    ``RuntimeError`` from the zip reader for a truncated file, an ``UnpicklingError`` for random bytes); all of them
+    mean the same to a user, so they become one message. An ``UnpicklingError`` that names a refused ``GLOBAL`` is a
+    real pickle that would run code: that stays an ``UnsafeCheckpointError``.
+    """
+    if not os.path.isfile(path):
+        raise GymUserError(f"Checkpoint file not found: {os.fspath(path)!r}; pass the path of an existing .ckpt file.")
+    try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
+    except pickle.UnpicklingError as err:
+        raise (_refusal(path, err) if "GLOBAL" in str(err) else _not_a_checkpoint(path, err)) from err
+    except RuntimeError as err:
+        if mmap and "mmap can only be used" in str(err):  # torch's legacy (non-zip) format cannot be memory-mapped
+            return load_weights_only(path, map_location=map_location, mmap=False)
+        raise _not_a_checkpoint(path, err) from err
+    except (EOFError, KeyError, ValueError, OSError) as err:
+        if isinstance(err, GymUserError):
+            raise
+        raise _not_a_checkpoint(path, err) from err
+
+
+def load_lightning_checkpoint(path: str | os.PathLike[str], required: tuple[str, ...] = ("state_dict",)) -> Any:
+    """``load_weights_only(path, mmap=True)`` of a Lightning checkpoint file; a ``GymUserError`` naming the file if
+    it is a PyTorch file without the ``required`` keys (a bare state dict, someone else's format)."""
+    checkpoint = load_weights_only(path, mmap=True)
+    missing = [key for key in required if not isinstance(checkpoint, dict) or key not in checkpoint]
+    if missing:
+        found = sorted(map(str, checkpoint))[:5] if isinstance(checkpoint, dict) else type(checkpoint).__name__
+        raise GymUserError(
+            f"{os.fspath(path)!r} is a PyTorch file but not a Lightning checkpoint (no {', '.join(missing)}; found "
+            f"{found}). Pass a .ckpt written by a gym_lightning/Lightning run, or its checkpoint folder."
+        )
+    return checkpoint
+
+
+def _not_a_checkpoint(path: str | os.PathLike[str], err: BaseException) -> GymUserError:
+    # torch's weights-only message is a paragraph of advice; its "WeightsUnpickler error: ..." line is the reason.
+    text = str(err)
+    marker = "WeightsUnpickler error:"
+    if marker in text:  # "...: WeightsUnpickler error: \n\nUnsupported operand 56\n\nCheck the documentation..."
+        text = text.split(marker, 1)[1].strip().split("\n\n", 1)[0]
+    reason = " ".join(text.split())[:160] or type(err).__name__
+    return GymUserError(
+        f"{os.fspath(path)!r} is not a readable PyTorch checkpoint ({type(err).__name__}: {reason}). Pass a .ckpt "
+        "file (or checkpoint folder) written by a gym_lightning/Lightning run; this one may be truncated, empty or "
+        "of another format."
+    )
 
 
 def deepspeed_safe_globals() -> list[Any]:

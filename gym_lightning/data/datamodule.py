@@ -18,6 +18,7 @@ from gym_lightning.data.formats import FORMATS, TokenizedSample, resolve_format,
 from gym_lightning.data.loader import StepTokenDataLoader
 from gym_lightning.data.sources import Record, read_records
 from gym_lightning.data.synthetic import BUNDLED_DATASETS
+from gym_lightning.errors import GymUserError
 from gym_lightning.tokenizer import load_tokenizer
 
 
@@ -109,7 +110,7 @@ class CausalLMDataModule(LightningDataModule):
         super().__init__()
         problems = _config_problems(locals())
         if problems:
-            raise ValueError("Invalid data configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+            raise GymUserError("Invalid data configuration:\n" + "\n".join(f"  - {p}" for p in problems))
         # The tokenizer is the model's (the CLI links it from model.tokenizer, resolved to the model's folder or hub
         # name): it is logged with the module's hyper-parameters, and Lightning refuses to merge a key that both hold
         # with different values (None there, the resolved name here).
@@ -197,7 +198,7 @@ class CausalLMDataModule(LightningDataModule):
             bundled = BUNDLED_DATASETS[self.dataset]()
             return bundled.train, read_records(self.val_files) if self.val_files else bundled.val
         if self.train_files is None:
-            raise ValueError("There is no training data: set data.dataset (e.g. 'addition') or data.train_files.")
+            raise GymUserError("There is no training data: set data.dataset (e.g. 'addition') or data.train_files.")
         train = read_records(self.train_files)
         if self.val_files:
             return train, read_records(self.val_files)
@@ -207,7 +208,7 @@ class CausalLMDataModule(LightningDataModule):
         random.Random(self.seed).shuffle(order)
         num_val = max(1, round(len(train) * self.val_split))
         if num_val >= len(train):
-            raise ValueError(f"val_split={self.val_split} leaves no training record out of {len(train)}; lower it.")
+            raise GymUserError(f"val_split={self.val_split} leaves no training record out of {len(train)}; lower it.")
         return [train[i] for i in sorted(order[num_val:])], [train[i] for i in sorted(order[:num_val])]
 
     def _train_format(self) -> str:
@@ -237,7 +238,7 @@ class CausalLMDataModule(LightningDataModule):
         else:
             records = self._split_records()[1]
             if not records:
-                raise ValueError("There is nothing to predict: set data.predict_files (or have validation data).")
+                raise GymUserError("There is nothing to predict: set data.predict_files (or have validation data).")
             rank_zero_info("No data.predict_files: predicting the prompts of the validation data.")
             format = self._train_format()
         return [tokenize_prompt(r, format, self.tokenizer, self.max_seq_length) for r in records]

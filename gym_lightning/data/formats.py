@@ -30,6 +30,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gym_lightning._compat import rank_zero_info, rank_zero_warn
 from gym_lightning.data.sources import Record
+from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
 FormatName = Literal["auto", "text", "alpaca", "chat", "prompt_completion"]
@@ -83,7 +84,7 @@ def detect_format(record: Record, for_predict: bool = False) -> str:
         if all(key in record.data for key in fields[name]):
             return name
     expected = "; ".join(f"{name}: {', '.join(keys)}" for name, keys in fields.items())
-    raise ValueError(
+    raise GymUserError(
         f"{record.origin}: cannot detect the data format from the fields {sorted(record.data)}. Expected the "
         f"fields of one format ({expected}), or set the format explicitly."
     )
@@ -92,7 +93,7 @@ def detect_format(record: Record, for_predict: bool = False) -> str:
 def resolve_format(format: str, records: Sequence[Record], for_predict: bool = False) -> str:
     """Check ``format`` and replace ``"auto"`` by the format detected from the first record."""
     if format not in FORMATS:
-        raise ValueError(f"Unknown data format {format!r}; valid formats are: {', '.join(FORMATS)}.")
+        raise GymUserError(f"Unknown data format {format!r}; valid formats are: {', '.join(FORMATS)}.")
     if format != "auto":
         return format
     detected = detect_format(records[0], for_predict)
@@ -105,7 +106,7 @@ def check_fields(record: Record, format: str, for_predict: bool = False) -> None
     expected = (PREDICT_FIELDS if for_predict else TRAIN_FIELDS)[format]
     missing = [key for key in expected if key not in record.data]
     if missing:
-        raise ValueError(
+        raise GymUserError(
             f"{record.origin}: the {format!r} format needs the field(s) {', '.join(expected)}, but this record lacks "
             f"{', '.join(repr(m) for m in missing)} (it has {sorted(record.data)}). Fix the record or choose another "
             "format."
@@ -114,7 +115,9 @@ def check_fields(record: Record, format: str, for_predict: bool = False) -> None
     text_fields = [key for key in (*expected, *optional) if key in record.data and key != "messages"]
     for key in text_fields:
         if not isinstance(record.data[key], str):
-            raise ValueError(f"{record.origin}: field {key!r} must be a string, got {type(record.data[key]).__name__}.")
+            raise GymUserError(
+                f"{record.origin}: field {key!r} must be a string, got {type(record.data[key]).__name__}."
+            )
 
 
 def _alpaca_prompt(data: dict[str, Any]) -> str:
@@ -128,7 +131,7 @@ def _check_messages(record: Record) -> list[dict[str, str]]:
     ok = isinstance(messages, list) and messages
     ok = ok and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages)
     if not ok:
-        raise ValueError(
+        raise GymUserError(
             f'{record.origin}: \'messages\' must be a non-empty list of {{"role": ..., "content": ...}} objects.'
         )
     return messages
@@ -149,7 +152,7 @@ def chat_segments(record: Record, tokenizer: PreTrainedTokenizerBase) -> Segment
             boundaries.insert(0, _render(tokenizer, messages[:i], True))  # prompt header of this turn
         for is_target, text in zip((False, message["role"] == "assistant"), boundaries, strict=False):
             if not text.startswith(done):
-                raise ValueError(
+                raise GymUserError(
                     f"{record.origin}: the chat template does not render this conversation as an extension of its "
                     "first turns, so assistant turns cannot be located; use a template without history rewriting, "
                     "or the prompt_completion format."
@@ -177,7 +180,7 @@ def record_segments(record: Record, format: str, tokenizer: PreTrainedTokenizerB
     if format == "prompt_completion":
         return [(data["prompt"], False), (data["completion"], True)], data["completion"]
     if tokenizer.chat_template is None:
-        raise ValueError(
+        raise GymUserError(
             "The 'chat' format renders conversations with the tokenizer's chat template, but this tokenizer has none; "
             "use a tokenizer with a chat_template (the shipped one has ChatML) or another format."
         )
@@ -256,7 +259,7 @@ def tokenize_records(
     # labels[0] is never a target: the model predicts token t from tokens before t.
     kept = [s for s in samples if any(label != IGNORE_INDEX for label in s.labels[1:])]
     if not kept:
-        raise ValueError(f"No sample has a target token within max_seq_length={max_seq_length}; raise it.")
+        raise GymUserError(f"No sample has a target token within max_seq_length={max_seq_length}; raise it.")
     if len(kept) < len(samples):
         rank_zero_warn(
             f"Dropped {len(samples) - len(kept)} of {len(samples)} samples that have no target token within "

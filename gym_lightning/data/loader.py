@@ -26,6 +26,7 @@ from typing import Any
 import torch
 from torch.utils.data import DataLoader, DistributedSampler
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.loss import count_target_tokens
 
 STEP_TOKENS_KEY = "step_target_tokens"
@@ -41,7 +42,7 @@ def batches_to_skip(state: dict[str, Any], batch_size: int, num_replicas: int, n
     consumed = int(state["samples_consumed"])
     per_batch = batch_size * num_replicas
     if consumed % per_batch:
-        raise ValueError(
+        raise GymUserError(
             f"Cannot resume the data position: {consumed} samples were consumed in the interrupted epoch, not a "
             f"multiple of the new global batch ({batch_size} per rank x {num_replicas} rank(s)). Resume with a "
             "batch size and number of ranks whose product divides it, or from an end-of-epoch checkpoint."
@@ -61,7 +62,7 @@ class StepTokenDataLoader(DataLoader):
 
     def __init__(self, *args: Any, accumulate_grad_batches: int = 1, **kwargs: Any) -> None:
         if not isinstance(accumulate_grad_batches, int) or accumulate_grad_batches < 1:
-            raise ValueError(
+            raise GymUserError(
                 f"accumulate_grad_batches must be a positive integer, got {accumulate_grad_batches!r}; "
                 "set trainer.accumulate_grad_batches to 1 or more."
             )
@@ -99,7 +100,7 @@ class StepTokenDataLoader(DataLoader):
         """Make the next pass start after the saved position."""
         saved = state_dict.get("accumulate_grad_batches", self.accumulate_grad_batches)
         if saved != self.accumulate_grad_batches and state_dict.get("samples_consumed", 0):
-            raise ValueError(
+            raise GymUserError(
                 f"The checkpoint was taken mid-epoch with accumulate_grad_batches={saved}, this run uses "
                 f"{self.accumulate_grad_batches}: the accumulation windows of the interrupted epoch would not line up. "
                 f"Resume with trainer.accumulate_grad_batches={saved}, or from an end-of-epoch checkpoint."

@@ -19,6 +19,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from gym_lightning.errors import GymUserError
+
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".txt")
 
 
@@ -42,11 +44,11 @@ def expand_paths(patterns: str | Iterable[str]) -> list[Path]:
         matches = sorted(glob.glob(str(pattern), recursive=True)) if glob.has_magic(str(pattern)) else [str(pattern)]
         matches = [m for m in matches if Path(m).is_file()]
         if not matches:
-            raise ValueError(f"No data file matches {pattern!r} (working directory: {Path.cwd()}); check the path.")
+            raise GymUserError(f"No data file matches {pattern!r} (working directory: {Path.cwd()}); check the path.")
         files += [Path(m) for m in matches if Path(m) not in files]
     for path in files:
         if path.suffix not in SUPPORTED_SUFFIXES:
-            raise ValueError(
+            raise GymUserError(
                 f"Unsupported data file {str(path)!r}: expected one of {', '.join(SUPPORTED_SUFFIXES)} "
                 "(JSON lines, a JSON list of objects, or plain text)."
             )
@@ -63,15 +65,34 @@ def read_records(patterns: str | Iterable[str]) -> list[Record]:
     records: list[Record] = []
     for path in expand_paths(patterns):
         reader = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_text}[path.suffix]
-        records += reader(path)
+        try:
+            records += reader(path)
+        except UnicodeDecodeError as err:
+            raise _not_utf8(path) from err
     if not records:
-        raise ValueError(f"The data set {patterns!r} is empty: its files hold no records.")
+        raise GymUserError(f"The data set {patterns!r} is empty: its files hold no records.")
     return records
+
+
+def _not_utf8(path: Path) -> GymUserError:
+    """The error for a file that is not UTF-8, with the line and byte where it stops being UTF-8 (the decoder's own
+    error counts from the start of a read buffer, not of the file)."""
+    data = path.read_bytes()
+    try:
+        data.decode("utf-8")
+        where = ""
+    except UnicodeDecodeError as err:
+        line = data.count(b"\n", 0, err.start) + 1
+        where = f":{line} (byte 0x{data[err.start]:02x} at offset {err.start})"
+    return GymUserError(
+        f"{path}{where}: the file is not UTF-8 text. Data files must be UTF-8; convert it, e.g. "
+        f"`iconv -f latin1 -t utf-8 {path.name} > fixed{path.suffix}` (latin1 being the encoding it was written in)."
+    )
 
 
 def _check_object(value: Any, origin: str) -> dict[str, Any]:
     if not isinstance(value, dict):
-        raise ValueError(f'{origin}: expected a JSON object (e.g. {{"text": ...}}), got {type(value).__name__}.')
+        raise GymUserError(f'{origin}: expected a JSON object (e.g. {{"text": ...}}), got {type(value).__name__}.')
     return value
 
 
@@ -85,7 +106,7 @@ def _read_jsonl(path: Path) -> list[Record]:
             try:
                 value = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(
+                raise GymUserError(
                     f"{origin}: invalid JSON ({error.msg}, column {error.colno}). Each line of a .jsonl file must be "
                     "one complete JSON object."
                 ) from None
@@ -98,12 +119,12 @@ def _read_json(path: Path) -> list[Record]:
     try:
         value = json.loads(text)
     except json.JSONDecodeError as error:
-        raise ValueError(
+        raise GymUserError(
             f"{path}:{error.lineno}: invalid JSON ({error.msg}, column {error.colno}). A .json data file must hold "
             "a list of JSON objects."
         ) from None
     if not isinstance(value, list):
-        raise ValueError(f"{path}: a .json data file must hold a list of JSON objects, got {type(value).__name__}.")
+        raise GymUserError(f"{path}: a .json data file must hold a list of JSON objects, got {type(value).__name__}.")
     # json does not report element positions; the index is the next best way to point at a record.
     return [Record(_check_object(item, f"{path}[{index}]"), f"{path}[{index}]") for index, item in enumerate(value)]
 

@@ -13,6 +13,7 @@ from typing import Any, Literal
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.models.presets import PRESETS, is_preset, preset_config
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
@@ -42,7 +43,7 @@ def load_model_config(source: str, overrides: dict[str, Any] | None, trust_remot
         try:
             config = AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
         except OSError as err:
-            raise ValueError(_offline_hint(source)) from err
+            raise GymUserError(_offline_hint(source)) from err
     return apply_config_overrides(config, overrides or {})
 
 
@@ -54,7 +55,7 @@ def apply_config_overrides(config: PretrainedConfig, overrides: dict[str, Any]) 
     """
     unknown = sorted(key for key in overrides if not hasattr(config, key))
     if unknown:
-        raise ValueError(
+        raise GymUserError(
             f"config_overrides has keys that {type(config).__name__} does not define: {', '.join(unknown)}. "
             "Use attribute names from the model's config.json (e.g. num_hidden_layers, hidden_size)."
         )
@@ -99,11 +100,11 @@ def build_causal_lm(
     if is_preset(source) or not pretrained:
         return AutoModelForCausalLM.from_config(config, **options)
     if not _has_weights(source):
-        raise ValueError(
+        raise GymUserError(
             f"The folder {source!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}). "
             "Add the weights, or set model.pretrained=false to train that shape from a random initialisation."
         )
     try:
         return AutoModelForCausalLM.from_pretrained(source, config=config, **options)
     except OSError as err:
-        raise ValueError(_offline_hint(source)) from err
+        raise GymUserError(_offline_hint(source)) from err

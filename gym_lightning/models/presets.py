@@ -11,6 +11,7 @@ from collections.abc import Callable
 
 from transformers import LlamaConfig, PretrainedConfig, Qwen3Config
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
 
 _SHARED_SHAPE = {
@@ -48,7 +49,7 @@ def is_preset(name: str) -> bool:
 def preset_config(name: str) -> PretrainedConfig:
     """The ``transformers`` config of preset ``name``, sized to the shipped tokenizer."""
     if name not in PRESETS:
-        raise ValueError(f"Unknown preset {name!r}; the built-in presets are: {', '.join(sorted(PRESETS))}.")
+        raise GymUserError(f"Unknown preset {name!r}; the built-in presets are: {', '.join(sorted(PRESETS))}.")
     tokenizer = load_tokenizer(str(SHIPPED_TOKENIZER_DIR))
     special_ids = {
         "bos_token_id": tokenizer.bos_token_id,

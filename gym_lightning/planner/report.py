@@ -6,6 +6,7 @@ import re
 from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.planner.estimate import (
     Attention,
     Estimate,
@@ -44,7 +45,7 @@ def parse_bytes(text: str | int | float) -> int:
         return int(text)
     match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
     if match is None or match.group(2).upper() not in _UNITS:
-        raise ValueError(f"Cannot read memory size {text!r}; expected a number with a unit, e.g. '80GB', '512GiB'.")
+        raise GymUserError(f"Cannot read memory size {text!r}; expected a number with a unit, e.g. '80GB', '512GiB'.")
     return int(float(match.group(1)) * _UNITS[match.group(2).upper()])
 
 
@@ -208,7 +209,7 @@ def plan(
     )
     gpu_bytes, host_bytes = _memory(gpu_memory, "gpu_memory", problems), _memory(host_memory, "host_memory", problems)
     if problems:
-        raise ValueError("Invalid planner settings: " + "; ".join(problems) + ".")
+        raise GymUserError("Invalid planner settings: " + "; ".join(problems) + ".")
     shape = model if isinstance(model, ModelShape) else resolve_shape(model)
     setup = Setup(
         gpus_per_node=gpus_per_node,

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from gym_lightning.errors import GymUserError
+
 LoraTargets = Literal["all-linear", "attention-qv"]
 
 
@@ -176,12 +178,12 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
         if key not in config
     ]
     if missing:
-        raise ValueError(
+        raise GymUserError(
             f"config of {name!r} lacks {', '.join(missing)}; the planner needs a decoder config "
             f"(model_type one of {', '.join(_ARCHITECTURES)})."
         )
     if model_type not in _ARCHITECTURES:
-        raise ValueError(
+        raise GymUserError(
             f"model_type {model_type!r} of {name!r} is not supported: the planner's formulas are for Llama-style "
             f"decoders (model_type one of {', '.join(_ARCHITECTURES)})."
         )
@@ -214,7 +216,7 @@ def resolve_shape(model: str) -> ModelShape:
         path = path / "config.json"
     if path.is_file():
         return shape_from_config(json.loads(path.read_text()), model)
-    raise ValueError(
+    raise GymUserError(
         f"Unknown model {model!r}: pass a bundled name ({', '.join(BUNDLED)}), a gym_lightning preset "
         f"(tiny-llama, tiny-qwen3), or a local Hugging Face config.json / model folder."
     )

@@ -17,6 +17,8 @@ Importing this package registers their names with Lightning, so ``Trainer(strate
 
 from __future__ import annotations
 
+import difflib
+
 from lightning.pytorch.strategies import StrategyRegistry
 
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
@@ -44,6 +46,25 @@ def register_strategies() -> None:
 
 register_strategies()
 
+
+def strategy_name_problem(name: str) -> str | None:
+    """Why ``name`` is not a strategy Lightning can build (with the closest names and the full list), or ``None``.
+
+    Lightning's own error lists a few of its names ("auto, ddp, ddp_spawn, deepspeed, ...") and none of ours.
+    """
+    known = StrategyRegistry.available_strategies()
+    if name.lower() == "auto" or name.lower() in known:
+        return None
+    close = difflib.get_close_matches(name.lower(), list(dict.fromkeys([*STRATEGY_NAMES, *known])), n=3)
+    hint = f"did you mean {' or '.join(repr(c) for c in close)}? " if close else ""
+    # The *_find_unused_parameters_* variants are spelt-out options of ddp/ddp_spawn/...: listed once as "...".
+    others = sorted(n for n in set(known) - set(STRATEGY_NAMES) if "find_unused" not in n)
+    return (
+        f"not a strategy name. {hint}gym_lightning's strategies: {', '.join(STRATEGY_NAMES)}; Lightning's: auto, "
+        f"{', '.join(others)}. Or give a class: {{class_path: gym_lightning.strategies.ZeROStrategy, init_args: ...}}."
+    )
+
+
 __all__ = [
     "STRATEGY_NAMES",
     "GymDDPStrategy",
@@ -54,4 +75,5 @@ __all__ = [
     "ZeROStrategy",
     "bf16_allreduce_hook",
     "register_strategies",
+    "strategy_name_problem",
 ]
