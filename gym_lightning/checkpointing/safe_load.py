@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from gym_lightning._compat import deepspeed_engine_config
+
 
 class UnsafeCheckpointError(ValueError):
     """A checkpoint file holds pickled Python objects that ``weights_only=True`` refuses to run."""
@@ -75,4 +77,4 @@ def use_weights_only_engine(engine: Any) -> None:
 
     current = getattr(engine, "checkpoint_engine", None)
     if type(current) is TorchCheckpointEngine:
-        engine.checkpoint_engine = weights_only_checkpoint_engine(engine._config)
+        engine.checkpoint_engine = weights_only_checkpoint_engine(deepspeed_engine_config(engine))

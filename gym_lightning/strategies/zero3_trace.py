@@ -21,7 +21,15 @@ from typing import Any
 
 from torch import nn
 
-from gym_lightning._compat import rank_zero_warn
+from gym_lightning._compat import (
+    ZERO3_HOOK_LISTS,
+    hook_handle_target,
+    module_forward_hook_dicts,
+    rank_zero_warn,
+    set_zero3_hook_handles,
+    zero3_hook_handles,
+    zero3_parameter_offload,
+)
 
 
 def overloads_comparison(module: nn.Module) -> bool:
@@ -33,16 +41,6 @@ def overloads_comparison(module: nn.Module) -> bool:
 def trace_breaking_modules(root: nn.Module) -> list[nn.Module]:
     """Submodules of ``root`` without parameters whose ``!=`` is overloaded (e.g. torchmetrics metrics)."""
     return [m for m in root.modules() if overloads_comparison(m) and next(m.parameters(), None) is None]
-
-
-def zero3_parameter_offload(engine: Any) -> Any | None:
-    """DeepSpeed's ZeRO-3 hook owner (``DeepSpeedZeRoOffload``) of ``engine``, or None if it has none.
-
-    Training engines keep it as ``engine.optimizer.parameter_offload``; an inference engine's optimizer is it.
-    """
-    optimizer = getattr(engine, "optimizer", None)
-    offload = getattr(optimizer, "parameter_offload", optimizer)
-    return offload if hasattr(offload, "forward_hooks") and hasattr(offload, "backward_hooks") else None
 
 
 def detach_zero3_hooks(engine: Any, modules: list[nn.Module]) -> int:
@@ -60,18 +58,18 @@ def detach_zero3_hooks(engine: Any, modules: list[nn.Module]) -> int:
             "parameter each step. Call metrics with .update() instead of metric(...) to avoid it."
         )
         return 0
-    targets = {id(hooks) for module in modules for hooks in (module._forward_pre_hooks, module._forward_hooks)}
+    targets = {id(hooks) for module in modules for hooks in module_forward_hook_dicts(module)}
     removed = 0
-    for name in ("forward_hooks", "backward_hooks"):
+    for name in ZERO3_HOOK_LISTS:
         kept = []
-        for handle in getattr(offload, name):
-            hooks = handle.hooks_dict_ref()
+        for handle in zero3_hook_handles(offload, name):
+            hooks = hook_handle_target(handle)
             if hooks is not None and id(hooks) in targets:
                 handle.remove()
                 removed += 1
             else:
                 kept.append(handle)
-        setattr(offload, name, kept)
+        set_zero3_hook_handles(offload, name, kept)
     return removed
 
 
