@@ -13,6 +13,10 @@ upgrade, and tests/test_compat.py checks that each member declared below still e
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
@@ -86,6 +90,7 @@ class DeepSpeedMember(NamedTuple):
 _STAGE_1_2 = "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer"
 _STAGE_3 = "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3"
 _OFFLOAD = "deepspeed.runtime.zero.parameter_offload.DeepSpeedZeRoOffload"
+_COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
 
 # Engine configuration and ZeRO-3's module hooks (strategies/zero3_trace.py, checkpointing/safe_load.py).
 DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
@@ -93,6 +98,7 @@ DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_STAGE_3, "parameter_offload"),
     DeepSpeedMember(_OFFLOAD, "forward_hooks"),
     DeepSpeedMember(_OFFLOAD, "backward_hooks"),
+    DeepSpeedMember(_COORDINATOR, "trace_prologue"),
 )
 
 # What callbacks/memory.py reads to count the bytes a rank holds (see its docstring for what each one is).
@@ -221,6 +227,39 @@ def set_zero3_hook_handles(offload: Any, name: str, handles: list[RemovableHandl
     setattr(offload, name, handles)
 
 
+@functools.cache
+def zero3_trace_compares_with_ne() -> bool:
+    """Whether ZeRO-3's trace check (``PartitionedParameterCoordinator.trace_prologue``) compares the running
+    submodule with ``!=``, which torchmetrics overloads (strategies/zero3_trace.py); read once from its source.
+
+    Assumed True when the source cannot be read or parsed: the fix is harmless where it is not needed.
+    """
+    try:
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+        source = textwrap.dedent(inspect.getsource(PartitionedParameterCoordinator.trace_prologue))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return True
+    return compares_argument_with_ne(source)
+
+
+def compares_argument_with_ne(source: str) -> bool:
+    """Whether the method in ``source`` compares its first argument after ``self`` with ``!=`` (True if unsure)."""
+    try:
+        function = ast.parse(source).body[0]
+    except (SyntaxError, IndexError):
+        return True
+    if not isinstance(function, ast.FunctionDef) or len(function.args.args) < 2:
+        return True
+    argument = function.args.args[1].arg
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, ast.NotEq) for op in node.ops):
+            continue
+        if any(isinstance(side, ast.Name) and side.id == argument for side in (node.left, *node.comparators)):
+            return True
+    return False
+
+
 def deepspeed_attribute(obj: Any, name: str) -> Any:
     """``obj.name`` or None, for a ``name`` declared in :data:`DEEPSPEED_MEMORY_ATTRIBUTES` (others are refused, so
     that every attribute read stays in the declared, tested table)."""
@@ -241,6 +280,7 @@ __all__ = [
     "_StrategyRegistry",
     "auto_select_batch_size",
     "checkpoint_activations",
+    "compares_argument_with_ne",
     "deepspeed_attribute",
     "deepspeed_engine_config",
     "hook_handle_target",
@@ -258,4 +298,5 @@ __all__ = [
     "wrapped_optimizer",
     "zero3_hook_handles",
     "zero3_parameter_offload",
+    "zero3_trace_compares_with_ne",
 ]

@@ -223,3 +223,50 @@ def test_the_scan_catches_direct_access() -> None:
     )
     found = list(_violations(ast.parse(source), _forbidden_names(), {"_init_optimizers"}))
     assert [line for line, _ in found] == [1, 2, 3, 4, 6], found
+
+
+# ------------------------------------------------------------------------------ ZeRO-3 trace fix: only if needed
+def test_installed_deepspeed_still_compares_modules_with_ne() -> None:
+    pytest.importorskip("deepspeed")
+    assert _compat.zero3_trace_compares_with_ne()
+
+
+def test_probe_reads_the_comparison_from_the_source() -> None:
+    ne = "def trace_prologue(self, sub_module):\n    if sub_module != self.order[0]:\n        pass\n"
+    identity = "def trace_prologue(self, sub_module):\n    if sub_module is not self.order[0]:\n        pass\n"
+    assert _compat.compares_argument_with_ne(ne)
+    assert not _compat.compares_argument_with_ne(identity)
+    assert _compat.compares_argument_with_ne("not python (")  # unreadable: assume the fix is needed
+
+
+class _Offload:
+    """Stands in for DeepSpeed's DeepSpeedZeRoOffload: the lists of hook handles it registered."""
+
+    def __init__(self, modules: list[nn.Module]) -> None:
+        self.forward_hooks = [m.register_forward_pre_hook(lambda *a: None) for m in modules]
+        self.backward_hooks = [m.register_forward_hook(lambda *a: None) for m in modules]
+
+
+def _metric_engine() -> tuple[Any, _Offload]:
+    from torchmetrics import MeanMetric
+
+    root = nn.Module()
+    root.linear, root.metric = nn.Linear(2, 2), MeanMetric()
+    offload = _Offload([root.linear, root.metric])
+    return SimpleNamespace(module=root, optimizer=SimpleNamespace(parameter_offload=offload)), offload
+
+
+@pytest.mark.parametrize("needed", [True, False])
+def test_zero3_trace_fix_applies_only_where_deepspeed_needs_it(monkeypatch: pytest.MonkeyPatch, needed: bool) -> None:
+    from gym_lightning.strategies import zero3_trace
+
+    logged: list[str] = []
+    monkeypatch.setattr(zero3_trace, "zero3_trace_compares_with_ne", lambda: needed)
+    monkeypatch.setattr(zero3_trace, "rank_zero_info", logged.append)
+    zero3_trace._log_trace_fix_not_needed.cache_clear()
+    engine, offload = _metric_engine()
+    for _ in range(2):  # two engines (training, then inference) in one process: logged once
+        zero3_trace.keep_zero3_trace_valid(engine)
+    assert (len(offload.forward_hooks), len(offload.backward_hooks)) == ((1, 1) if needed else (2, 2))
+    assert len(logged) == (0 if needed else 1)
+    zero3_trace._log_trace_fix_not_needed.cache_clear()

@@ -12,11 +12,13 @@ step, and 0.74 of the tokens/s of DeepSpeed's engine driven by a plain loop.
 
 Such a metric owns no parameters, so ZeRO-3 has nothing to gather for it. Removing DeepSpeed's hooks from it (and
 only from it) leaves it out of the trace and changes nothing else. A metric that owns parameters (a learned metric
-with its own network) keeps its hooks: ZeRO-3 must gather those.
+with its own network) keeps its hooks: ZeRO-3 must gather those. Where DeepSpeed's trace check no longer compares
+with ``!=`` (``gym_lightning._compat.zero3_trace_compares_with_ne`` reads it), nothing is detached.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch import nn
@@ -25,10 +27,12 @@ from gym_lightning._compat import (
     ZERO3_HOOK_LISTS,
     hook_handle_target,
     module_forward_hook_dicts,
+    rank_zero_info,
     rank_zero_warn,
     set_zero3_hook_handles,
     zero3_hook_handles,
     zero3_parameter_offload,
+    zero3_trace_compares_with_ne,
 )
 
 
@@ -74,5 +78,20 @@ def detach_zero3_hooks(engine: Any, modules: list[nn.Module]) -> int:
 
 
 def keep_zero3_trace_valid(engine: Any) -> int:
-    """Detach ZeRO-3's hooks from the parameter-free, ``!=``-overloading submodules of ``engine.module``."""
+    """Detach ZeRO-3's hooks from the parameter-free, ``!=``-overloading submodules of ``engine.module``.
+
+    Only where this DeepSpeed still compares modules with ``!=`` in its trace check; elsewhere nothing is detached.
+    """
+    if not zero3_trace_compares_with_ne():
+        _log_trace_fix_not_needed()
+        return 0
     return detach_zero3_hooks(engine, trace_breaking_modules(engine.module))
+
+
+@functools.cache
+def _log_trace_fix_not_needed() -> None:
+    # Once per process: the probe's answer cannot change, and every ZeRO-3 setup would repeat it.
+    rank_zero_info(
+        "gym_lightning: this DeepSpeed's ZeRO-3 trace check does not compare modules with '!=', so metric modules "
+        "keep their ZeRO-3 hooks (the torchmetrics trace fix is not needed)."
+    )
