@@ -20,6 +20,7 @@ import textwrap
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
+import torch
 
 # Strategy classes register their names through this registry type (Lightning's ``register_strategies`` hook).
 from lightning.fabric.strategies.registry import _StrategyRegistry
@@ -120,6 +121,12 @@ DEEPSPEED_MEMORY_ATTRIBUTES: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember("deepspeed.runtime.zero.stage3.IPGBucketZ3", "buffer"),
 )
 _MEMORY_NAMES = frozenset(member.name for member in DEEPSPEED_MEMORY_ATTRIBUTES)
+# Attributes a ZeRO optimizer itself carries (not its parameters or buckets): at least one must be there.
+ZERO_OPTIMIZER_MEMORY_ATTRIBUTES: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        m.name for m in DEEPSPEED_MEMORY_ATTRIBUTES if m.owner in (_STAGE_1_2, _STAGE_3) and m.name != "grad_accum"
+    )
+)
 
 
 # ------------------------------------------------------------------------------------------------------ Lightning
@@ -268,6 +275,16 @@ def deepspeed_attribute(obj: Any, name: str) -> Any:
     return getattr(obj, name, None)
 
 
+def is_zero_optimizer(obj: Any) -> bool:
+    """Whether ``obj`` is one of DeepSpeed's ZeRO optimizer wrappers (not a torch optimizer DeepSpeed provides)."""
+    return type(obj).__module__.startswith("deepspeed.runtime.zero.") and not isinstance(obj, torch.optim.Optimizer)
+
+
+def zero_optimizer_lacks_memory_attributes(obj: Any) -> bool:
+    """A ZeRO optimizer on which none of :data:`ZERO_OPTIMIZER_MEMORY_ATTRIBUTES` exists: DeepSpeed moved them."""
+    return is_zero_optimizer(obj) and not any(hasattr(obj, name) for name in ZERO_OPTIMIZER_MEMORY_ATTRIBUTES)
+
+
 __all__ = [
     "DEEPSPEED_MEMBERS",
     "DEEPSPEED_MEMORY_ATTRIBUTES",
@@ -275,6 +292,7 @@ __all__ = [
     "PRIVATE_MEMBERS",
     "PRIVATE_OVERRIDES",
     "ZERO3_HOOK_LISTS",
+    "ZERO_OPTIMIZER_MEMORY_ATTRIBUTES",
     "DTensor",
     "DeepSpeedMember",
     "_StrategyRegistry",
@@ -286,6 +304,7 @@ __all__ = [
     "hook_handle_target",
     "init_deepspeed_config_if_needed",
     "init_deepspeed_distributed",
+    "is_zero_optimizer",
     "load_combined_loader_states",
     "module_forward_hook_dicts",
     "module_own_state_dict",
@@ -299,4 +318,5 @@ __all__ = [
     "zero3_hook_handles",
     "zero3_parameter_offload",
     "zero3_trace_compares_with_ne",
+    "zero_optimizer_lacks_memory_attributes",
 ]

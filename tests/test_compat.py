@@ -10,6 +10,7 @@ import importlib
 import inspect
 import pkgutil
 import re
+import warnings
 from collections import OrderedDict
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -270,3 +271,38 @@ def test_zero3_trace_fix_applies_only_where_deepspeed_needs_it(monkeypatch: pyte
     assert (len(offload.forward_hooks), len(offload.backward_hooks)) == ((1, 1) if needed else (2, 2))
     assert len(logged) == (0 if needed else 1)
     zero3_trace._log_trace_fix_not_needed.cache_clear()
+
+
+# ------------------------------------------------------------------------------- memory callback: moved attributes
+def _zero_optimizer(**attributes: Any) -> Any:
+    """An object that looks like a DeepSpeed ZeRO optimizer (by its class's module) with only ``attributes``."""
+    cls = type("DeepSpeedZeroOptimizer", (), {"__module__": "deepspeed.runtime.zero.stage_1_and_2"})
+    optimizer = cls()
+    for name, value in attributes.items():
+        setattr(optimizer, name, value)
+    return optimizer
+
+
+def _trainer(optimizer: Any) -> Any:
+    strategy = SimpleNamespace(model=nn.Linear(2, 2), root_device=torch.device("cpu"))
+    return SimpleNamespace(optimizers=[optimizer], strategy=strategy, lightning_module=None)
+
+
+def test_memory_callback_warns_once_when_deepspeed_moved_its_attributes() -> None:
+    from gym_lightning.callbacks import MemoryCallback
+
+    callback, trainer = MemoryCallback(), _trainer(_zero_optimizer())
+    with pytest.warns(UserWarning, match=r"none of the DeepSpeed attributes.*single_partition_of_fp32_groups"):
+        callback._measure(trainer)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        callback._measure(trainer)  # once only
+
+
+def test_memory_callback_is_quiet_when_it_finds_them() -> None:
+    from gym_lightning.callbacks import MemoryCallback
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        MemoryCallback()._measure(_trainer(_zero_optimizer(ipg_buckets={})))
+        MemoryCallback()._measure(_trainer(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)))
