@@ -1,5 +1,8 @@
 """Bytes of parameters, gradients and optimizer state that THIS rank holds (pure accounting, no Lightning).
 
+DeepSpeed's attributes named below are read through ``gym_lightning._compat.deepspeed_attribute``, which accepts
+only those declared in ``_compat.DEEPSPEED_MEMORY_ATTRIBUTES`` (checked against the installed DeepSpeed by tests).
+
 Counting ``numel()`` of parameters would report the full model on every rank under FSDP and ZeRO-3 and miss the fp32
 master copies DeepSpeed keeps, so we follow tensors to their storages instead and count each storage once:
 
