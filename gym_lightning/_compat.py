@@ -1,21 +1,135 @@
-"""The one place where gym_lightning touches Lightning's private (``_``-prefixed) helpers.
+"""The one place where gym_lightning touches private (``_``-prefixed or undocumented) Lightning, DeepSpeed and torch
+members.
 
-Lightning does not promise to keep these stable; keeping every use here means one file to fix on an upgrade.
+None of these libraries promises to keep such members stable; keeping every use here means one file to fix on an
+upgrade, and tests/test_compat.py checks that each member declared below still exists in the installed versions.
+
+* :data:`PRIVATE_OVERRIDES`: private Lightning methods our subclasses override (they must keep the upstream name)
+  or call through ``super()``. tests/test_compat.py also fails when a subclass overrides or touches any other
+  upstream private member without it being listed here.
+* :data:`PRIVATE_MEMBERS`, :data:`DEEPSPEED_MEMBERS`, :data:`DEEPSPEED_MEMORY_ATTRIBUTES`: private members that the
+  package calls, reads or writes, only through the functions of this module.
 """
 
 from __future__ import annotations
 
+import ast
+import functools
+import inspect
+import textwrap
+from typing import Any, NamedTuple
+
 import lightning.pytorch as pl
+import torch
 
 # Strategy classes register their names through this registry type (Lightning's ``register_strategies`` hook).
 from lightning.fabric.strategies.registry import _StrategyRegistry
+from lightning.pytorch.callbacks import ModelCheckpoint
+from lightning.pytorch.core.optimizer import LightningOptimizer
+from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
+from torch import nn
 
 # FSDP2-compatible activation checkpointing that keeps parameter names unchanged (unlike checkpoint_wrapper, which
 # inserts ``_checkpoint_wrapped_module`` into every key); torchtitan and torch's own FSDP2 tests use it.
 from torch.distributed._composable import checkpoint as checkpoint_activations
+from torch.utils.hooks import RemovableHandle
+
+try:  # public since torch 2.5
+    from torch.distributed.tensor import DTensor
+except ImportError:  # torch 2.4
+    from torch.distributed._tensor import DTensor
+
+# ------------------------------------------------------------------------------------------- declared inventory
+# Upstream class -> private members that gym_lightning's subclasses override (same name) or call through super().
+PRIVATE_OVERRIDES: dict[type, tuple[str, ...]] = {
+    DDPStrategy: ("_register_ddp_hooks",),
+    DeepSpeedStrategy: (
+        "_format_batch_size_and_grad_accum_config",
+        "_init_optimizers",
+        "_setup_model_and_optimizer",
+        "_initialize_deepspeed_inference",
+    ),
+    ModelCheckpoint: ("_save_checkpoint", "_link_checkpoint", "_remove_checkpoint"),
+}
+
+# Upstream class -> private members called, read or written through the functions below.
+PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
+    DeepSpeedStrategy: ("_init_deepspeed_distributed", "_auto_select_batch_size", "_init_config_if_needed"),
+    ModelParallelStrategy: ("_data_parallel_size", "_tensor_parallel_size"),
+    ModelCheckpoint: (
+        "_last_global_step_saved",
+        "_last_checkpoint_saved",
+        "_should_skip_saving_checkpoint",
+        "_monitor_candidates",
+        "_save_topk_checkpoint",
+        "_save_last_checkpoint",
+    ),
+    _FitLoop: ("_load_combined_loader_states",),
+    LightningOptimizer: ("_optimizer",),
+    nn.Module: ("_forward_pre_hooks", "_forward_hooks", "_save_to_state_dict"),
+    RemovableHandle: ("hooks_dict_ref",),
+}
+
+# Private modules and names imported above: (module, name).
+PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
+    ("lightning.fabric.strategies.registry", "_StrategyRegistry"),
+    ("lightning.pytorch.loops.fit_loop", "_FitLoop"),
+    ("torch.distributed._composable", "checkpoint"),
+)
 
 
+class DeepSpeedMember(NamedTuple):
+    """A DeepSpeed member we rely on: ``owner`` is the dotted path of the class (or module) that defines or
+    assigns it; DeepSpeed is imported lazily, so the owner is named, not imported, here."""
+
+    owner: str
+    name: str
+
+
+_STAGE_1_2 = "deepspeed.runtime.zero.stage_1_and_2.DeepSpeedZeroOptimizer"
+_STAGE_3 = "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3"
+_OFFLOAD = "deepspeed.runtime.zero.parameter_offload.DeepSpeedZeRoOffload"
+_COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
+
+# Engine configuration and ZeRO-3's module hooks (strategies/zero3_trace.py, checkpointing/safe_load.py).
+DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
+    DeepSpeedMember("deepspeed.runtime.engine.DeepSpeedEngine", "_config"),
+    DeepSpeedMember(_STAGE_3, "parameter_offload"),
+    DeepSpeedMember(_OFFLOAD, "forward_hooks"),
+    DeepSpeedMember(_OFFLOAD, "backward_hooks"),
+    DeepSpeedMember(_COORDINATOR, "trace_prologue"),
+)
+
+# What callbacks/memory.py reads to count the bytes a rank holds (see its docstring for what each one is).
+DEEPSPEED_MEMORY_ATTRIBUTES: tuple[DeepSpeedMember, ...] = (
+    DeepSpeedMember(_STAGE_1_2, "single_partition_of_fp32_groups"),
+    DeepSpeedMember(_STAGE_1_2, "all_grad_tensors"),
+    DeepSpeedMember(_STAGE_1_2, "averaged_gradients"),
+    DeepSpeedMember(_STAGE_1_2, "grads_in_partition"),
+    DeepSpeedMember(_STAGE_1_2, "accumulated_grads_in_cpu"),
+    DeepSpeedMember(_STAGE_1_2, "ipg_buckets"),
+    DeepSpeedMember(_STAGE_1_2, "grad_accum"),  # set on each parameter by the ZeRO-1/2 optimizer
+    DeepSpeedMember(_STAGE_3, "fp32_partitioned_groups_flat"),
+    DeepSpeedMember(_STAGE_3, "param_groups_fp16_flat_cpu_memory"),
+    DeepSpeedMember(_STAGE_3, "averaged_gradients"),
+    DeepSpeedMember(_STAGE_3, "grad_partitions_flat_buffer"),
+    DeepSpeedMember(_STAGE_3, "ipg_buckets"),
+    DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_tensor"),  # set on each ZeRO-3 parameter
+    DeepSpeedMember("deepspeed.runtime.zero.stage_1_and_2.IPGBucket", "buffer"),
+    DeepSpeedMember("deepspeed.runtime.zero.stage3.IPGBucketZ3", "buffer"),
+)
+_MEMORY_NAMES = frozenset(member.name for member in DEEPSPEED_MEMORY_ATTRIBUTES)
+# Attributes a ZeRO optimizer itself carries (not its parameters or buckets): at least one must be there.
+ZERO_OPTIMIZER_MEMORY_ATTRIBUTES: tuple[str, ...] = tuple(
+    dict.fromkeys(
+        m.name for m in DEEPSPEED_MEMORY_ATTRIBUTES if m.owner in (_STAGE_1_2, _STAGE_3) and m.name != "grad_accum"
+    )
+)
+
+
+# ------------------------------------------------------------------------------------------------------ Lightning
 def load_combined_loader_states(trainer: pl.Trainer) -> None:
     """Run the fit loop's own (private, Lightning 2.6) step that hands saved DataLoader states to the loaders.
 
@@ -32,10 +146,177 @@ def load_combined_loader_states(trainer: pl.Trainer) -> None:
     restore()
 
 
+def init_deepspeed_distributed(strategy: DeepSpeedStrategy) -> None:
+    """Lightning's start of DeepSpeed's process group (``deepspeed.init_distributed`` with Lightning's settings)."""
+    strategy._init_deepspeed_distributed()
+
+
+def auto_select_batch_size(strategy: DeepSpeedStrategy) -> int:
+    """Lightning's guess of the per-device micro-batch from the training DataLoader (1 when it cannot tell)."""
+    return strategy._auto_select_batch_size()
+
+
+def init_deepspeed_config_if_needed(strategy: DeepSpeedStrategy) -> None:
+    """Lightning's one-time completion of the DeepSpeed config (batch size, precision) before the model is built."""
+    strategy._init_config_if_needed()
+
+
+def set_model_parallel_sizes(strategy: ModelParallelStrategy, data_parallel: int, tensor_parallel: int) -> None:
+    """The (data, tensor) parallel sizes ``ModelParallelStrategy`` builds its device mesh and sampler from."""
+    strategy._data_parallel_size = data_parallel
+    strategy._tensor_parallel_size = tensor_parallel
+
+
+def record_checkpoint_saved(callback: ModelCheckpoint, global_step: int, filepath: str) -> None:
+    """What ``ModelCheckpoint._save_checkpoint`` records after a save: its skip logic and ``last`` link read it."""
+    callback._last_global_step_saved = global_step
+    callback._last_checkpoint_saved = filepath
+
+
+def save_topk_and_last_checkpoint(callback: ModelCheckpoint, trainer: pl.Trainer) -> None:
+    """``ModelCheckpoint``'s own save (top-k, then ``last``), unless it would skip now (e.g. this step is saved)."""
+    if callback._should_skip_saving_checkpoint(trainer):
+        return
+    candidates = callback._monitor_candidates(trainer)
+    callback._save_topk_checkpoint(trainer, candidates)
+    callback._save_last_checkpoint(trainer, candidates)
+
+
+def wrapped_optimizer(optimizer: Any) -> Any | None:
+    """The optimizer inside ``optimizer``: DeepSpeed's ``.optimizer`` or Lightning's ``LightningOptimizer``'s."""
+    return getattr(optimizer, "optimizer", None) or getattr(optimizer, "_optimizer", None)
+
+
+# ---------------------------------------------------------------------------------------------------------- torch
+def module_forward_hook_dicts(module: nn.Module) -> tuple[dict[int, Any], dict[int, Any]]:
+    """The dictionaries that hold ``module``'s forward pre-hooks and forward hooks (handles point into them)."""
+    return module._forward_pre_hooks, module._forward_hooks
+
+
+def hook_handle_target(handle: RemovableHandle) -> dict[int, Any] | None:
+    """The hook dictionary ``handle`` removes its hook from; ``None`` once that dictionary is gone."""
+    return handle.hooks_dict_ref()
+
+
+def module_own_state_dict(module: nn.Module, prefix: str) -> dict[str, Any]:
+    """``module``'s own parameters and buffers (not its children's), keys prefixed, as ``state_dict`` would."""
+    local: dict[str, Any] = {}
+    module._save_to_state_dict(local, prefix, keep_vars=False)
+    return local
+
+
+# ------------------------------------------------------------------------------------------------------ DeepSpeed
+ZERO3_HOOK_LISTS: tuple[str, ...] = ("forward_hooks", "backward_hooks")
+
+
+def deepspeed_engine_config(engine: Any) -> Any:
+    """The engine's parsed ``DeepSpeedConfig`` (what DeepSpeed builds its checkpoint engines from)."""
+    return engine._config
+
+
+def zero3_parameter_offload(engine: Any) -> Any | None:
+    """DeepSpeed's ZeRO-3 hook owner (``DeepSpeedZeRoOffload``) of ``engine``, or None if it has none.
+
+    Training engines keep it as ``engine.optimizer.parameter_offload``; an inference engine's optimizer is it.
+    """
+    optimizer = getattr(engine, "optimizer", None)
+    offload = getattr(optimizer, "parameter_offload", optimizer)
+    return offload if all(hasattr(offload, name) for name in ZERO3_HOOK_LISTS) else None
+
+
+def zero3_hook_handles(offload: Any, name: str) -> list[RemovableHandle]:
+    """The handles of the module hooks ZeRO-3 registered (``name``: one of :data:`ZERO3_HOOK_LISTS`)."""
+    return getattr(offload, name)
+
+
+def set_zero3_hook_handles(offload: Any, name: str, handles: list[RemovableHandle]) -> None:
+    """Replace a hook-handle list, so that DeepSpeed's own cleanup does not remove the same hooks twice."""
+    setattr(offload, name, handles)
+
+
+@functools.cache
+def zero3_trace_compares_with_ne() -> bool:
+    """Whether ZeRO-3's trace check (``PartitionedParameterCoordinator.trace_prologue``) compares the running
+    submodule with ``!=``, which torchmetrics overloads (strategies/zero3_trace.py); read once from its source.
+
+    Assumed True when the source cannot be read or parsed: the fix is harmless where it is not needed.
+    """
+    try:
+        from deepspeed.runtime.zero.partitioned_param_coordinator import PartitionedParameterCoordinator
+
+        source = textwrap.dedent(inspect.getsource(PartitionedParameterCoordinator.trace_prologue))
+    except (ImportError, AttributeError, OSError, TypeError):
+        return True
+    return compares_argument_with_ne(source)
+
+
+def compares_argument_with_ne(source: str) -> bool:
+    """Whether the method in ``source`` compares its first argument after ``self`` with ``!=`` (True if unsure)."""
+    try:
+        function = ast.parse(source).body[0]
+    except (SyntaxError, IndexError):
+        return True
+    if not isinstance(function, ast.FunctionDef) or len(function.args.args) < 2:
+        return True
+    argument = function.args.args[1].arg
+    for node in ast.walk(function):
+        if not isinstance(node, ast.Compare) or not any(isinstance(op, ast.NotEq) for op in node.ops):
+            continue
+        if any(isinstance(side, ast.Name) and side.id == argument for side in (node.left, *node.comparators)):
+            return True
+    return False
+
+
+def deepspeed_attribute(obj: Any, name: str) -> Any:
+    """``obj.name`` or None, for a ``name`` declared in :data:`DEEPSPEED_MEMORY_ATTRIBUTES` (others are refused, so
+    that every attribute read stays in the declared, tested table)."""
+    if name not in _MEMORY_NAMES:
+        raise KeyError(f"{name!r} is not declared in gym_lightning._compat.DEEPSPEED_MEMORY_ATTRIBUTES")
+    return getattr(obj, name, None)
+
+
+def is_zero_optimizer(obj: Any) -> bool:
+    """Whether ``obj`` is one of DeepSpeed's ZeRO optimizer wrappers (not a torch optimizer DeepSpeed provides)."""
+    return type(obj).__module__.startswith("deepspeed.runtime.zero.") and not isinstance(obj, torch.optim.Optimizer)
+
+
+def zero_optimizer_lacks_memory_attributes(obj: Any) -> bool:
+    """A ZeRO optimizer on which none of :data:`ZERO_OPTIMIZER_MEMORY_ATTRIBUTES` exists: DeepSpeed moved them."""
+    return is_zero_optimizer(obj) and not any(hasattr(obj, name) for name in ZERO_OPTIMIZER_MEMORY_ATTRIBUTES)
+
+
 __all__ = [
+    "DEEPSPEED_MEMBERS",
+    "DEEPSPEED_MEMORY_ATTRIBUTES",
+    "PRIVATE_IMPORTS",
+    "PRIVATE_MEMBERS",
+    "PRIVATE_OVERRIDES",
+    "ZERO3_HOOK_LISTS",
+    "ZERO_OPTIMIZER_MEMORY_ATTRIBUTES",
+    "DTensor",
+    "DeepSpeedMember",
     "_StrategyRegistry",
+    "auto_select_batch_size",
     "checkpoint_activations",
+    "compares_argument_with_ne",
+    "deepspeed_attribute",
+    "deepspeed_engine_config",
+    "hook_handle_target",
+    "init_deepspeed_config_if_needed",
+    "init_deepspeed_distributed",
+    "is_zero_optimizer",
     "load_combined_loader_states",
+    "module_forward_hook_dicts",
+    "module_own_state_dict",
     "rank_zero_info",
     "rank_zero_warn",
+    "record_checkpoint_saved",
+    "save_topk_and_last_checkpoint",
+    "set_model_parallel_sizes",
+    "set_zero3_hook_handles",
+    "wrapped_optimizer",
+    "zero3_hook_handles",
+    "zero3_parameter_offload",
+    "zero3_trace_compares_with_ne",
+    "zero_optimizer_lacks_memory_attributes",
 ]

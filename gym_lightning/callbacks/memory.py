@@ -1,5 +1,8 @@
 """Bytes of parameters, gradients and optimizer state that THIS rank holds (pure accounting, no Lightning).
 
+DeepSpeed's attributes named below are read through ``gym_lightning._compat.deepspeed_attribute``, which accepts
+only those declared in ``_compat.DEEPSPEED_MEMORY_ATTRIBUTES`` (checked against the installed DeepSpeed by tests).
+
 Counting ``numel()`` of parameters would report the full model on every rank under FSDP and ZeRO-3 and miss the fp32
 master copies DeepSpeed keeps, so we follow tensors to their storages instead and count each storage once:
 
@@ -35,10 +38,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-try:  # public since torch 2.5
-    from torch.distributed.tensor import DTensor
-except ImportError:  # torch 2.4
-    from torch.distributed._tensor import DTensor
+from gym_lightning._compat import DTensor, deepspeed_attribute, wrapped_optimizer
 
 CATEGORIES: tuple[str, ...] = ("params", "master_params", "optimizer_state", "comm_buffers", "grads")
 
@@ -90,8 +90,8 @@ def held_bytes(module: nn.Module, optimizers: Iterable[Any], device: torch.devic
     ledger = StorageLedger(device)
     ledger.add("params", _param_tensors(module, optimizers))
     for opt in optimizers:
-        ledger.add("master_params", _tensors(getattr(opt, "single_partition_of_fp32_groups", None)))
-        ledger.add("master_params", _tensors(getattr(opt, "fp32_partitioned_groups_flat", None)))
+        ledger.add("master_params", _tensors(deepspeed_attribute(opt, "single_partition_of_fp32_groups")))
+        ledger.add("master_params", _tensors(deepspeed_attribute(opt, "fp32_partitioned_groups_flat")))
     ledger.add("optimizer_state", (t for opt in optimizers for t in _optimizer_state(opt)))
     ledger.add("comm_buffers", (t for opt in optimizers for t in _zero_buckets(opt)))
     ledger.add("grads", _grad_tensors(module, optimizers))
@@ -102,24 +102,24 @@ def held_bytes(module: nn.Module, optimizers: Iterable[Any], device: torch.devic
 def _param_tensors(module: nn.Module, optimizers: list[Any]) -> Iterator[torch.Tensor]:
     for param in module.parameters():
         yield param
-        ds_tensor = getattr(param, "ds_tensor", None)  # ZeRO-3 partition
+        ds_tensor = deepspeed_attribute(param, "ds_tensor")  # ZeRO-3 partition
         if ds_tensor is not None:
             yield ds_tensor
     for opt in optimizers:  # ZeRO-3 host copies when parameters are offloaded
-        yield from _tensors(getattr(opt, "param_groups_fp16_flat_cpu_memory", None))
+        yield from _tensors(deepspeed_attribute(opt, "param_groups_fp16_flat_cpu_memory"))
 
 
 def _grad_tensors(module: nn.Module, optimizers: list[Any]) -> Iterator[torch.Tensor]:
     for param in module.parameters():
         yield from _tensors(param.grad)
-        yield from _tensors(getattr(param, "grad_accum", None))  # ZeRO-1/2 separate accumulation buffer
+        yield from _tensors(deepspeed_attribute(param, "grad_accum"))  # ZeRO-1/2 separate accumulation buffer
     for opt in optimizers:
-        for master in _tensors(getattr(opt, "single_partition_of_fp32_groups", None)):
+        for master in _tensors(deepspeed_attribute(opt, "single_partition_of_fp32_groups")):
             if master.grad is not None:
                 yield master.grad
         for name in ("all_grad_tensors", "averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
-            yield from _tensors(getattr(opt, name, None))
-        yield from _tensors(getattr(opt, "accumulated_grads_in_cpu", None))
+            yield from _tensors(deepspeed_attribute(opt, name))
+        yield from _tensors(deepspeed_attribute(opt, "accumulated_grads_in_cpu"))
 
 
 def _optimizer_state(opt: Any) -> Iterator[torch.Tensor]:
@@ -131,14 +131,14 @@ def _optimizer_state(opt: Any) -> Iterator[torch.Tensor]:
         if isinstance(state, dict):
             for per_param in state.values():
                 yield from _tensors(per_param)
-        opt = getattr(opt, "optimizer", None) or getattr(opt, "_optimizer", None)
+        opt = wrapped_optimizer(opt)
 
 
 def _zero_buckets(opt: Any) -> Iterator[torch.Tensor]:
-    buckets = getattr(opt, "ipg_buckets", None)
+    buckets = deepspeed_attribute(opt, "ipg_buckets")
     if isinstance(buckets, dict):
         for bucket in buckets.values():
-            yield from _tensors(getattr(bucket, "buffer", None))
+            yield from _tensors(deepspeed_attribute(bucket, "buffer"))
 
 
 def _ddp_bucket_bytes(module: nn.Module) -> int:

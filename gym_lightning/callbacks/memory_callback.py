@@ -9,7 +9,12 @@ import torch
 from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_info
+from gym_lightning._compat import (
+    ZERO_OPTIMIZER_MEMORY_ATTRIBUTES,
+    rank_zero_info,
+    rank_zero_warn,
+    zero_optimizer_lacks_memory_attributes,
+)
 from gym_lightning.callbacks.memory import (
     CATEGORIES,
     HeldBytes,
@@ -45,6 +50,7 @@ class MemoryCallback(Callback):
             raise ValueError(f"report_name must be a non-empty file name, got {report_name!r}.")
         self.report_name = report_name
         self.summary: dict[str, Any] = {}
+        self._warned_unread: set[str] = set()
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -89,7 +95,23 @@ class MemoryCallback(Callback):
         if engine_optimizer is not None and all(engine_optimizer is not o for o in optimizers):
             optimizers.append(engine_optimizer)
         model = trainer.strategy.model if trainer.strategy.model is not None else trainer.lightning_module
+        self._warn_if_unreadable(optimizers)
         return held_bytes(model, optimizers, trainer.strategy.root_device)
+
+    def _warn_if_unreadable(self, optimizers: list[Any]) -> None:
+        """Say so (once per optimizer class) when a DeepSpeed upgrade moved every attribute we read: the figures
+        would otherwise silently count 0 for its master weights, gradients and buffers."""
+        for opt in optimizers:
+            name = type(opt).__qualname__
+            if name in self._warned_unread or not zero_optimizer_lacks_memory_attributes(opt):
+                continue
+            self._warned_unread.add(name)
+            rank_zero_warn(
+                f"MemoryCallback found none of the DeepSpeed attributes it reads on {type(opt).__module__}.{name} "
+                f"(looked for {', '.join(ZERO_OPTIMIZER_MEMORY_ATTRIBUTES)}); this DeepSpeed version keeps them "
+                "elsewhere, so master weights, gradients and communication buffers count 0. Update "
+                "gym_lightning._compat.DEEPSPEED_MEMORY_ATTRIBUTES."
+            )
 
     def _around_step(self, trainer: pl.Trainer) -> HeldBytes:
         after = self._measure(trainer)

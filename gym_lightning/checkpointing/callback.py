@@ -31,7 +31,7 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_warn
+from gym_lightning._compat import rank_zero_warn, record_checkpoint_saved, save_topk_and_last_checkpoint
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
 from gym_lightning.errors import GymUserError
@@ -178,8 +178,7 @@ class StepCheckpoint(ModelCheckpoint):
             if os.path.abspath(filepath) != os.path.abspath(self.last_link):
                 link_atomically(filepath, self.last_link)  # before any older checkpoint is deleted
         trainer.strategy.barrier("gym_checkpoint_publish")
-        self._last_global_step_saved = trainer.global_step
-        self._last_checkpoint_saved = filepath
+        record_checkpoint_saved(self, trainer.global_step, filepath)
         if trainer.is_global_zero:
             for logger in trainer.loggers:
                 logger.after_save_checkpoint(proxy(self))
@@ -203,10 +202,8 @@ class StepCheckpoint(ModelCheckpoint):
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.save_final and not self._should_skip_saving_checkpoint(trainer):
-            candidates = self._monitor_candidates(trainer)
-            self._save_topk_checkpoint(trainer, candidates)
-            self._save_last_checkpoint(trainer, candidates)
+        if self.save_final:
+            save_topk_and_last_checkpoint(self, trainer)
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:

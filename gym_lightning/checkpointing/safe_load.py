@@ -16,6 +16,7 @@ from typing import Any
 
 import torch
 
+from gym_lightning._compat import deepspeed_engine_config
 from gym_lightning.errors import GymUserError
 
 
@@ -125,4 +126,4 @@ def use_weights_only_engine(engine: Any) -> None:
 
     current = getattr(engine, "checkpoint_engine", None)
     if type(current) is TorchCheckpointEngine:
-        engine.checkpoint_engine = weights_only_checkpoint_engine(engine._config)
+        engine.checkpoint_engine = weights_only_checkpoint_engine(deepspeed_engine_config(engine))

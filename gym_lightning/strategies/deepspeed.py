@@ -42,7 +42,15 @@ from torch import nn
 from torch.optim import Adam, AdamW, Optimizer
 from typing_extensions import override
 
-from gym_lightning._compat import _StrategyRegistry, rank_zero_info, rank_zero_warn
+from gym_lightning._compat import (
+    _StrategyRegistry,
+    auto_select_batch_size,
+    init_deepspeed_config_if_needed,
+    init_deepspeed_distributed,
+    module_own_state_dict,
+    rank_zero_info,
+    rank_zero_warn,
+)
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
 from gym_lightning.strategies.hf_deepspeed_config import (
@@ -300,7 +308,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         # Lightning validates CUDA device indices here; CPU devices have none.
         reset_seed()
         self.set_world_ranks()
-        self._init_deepspeed_distributed()
+        init_deepspeed_distributed(self)
 
     def _deepspeed_args(self) -> argparse.Namespace:
         # DeepSpeed's device rank: the CUDA index, or the local rank on CPU (Lightning passes None there).
@@ -351,7 +359,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         """The per-device training micro-batch: the data module's ``batch_size``, else the DataLoader's."""
         datamodule = getattr(self.lightning_module.trainer, "datamodule", None)
         size = getattr(datamodule, "batch_size", None)
-        return size if isinstance(size, int) and not isinstance(size, bool) else self._auto_select_batch_size()
+        return size if isinstance(size, int) and not isinstance(size, bool) else auto_select_batch_size(self)
 
     @override
     def _init_optimizers(self) -> tuple[Optimizer, Any]:
@@ -410,7 +418,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         # Keep HF's DeepSpeed integration alive while (and after) the model is built: under zero.Init, HF models
         # built from a config only get their weight initialisation (and from_pretrained its partitioned loading)
         # when it is active, and generate() then syncs ranks.
-        self._init_config_if_needed()
+        init_deepspeed_config_if_needed(self)
         if self.zero_stage_3 and self._hf_deepspeed_config is None:
             self._hf_deepspeed_config = _activate_hf_deepspeed(self.config)
         with super().model_sharded_context():
@@ -510,8 +518,7 @@ def _gather_stage3_state_dict(module: nn.Module, prefix: str, out: dict[str, tor
     params = list(module.parameters(recurse=False))
     with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=bool(params)):
         if keep:
-            local: dict[str, Any] = {}
-            module._save_to_state_dict(local, prefix, keep_vars=False)
+            local = module_own_state_dict(module, prefix)
             out.update({key: value.detach().cpu().clone() for key, value in local.items()})
     for name, child in module.named_children():
         _gather_stage3_state_dict(child, f"{prefix}{name}.", out, keep)

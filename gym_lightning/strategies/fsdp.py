@@ -24,7 +24,7 @@ from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionP
 from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
-from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info
+from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
 
@@ -135,8 +135,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         configure_cpu_threads(self.root_device, self.num_processes)
         # Lightning's mesh (data_parallel x tensor_parallel) becomes pure data parallel; it stays available to
         # the module's configure_model and drives the distributed sampler.
-        self._data_parallel_size = self.num_nodes * self.num_processes
-        self._tensor_parallel_size = 1
+        set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
         self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
 

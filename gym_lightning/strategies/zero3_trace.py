@@ -12,16 +12,28 @@ step, and 0.74 of the tokens/s of DeepSpeed's engine driven by a plain loop.
 
 Such a metric owns no parameters, so ZeRO-3 has nothing to gather for it. Removing DeepSpeed's hooks from it (and
 only from it) leaves it out of the trace and changes nothing else. A metric that owns parameters (a learned metric
-with its own network) keeps its hooks: ZeRO-3 must gather those.
+with its own network) keeps its hooks: ZeRO-3 must gather those. Where DeepSpeed's trace check no longer compares
+with ``!=`` (``gym_lightning._compat.zero3_trace_compares_with_ne`` reads it), nothing is detached.
 """
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 from torch import nn
 
-from gym_lightning._compat import rank_zero_warn
+from gym_lightning._compat import (
+    ZERO3_HOOK_LISTS,
+    hook_handle_target,
+    module_forward_hook_dicts,
+    rank_zero_info,
+    rank_zero_warn,
+    set_zero3_hook_handles,
+    zero3_hook_handles,
+    zero3_parameter_offload,
+    zero3_trace_compares_with_ne,
+)
 
 
 def overloads_comparison(module: nn.Module) -> bool:
@@ -33,16 +45,6 @@ def overloads_comparison(module: nn.Module) -> bool:
 def trace_breaking_modules(root: nn.Module) -> list[nn.Module]:
     """Submodules of ``root`` without parameters whose ``!=`` is overloaded (e.g. torchmetrics metrics)."""
     return [m for m in root.modules() if overloads_comparison(m) and next(m.parameters(), None) is None]
-
-
-def zero3_parameter_offload(engine: Any) -> Any | None:
-    """DeepSpeed's ZeRO-3 hook owner (``DeepSpeedZeRoOffload``) of ``engine``, or None if it has none.
-
-    Training engines keep it as ``engine.optimizer.parameter_offload``; an inference engine's optimizer is it.
-    """
-    optimizer = getattr(engine, "optimizer", None)
-    offload = getattr(optimizer, "parameter_offload", optimizer)
-    return offload if hasattr(offload, "forward_hooks") and hasattr(offload, "backward_hooks") else None
 
 
 def detach_zero3_hooks(engine: Any, modules: list[nn.Module]) -> int:
@@ -60,21 +62,36 @@ def detach_zero3_hooks(engine: Any, modules: list[nn.Module]) -> int:
             "parameter each step. Call metrics with .update() instead of metric(...) to avoid it."
         )
         return 0
-    targets = {id(hooks) for module in modules for hooks in (module._forward_pre_hooks, module._forward_hooks)}
+    targets = {id(hooks) for module in modules for hooks in module_forward_hook_dicts(module)}
     removed = 0
-    for name in ("forward_hooks", "backward_hooks"):
+    for name in ZERO3_HOOK_LISTS:
         kept = []
-        for handle in getattr(offload, name):
-            hooks = handle.hooks_dict_ref()
+        for handle in zero3_hook_handles(offload, name):
+            hooks = hook_handle_target(handle)
             if hooks is not None and id(hooks) in targets:
                 handle.remove()
                 removed += 1
             else:
                 kept.append(handle)
-        setattr(offload, name, kept)
+        set_zero3_hook_handles(offload, name, kept)
     return removed
 
 
 def keep_zero3_trace_valid(engine: Any) -> int:
-    """Detach ZeRO-3's hooks from the parameter-free, ``!=``-overloading submodules of ``engine.module``."""
+    """Detach ZeRO-3's hooks from the parameter-free, ``!=``-overloading submodules of ``engine.module``.
+
+    Only where this DeepSpeed still compares modules with ``!=`` in its trace check; elsewhere nothing is detached.
+    """
+    if not zero3_trace_compares_with_ne():
+        _log_trace_fix_not_needed()
+        return 0
     return detach_zero3_hooks(engine, trace_breaking_modules(engine.module))
+
+
+@functools.cache
+def _log_trace_fix_not_needed() -> None:
+    # Once per process: the probe's answer cannot change, and every ZeRO-3 setup would repeat it.
+    rank_zero_info(
+        "gym_lightning: this DeepSpeed's ZeRO-3 trace check does not compare modules with '!=', so metric modules "
+        "keep their ZeRO-3 hooks (the torchmetrics trace fix is not needed)."
+    )
