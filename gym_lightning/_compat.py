@@ -102,7 +102,7 @@ DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_COORDINATOR, "trace_prologue"),
 )
 
-# What callbacks/memory.py reads to count the bytes a rank holds (see its docstring for what each one is).
+# What metrics/memory.py reads to count the bytes a rank holds (see its docstring for what each one is).
 DEEPSPEED_MEMORY_ATTRIBUTES: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_STAGE_1_2, "single_partition_of_fp32_groups"),
     DeepSpeedMember(_STAGE_1_2, "all_grad_tensors"),

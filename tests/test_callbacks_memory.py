@@ -23,10 +23,10 @@ from helpers.tiny import TINY
 from torch.utils.data import DataLoader
 
 from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
-from gym_lightning.callbacks.memory import CATEGORIES, held_bytes
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
+from gym_lightning.metrics.memory import CATEGORIES, held_bytes
 
-PSI = 34976  # parameters of TINY (hand count in test_callbacks_flops.py)
+PSI = 34976  # parameters of TINY (hand count in test_metrics_flops.py)
 FULL = 4 * PSI  # fp32 bytes of one full copy
 LARGEST_PARAM = 4 * 256 * 32  # embedding / lm_head, fp32 bytes
 

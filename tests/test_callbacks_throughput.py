@@ -16,9 +16,10 @@ from helpers.tiny import TINY
 from torch.utils.data import DataLoader, Sampler
 
 from gym_lightning.callbacks import ThroughputCallback
-from gym_lightning.callbacks.flops import transformer_flops
-from gym_lightning.callbacks.throughput import Counters, Sample, SlidingWindow, batch_counts, rates
+from gym_lightning.errors import GymUserError
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
+from gym_lightning.metrics.flops import transformer_flops
+from gym_lightning.metrics.throughput import Counters, Sample, SlidingWindow, batch_counts, rates
 
 
 def _sample(time: float, steps: int, tokens: int, world: int = 2, flops: float | None = None) -> Sample:
@@ -71,7 +72,7 @@ def test_batch_counts_padding_and_targets() -> None:
 
 
 def test_batch_counts_rejects_non_dict_batches() -> None:
-    with pytest.raises(TypeError, match="input_ids"):
+    with pytest.raises(GymUserError, match="input_ids"):
         batch_counts((torch.zeros(2, 3), torch.zeros(2)))
 
 

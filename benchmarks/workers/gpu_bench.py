@@ -10,7 +10,7 @@ Strategies: ``gym_fsdp`` (GymFSDPStrategy, FSDP2), ``gym_zero3`` (ZeROStrategy(s
 DeepSpeedStrategy(stage=3)); all at world size 1, ``bf16-mixed``, the same ``CausalLMModule`` (fp32 parameters,
 SDPA attention) and the same synthetic batches (no padding). tokens/s and MFU come from gym_lightning's
 ``ThroughputCallback`` (FLOPs convention: 6·N + 12·L·H·Q·T per token, PaLM appendix B; N excludes the input
-embedding and counts the tied LM head; dense bf16 peak of the chip from gym_lightning.callbacks.peak_flops) over
+embedding and counts the tied LM head; dense bf16 peak of the chip from gym_lightning.metrics.peak_flops) over
 the steps after ``--warmup``; peak memory is ``torch.cuda.max_memory_allocated`` of the process.
 """
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from gym_lightning.callbacks.memory_callback import MemoryCallback
-from gym_lightning.callbacks.throughput_callback import ThroughputCallback
+from gym_lightning.callbacks.memory import MemoryCallback
+from gym_lightning.callbacks.throughput import ThroughputCallback
 
 __all__ = ["MemoryCallback", "ThroughputCallback"]

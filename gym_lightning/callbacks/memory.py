@@ -1,188 +1,189 @@
-"""Bytes of parameters, gradients and optimizer state that THIS rank holds (pure accounting, no Lightning).
-
-DeepSpeed's attributes named below are read through ``gym_lightning._compat.deepspeed_attribute``, which accepts
-only those declared in ``_compat.DEEPSPEED_MEMORY_ATTRIBUTES`` (checked against the installed DeepSpeed by tests).
-
-Counting ``numel()`` of parameters would report the full model on every rank under FSDP and ZeRO-3 and miss the fp32
-master copies DeepSpeed keeps, so we follow tensors to their storages instead and count each storage once:
-
-* plain torch (single device, DDP): module parameters, their ``.grad`` and the tensors in ``optimizer.state``;
-  DDP's gradient buckets when ``gradient_as_bucket_view=False`` (then they are a second copy of the gradients);
-* FSDP2 (``fully_shard``): parameters, gradients and optimizer states are DTensors; we count the LOCAL shard
-  (``to_local()``'s storage, padding included), not the global size;
-* DeepSpeed ZeRO-1/2 (``runtime/zero/stage_1_and_2.py``): module parameters are views into ``bit16_groups_flat``; the
-  fp32 master partition is ``single_partition_of_fp32_groups`` (its ``.grad`` is the fp32 gradient partition), the
-  reduced gradients are ``all_grad_tensors`` (between backward and step when the caller owns accumulation),
-  ``averaged_gradients``/``grads_in_partition`` and per-parameter ``grad_accum`` (``accumulated_grads_in_cpu`` when
-  offloaded), the optimizer state lives in the wrapped ``optimizer.optimizer.state``; ``ipg_buckets`` are the
-  communication buckets;
-* DeepSpeed ZeRO-3 (``runtime/zero/stage3.py``): each parameter's partition is ``param.ds_tensor`` (``param.data`` is
-  empty unless gathered or persistent), masters are ``fp32_partitioned_groups_flat`` (the SAME storage as the
-  parameters when the model already trains in fp32 on that device — counted once, as parameters), gradient
-  partitions ``grad_partitions_flat_buffer``, host copies for parameter offload ``param_groups_fp16_flat_cpu_memory``.
-
-A storage on the training device counts as ``on_device``; anywhere else (CPU RAM under DeepSpeed offload while
-training on CUDA) as ``offloaded``. When several categories reach the same storage, the first in
-:data:`CATEGORIES` order keeps it, so nothing is counted twice.
-"""
+"""``MemoryCallback``: per-rank bytes of parameters, gradients and optimizer state, gathered and reported."""
 
 from __future__ import annotations
 
-import sys
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass, field
 from typing import Any
 
-import psutil
+import lightning.pytorch as pl
 import torch
-from torch import nn
-from torch.nn.parallel import DistributedDataParallel
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
-from gym_lightning._compat import DTensor, deepspeed_attribute, wrapped_optimizer
+from gym_lightning._compat import (
+    ZERO_OPTIMIZER_MEMORY_ATTRIBUTES,
+    rank_zero_info,
+    rank_zero_warn,
+    zero_optimizer_lacks_memory_attributes,
+)
+from gym_lightning.callbacks.reports import format_bytes, markdown_table, report_dir, write_json
+from gym_lightning.metrics.memory import (
+    CATEGORIES,
+    HeldBytes,
+    cuda_peak_bytes,
+    held_bytes,
+    host_rss_bytes,
+    peak_host_rss_bytes,
+)
 
-CATEGORIES: tuple[str, ...] = ("params", "master_params", "optimizer_state", "comm_buffers", "grads")
-
-
-@dataclass
-class HeldBytes:
-    """Bytes per category held by one rank, on the training device and offloaded elsewhere."""
-
-    on_device: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-    offloaded: dict[str, int] = field(default_factory=lambda: dict.fromkeys(CATEGORIES, 0))
-
-    def total(self, category: str) -> int:
-        return self.on_device[category] + self.offloaded[category]
-
-    def maximum(self, other: HeldBytes) -> HeldBytes:
-        """Per-category maximum: what is held across two moments (before and after an optimizer step)."""
-        return HeldBytes(
-            {c: max(self.on_device[c], other.on_device[c]) for c in CATEGORIES},
-            {c: max(self.offloaded[c], other.offloaded[c]) for c in CATEGORIES},
-        )
+MOMENTS: tuple[str, ...] = ("after_first_step", "end")
+PROCESS_FIELDS: tuple[str, ...] = ("cuda_max_allocated", "cuda_max_reserved", "peak_host_rss", "host_rss")
 
 
-class StorageLedger:
-    """Adds tensors to categories, counting every underlying storage once (first category wins)."""
+class MemoryCallback(Callback):
+    """Reports, per rank, the bytes of parameters, gradients, fp32 master weights, optimizer state and
+    communication buffers that the rank actually holds (see :mod:`gym_lightning.metrics.memory` for how each
+    strategy is read), plus peak CUDA allocated/reserved and peak host RSS.
 
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-        self.held = HeldBytes()
-        self._seen: set[tuple[str, int | None, int]] = set()
+    Measured twice: around the first optimizer step (optimizer state exists only after it) and around the last one.
+    "Around" a step is the per-category maximum of a reading just before ``optimizer.step`` (gradients are complete;
+    ZeRO frees its gradient partitions inside the step) and one just after it. The readings only walk tensor
+    metadata: no device sync. At the end of fit the ranks' figures are gathered (one all-gather), rank zero prints a
+    table and writes ``memory.json`` to the run's log directory, and the largest per-rank totals are logged as
+    ``memory/max_rank/<category>_bytes``.
 
-    def add(self, category: str, tensors: Iterable[Any]) -> None:
-        for tensor in tensors:
-            local = tensor.to_local() if isinstance(tensor, DTensor) else tensor
-            if not isinstance(local, torch.Tensor) or local.device.type == "meta":
+    Args:
+        report_name: File name of the JSON report in the log directory.
+    """
+
+    def __init__(self, report_name: str = "memory.json") -> None:
+        if not isinstance(report_name, str) or not report_name:
+            raise ValueError(f"report_name must be a non-empty file name, got {report_name!r}.")
+        self.report_name = report_name
+        self.summary: dict[str, Any] = {}
+        self._warned_unread: set[str] = set()
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._seen_step = trainer.global_step
+        self._before_step: HeldBytes | None = None
+        self._first: HeldBytes | None = None
+
+    @override
+    def on_before_optimizer_step(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> None:
+        self._before_step = self._measure(trainer)
+
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        if self._first is None and trainer.global_step != self._seen_step:
+            self._first = self._around_step(trainer)
+
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        end = self._around_step(trainer) if self._first is not None else None
+        local = _encode([self._first, end], self._process_figures(trainer))
+        gathered = _gather_rows(local.to(pl_module.device)).cpu()
+        self.summary = {
+            "world_size": trainer.world_size,
+            "device": str(trainer.strategy.root_device),
+            "strategy": type(trainer.strategy).__name__,
+            "ranks": [_decode(rank, row.tolist()) for rank, row in enumerate(gathered)],
+        }
+        path = report_dir(trainer) / self.report_name  # collective (broadcasts the log dir): every rank calls it
+        if trainer.is_global_zero:
+            write_json(path, self.summary)
+            rank_zero_info(memory_table(self.summary) + f"\nmemory report: {path}")
+            for logger in trainer.loggers:
+                logger.log_metrics(_max_rank_metrics(self.summary), step=trainer.global_step)
+
+    def _measure(self, trainer: pl.Trainer) -> HeldBytes:
+        optimizers = list(trainer.optimizers)
+        engine_optimizer = getattr(trainer.strategy.model, "optimizer", None)  # DeepSpeedEngine's ZeRO optimizer
+        if engine_optimizer is not None and all(engine_optimizer is not o for o in optimizers):
+            optimizers.append(engine_optimizer)
+        model = trainer.strategy.model if trainer.strategy.model is not None else trainer.lightning_module
+        self._warn_if_unreadable(optimizers)
+        return held_bytes(model, optimizers, trainer.strategy.root_device)
+
+    def _warn_if_unreadable(self, optimizers: list[Any]) -> None:
+        """Say so (once per optimizer class) when a DeepSpeed upgrade moved every attribute we read: the figures
+        would otherwise silently count 0 for its master weights, gradients and buffers."""
+        for opt in optimizers:
+            name = type(opt).__qualname__
+            if name in self._warned_unread or not zero_optimizer_lacks_memory_attributes(opt):
                 continue
-            storage = local.untyped_storage()
-            nbytes = storage.nbytes()
-            key = (local.device.type, local.device.index, storage.data_ptr())
-            if nbytes == 0 or key in self._seen:
-                continue
-            self._seen.add(key)
-            bucket = self.held.on_device if _same_device(local.device, self.device) else self.held.offloaded
-            bucket[category] += nbytes
+            self._warned_unread.add(name)
+            rank_zero_warn(
+                f"MemoryCallback found none of the DeepSpeed attributes it reads on {type(opt).__module__}.{name} "
+                f"(looked for {', '.join(ZERO_OPTIMIZER_MEMORY_ATTRIBUTES)}); this DeepSpeed version keeps them "
+                "elsewhere, so master weights, gradients and communication buffers count 0. Update "
+                "gym_lightning._compat.DEEPSPEED_MEMORY_ATTRIBUTES."
+            )
+
+    def _around_step(self, trainer: pl.Trainer) -> HeldBytes:
+        after = self._measure(trainer)
+        return after if self._before_step is None else self._before_step.maximum(after)
+
+    @staticmethod
+    def _process_figures(trainer: pl.Trainer) -> list[int | None]:
+        allocated, reserved = cuda_peak_bytes(trainer.strategy.root_device)
+        return [allocated, reserved, peak_host_rss_bytes(), host_rss_bytes()]
 
 
-def held_bytes(module: nn.Module, optimizers: Iterable[Any], device: torch.device) -> HeldBytes:
-    """What this rank holds now for ``module`` (the strategy's wrapped model) and its ``optimizers``."""
-    optimizers = list(optimizers)
-    ledger = StorageLedger(device)
-    ledger.add("params", _param_tensors(module, optimizers))
-    for opt in optimizers:
-        ledger.add("master_params", _tensors(deepspeed_attribute(opt, "single_partition_of_fp32_groups")))
-        ledger.add("master_params", _tensors(deepspeed_attribute(opt, "fp32_partitioned_groups_flat")))
-    ledger.add("optimizer_state", (t for opt in optimizers for t in _optimizer_state(opt)))
-    ledger.add("comm_buffers", (t for opt in optimizers for t in _zero_buckets(opt)))
-    ledger.add("grads", _grad_tensors(module, optimizers))
-    ledger.held.on_device["comm_buffers"] += _ddp_bucket_bytes(module)
-    return ledger.held
+def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
+    """``[world_size, n]``: every rank's vector (plain ``all_gather``; Lightning's goes through the deprecated
+    autograd-aware ``torch.distributed.nn`` version, which we do not need)."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return tensor[None]
+    rows = [torch.empty_like(tensor) for _ in range(torch.distributed.get_world_size())]
+    torch.distributed.all_gather(rows, tensor)
+    return torch.stack(rows)
 
 
-def _param_tensors(module: nn.Module, optimizers: list[Any]) -> Iterator[torch.Tensor]:
-    for param in module.parameters():
-        yield param
-        ds_tensor = deepspeed_attribute(param, "ds_tensor")  # ZeRO-3 partition
-        if ds_tensor is not None:
-            yield ds_tensor
-    for opt in optimizers:  # ZeRO-3 host copies when parameters are offloaded
-        yield from _tensors(deepspeed_attribute(opt, "param_groups_fp16_flat_cpu_memory"))
+def _encode(moments: list[HeldBytes | None], process: list[int | None]) -> torch.Tensor:
+    """Flat float64 vector for the all-gather; ``-1`` stands for "not measured" (bytes fit float64 exactly)."""
+    values: list[float] = []
+    for held in moments:
+        for category in CATEGORIES:
+            values += [-1, -1] if held is None else [held.on_device[category], held.offloaded[category]]
+    values += [-1 if v is None else v for v in process]
+    return torch.tensor(values, dtype=torch.float64)
 
 
-def _grad_tensors(module: nn.Module, optimizers: list[Any]) -> Iterator[torch.Tensor]:
-    for param in module.parameters():
-        yield from _tensors(param.grad)
-        yield from _tensors(deepspeed_attribute(param, "grad_accum"))  # ZeRO-1/2 separate accumulation buffer
-    for opt in optimizers:
-        for master in _tensors(deepspeed_attribute(opt, "single_partition_of_fp32_groups")):
-            if master.grad is not None:
-                yield master.grad
-        for name in ("all_grad_tensors", "averaged_gradients", "grads_in_partition", "grad_partitions_flat_buffer"):
-            yield from _tensors(deepspeed_attribute(opt, name))
-        yield from _tensors(deepspeed_attribute(opt, "accumulated_grads_in_cpu"))
+def _decode(rank: int, values: list[float]) -> dict[str, Any]:
+    out: dict[str, Any] = {"rank": rank}
+    width = 2 * len(CATEGORIES)
+    for index, moment in enumerate(MOMENTS):
+        chunk = values[index * width : (index + 1) * width]
+        if chunk[0] < 0:
+            out[moment] = None
+            continue
+        per_category = {
+            c: {"on_device": int(chunk[2 * i]), "offloaded": int(chunk[2 * i + 1])} for i, c in enumerate(CATEGORIES)
+        }
+        total = sum(v["on_device"] + v["offloaded"] for v in per_category.values())
+        out[moment] = {**per_category, "total": total}
+    for name, value in zip(PROCESS_FIELDS, values[len(MOMENTS) * width :], strict=True):
+        out[name] = None if value < 0 else int(value)
+    return out
 
 
-def _optimizer_state(opt: Any) -> Iterator[torch.Tensor]:
-    """Tensors in ``opt.state`` and in the states of the optimizers it wraps (DeepSpeed keeps a torch one inside)."""
-    seen: set[int] = set()
-    while opt is not None and id(opt) not in seen:
-        seen.add(id(opt))
-        state = getattr(opt, "state", None)
-        if isinstance(state, dict):
-            for per_param in state.values():
-                yield from _tensors(per_param)
-        opt = wrapped_optimizer(opt)
+def memory_table(summary: dict[str, Any], moment: str = "end") -> str:
+    """Markdown table of a :class:`MemoryCallback` summary: one row per rank."""
+    header = ["rank", *CATEGORIES, "total", "offloaded", "peak CUDA alloc", "peak CUDA reserved", "peak host RSS"]
+    rows = []
+    for rank in summary["ranks"]:
+        held = rank.get(moment)
+        cells = ["n/a"] * (len(CATEGORIES) + 2)
+        if held is not None:
+            cells = [format_bytes(held[c]["on_device"] + held[c]["offloaded"]) for c in CATEGORIES]
+            cells += [format_bytes(held["total"]), format_bytes(sum(held[c]["offloaded"] for c in CATEGORIES))]
+        process = [rank[k] for k in ("cuda_max_allocated", "cuda_max_reserved", "peak_host_rss")]
+        rows.append([str(rank["rank"]), *cells, *("n/a" if v is None else format_bytes(v) for v in process)])
+    title = f"Memory held per rank around the last optimizer step ({summary['strategy']}, {summary['device']})"
+    return title + "\n" + markdown_table(header, rows)
 
 
-def _zero_buckets(opt: Any) -> Iterator[torch.Tensor]:
-    buckets = deepspeed_attribute(opt, "ipg_buckets")
-    if isinstance(buckets, dict):
-        for bucket in buckets.values():
-            yield from _tensors(deepspeed_attribute(bucket, "buffer"))
-
-
-def _ddp_bucket_bytes(module: nn.Module) -> int:
-    """DDP's reducer buckets are private; without ``gradient_as_bucket_view`` they are one more copy of every
-    gradient (torch/nn/parallel/distributed.py), so their size is the bytes of the trainable parameters."""
-    if not isinstance(module, DistributedDataParallel) or module.gradient_as_bucket_view:
-        return 0
-    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
-
-
-def _tensors(obj: Any) -> Iterator[torch.Tensor]:
-    """Tensors in ``obj``: a tensor, or (nested) lists, tuples and dict values of them."""
-    if isinstance(obj, torch.Tensor):
-        yield obj
-    elif isinstance(obj, dict):
-        for value in obj.values():
-            yield from _tensors(value)
-    elif isinstance(obj, (list, tuple)):
-        for value in obj:
-            yield from _tensors(value)
-
-
-def _same_device(a: torch.device, b: torch.device) -> bool:
-    return a.type == b.type and (a.index is None or b.index is None or a.index == b.index)
-
-
-def peak_host_rss_bytes() -> int | None:
-    """Peak resident set size of this process (``getrusage`` reports KiB on Linux, bytes on macOS); ``None`` where
-    ``resource`` does not exist (Windows)."""
-    try:
-        import resource
-    except ImportError:
-        return None
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    return peak if sys.platform == "darwin" else peak * 1024
-
-
-def host_rss_bytes() -> int:
-    """Current resident set size of this process."""
-    return psutil.Process().memory_info().rss
-
-
-def cuda_peak_bytes(device: torch.device) -> tuple[int | None, int | None]:
-    """``(max allocated, max reserved)`` by PyTorch's caching allocator on ``device``; ``None`` off CUDA."""
-    if device.type != "cuda" or not torch.cuda.is_available():
-        return None, None
-    return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+def _max_rank_metrics(summary: dict[str, Any]) -> dict[str, float]:
+    held = [rank["end"] for rank in summary["ranks"] if rank.get("end") is not None]
+    metrics = {
+        f"memory/max_rank/{c}_bytes": float(max(h[c]["on_device"] + h[c]["offloaded"] for h in held))
+        for c in CATEGORIES
+        if held
+    }
+    if held:
+        metrics["memory/max_rank/total_bytes"] = float(max(h["total"] for h in held))
+    return metrics

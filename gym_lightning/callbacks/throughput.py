@@ -1,146 +1,245 @@
-"""Throughput arithmetic: cumulative counters sampled at log points, turned into rates (pure, no Lightning).
-
-The callback accumulates counters on the device and reads them (one all-reduce for the job totals) only at log
-points, so there is no host sync per step. A :class:`Sample` is one such read; rates are differences of two samples
-divided by the wall-clock time between them. Because the reads synchronise the device, the time between two samples
-is exact even though a single step's time is not observed (on CUDA the host runs ahead of the device between syncs).
-"""
+"""``ThroughputCallback``: tokens/s, samples/s, steps/s, TFLOP/s and MFU, per device and for the whole job."""
 
 from __future__ import annotations
 
-from collections import deque
-from collections.abc import Mapping
-from dataclasses import dataclass, fields
+import time
 from typing import Any
 
+import lightning.pytorch as pl
 import torch
+from lightning.pytorch.callbacks import Callback
+from typing_extensions import override
 
+from gym_lightning._compat import rank_zero_info, rank_zero_warn
+from gym_lightning.callbacks.reports import markdown_table, report_dir, write_json
 from gym_lightning.errors import GymUserError
-from gym_lightning.loss import count_target_tokens
+from gym_lightning.metrics.flops import transformer_flops
+from gym_lightning.metrics.peak_flops import dense_peak_flops, precision_to_dtype
+from gym_lightning.metrics.throughput import Counters, Sample, SlidingWindow, batch_counts, rates
 
-# Order of the counters in the tensor the callback accumulates on the device.
-COUNTER_NAMES: tuple[str, ...] = ("samples", "tokens", "target_tokens", "sum_squared_lengths")
-
-
-@dataclass(frozen=True)
-class Counters:
-    """Cumulative counts since the end of warm-up (either one rank's or summed over all ranks).
-
-    Args:
-        steps: Optimizer steps.
-        samples: Sequences (rows of ``input_ids``).
-        tokens: Non-padding tokens (``attention_mask`` sum), i.e. tokens the model processed usefully.
-        target_tokens: Tokens that contributed to the loss (labels ``!= -100`` after the causal shift).
-        flops: Model training FLOPs (``None`` when no FLOPs formula is known).
-    """
-
-    steps: int
-    samples: int
-    tokens: int
-    target_tokens: int
-    flops: float | None
+PALM_CONVENTION = "6*N_trainable + 4*N_frozen + 12*L*H*Q*T per token (PaLM app. B; Kaplan et al. 2020)"
 
 
-@dataclass(frozen=True)
-class Sample:
-    """Counters read at wall-clock ``time`` (seconds), locally and summed over the ``world_size`` ranks."""
+class ThroughputCallback(Callback):
+    """Measures training throughput on every rank and logs job totals, per-device averages and MFU.
 
-    time: float
-    local: Counters
-    job: Counters
+    Counters (samples, non-padding tokens, target tokens, Σ sequence length²) accumulate on the device every
+    micro-batch, so variable batch sizes and gradient accumulation are counted exactly and nothing syncs the host per
+    step. Every ``log_every_n_steps`` optimizer steps the counters are summed over ranks with ONE all-reduce, which
+    also synchronises the device so the wall-clock time between two reads is exact. Logged keys
+    (``throughput/interval/...`` over the last interval, ``throughput/window/...`` over the sliding window):
+    ``tokens_per_sec`` (job total), ``device_tokens_per_sec`` (job / world size), ``local_tokens_per_sec`` (this
+    rank), the same for ``target_tokens``, ``samples`` and ``flops``, plus ``optimizer_steps_per_sec``,
+    ``device_tflops_per_sec`` and ``mfu``. The progress bar shows the window's job ``tok/s``. At the end of fit a
+    summary is printed on rank zero and written to ``throughput.json`` in the run's log directory. Time spent in
+    validation during fit is paused out of the clock.
 
-
-def rates(start: Sample, end: Sample, world_size: int, peak_flops: float | None) -> dict[str, float | None]:
-    """Rates between two samples: job totals, per-device averages (job / world size) and this rank's own.
-
-    MFU is the per-device average model FLOP/s over the dense peak of one device; ``None`` when either is unknown.
-    """
-    elapsed = end.time - start.time
-    if elapsed <= 0:
-        return {}
-    out: dict[str, float | None] = {}
-    for field in fields(Counters):
-        job = _delta(start.job, end.job, field.name)
-        local = _delta(start.local, end.local, field.name)
-        name = "optimizer_steps" if field.name == "steps" else field.name
-        out[f"{name}_per_sec"] = None if job is None else job / elapsed
-        if field.name != "steps":  # every rank takes the same optimizer steps
-            out[f"device_{name}_per_sec"] = None if job is None else job / elapsed / world_size
-            out[f"local_{name}_per_sec"] = None if local is None else local / elapsed
-    device_flops = out["device_flops_per_sec"]
-    out["device_tflops_per_sec"] = None if device_flops is None else device_flops / 1e12
-    out["mfu"] = None if device_flops is None or not peak_flops else device_flops / peak_flops
-    return out
-
-
-def _delta(start: Counters, end: Counters, name: str) -> float | None:
-    a, b = getattr(start, name), getattr(end, name)
-    return None if a is None or b is None else b - a
-
-
-class SlidingWindow:
-    """The samples of the last ``window_steps`` optimizer steps (at least two samples are kept).
+    FLOPs: if the LightningModule has a Hugging Face model (``module.model.config``) the formula of
+    :mod:`gym_lightning.metrics.flops` is used; otherwise pass ``flops_per_token``, else FLOPs and MFU read "n/a".
+    MFU needs the dense peak of one device: from :mod:`gym_lightning.metrics.peak_flops` for known CUDA chips, or
+    ``peak_flops``; never guessed.
 
     Args:
-        window_steps: Width of the window in optimizer steps.
+        warmup_steps: Optimizer steps excluded at the start (allocator warm-up, compilation, first all-gathers);
+            ``>= 0``.
+        window_steps: Width of the sliding window in optimizer steps; ``>= 1``.
+        log_every_n_steps: Optimizer steps between reads (each costs one all-reduce and one host sync); ``>= 1``, or
+            ``None`` for the Trainer's ``log_every_n_steps``.
+        flops_per_token: Training (forward + backward) FLOPs per token, for models without a Hugging Face config;
+            overrides the formula. ``None`` to derive it from the model.
+        peak_flops: Dense peak FLOP/s of ONE device in the training dtype; overrides the table. ``None`` to look the
+            chip up.
+        report_name: File name of the JSON summary in the log directory.
     """
 
-    def __init__(self, window_steps: int) -> None:
-        if not isinstance(window_steps, int) or window_steps < 1:
-            raise GymUserError(f"window_steps must be a positive integer, got {window_steps!r}.")
+    def __init__(
+        self,
+        warmup_steps: int = 2,
+        window_steps: int = 20,
+        log_every_n_steps: int | None = None,
+        flops_per_token: float | None = None,
+        peak_flops: float | None = None,
+        report_name: str = "throughput.json",
+    ) -> None:
+        problems = _argument_problems(warmup_steps, window_steps, log_every_n_steps, flops_per_token, peak_flops)
+        if problems:
+            raise GymUserError("invalid ThroughputCallback arguments:\n  - " + "\n  - ".join(problems))
+        self.warmup_steps = warmup_steps
         self.window_steps = window_steps
-        self.first: Sample | None = None
-        self._samples: deque[Sample] = deque()
+        self.log_every_n_steps = log_every_n_steps
+        self.flops_per_token = flops_per_token
+        self.peak_flops = peak_flops
+        self.report_name = report_name
+        self.summary: dict[str, Any] = {}
+        self._paused = 0.0
+        self._pause_start: float | None = None
 
-    def append(self, sample: Sample) -> None:
-        """Add a sample; samples must come in increasing time and step order."""
-        if self._samples and (sample.time < self._samples[-1].time or sample.job.steps < self._samples[-1].job.steps):
-            raise ValueError("throughput samples must not go back in time or steps; the counters were reset.")
-        if self.first is None:
-            self.first = sample
-        self._samples.append(sample)
-        while len(self._samples) > 2 and sample.job.steps - self._samples[1].job.steps >= self.window_steps:
-            self._samples.popleft()
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._flops_coefficients, self._flops_info = self._resolve_flops(pl_module)
+        self._device_name, self._dtype, self._peak, self._peak_source = self._resolve_peak(trainer)
+        self._counts = torch.zeros(4, dtype=torch.int64, device=pl_module.device)
+        self._window = SlidingWindow(self.window_steps)
+        self._interval = self.log_every_n_steps or trainer.log_every_n_steps or 1
+        self._start_step = self._seen_step = trainer.global_step
+        self._paused = 0.0  # seconds spent in validation during fit: not training time
+        if self.warmup_steps == 0:
+            self._window.append(self._read(trainer, steps=0))
 
-    @property
-    def last(self) -> Sample | None:
-        return self._samples[-1] if self._samples else None
+    @override
+    def on_train_batch_end(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
+    ) -> None:
+        self._counts += batch_counts(batch).to(self._counts.device)
+        if trainer.global_step == self._seen_step:
+            return  # a gradient-accumulation micro-batch: no optimizer step yet
+        self._seen_step = trainer.global_step
+        measured = trainer.global_step - self._start_step - self.warmup_steps
+        if measured == 0:
+            self._counts.zero_()  # everything so far was warm-up
+            self._window.append(self._read(trainer, steps=0))
+        elif measured > 0 and measured % self._interval == 0:
+            self._window.append(self._read(trainer, steps=measured))
+            self._log(trainer, pl_module)
 
-    def interval(self) -> tuple[Sample, Sample] | None:
-        """The last two samples: rates over the latest logging interval (the last step when logging every step)."""
-        return (self._samples[-2], self._samples[-1]) if len(self._samples) >= 2 else None
+    @override
+    def on_validation_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._pause_start = time.perf_counter()
 
-    def window(self) -> tuple[Sample, Sample] | None:
-        """Oldest and newest samples of the window."""
-        return (self._samples[0], self._samples[-1]) if len(self._samples) >= 2 else None
+    @override
+    def on_validation_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if self._pause_start is not None:
+            self._paused += time.perf_counter() - self._pause_start
+            self._pause_start = None
 
-    def total(self) -> tuple[Sample, Sample] | None:
-        """First sample ever (end of warm-up) and newest: rates over the whole measured run."""
-        last = self.last
-        return (self.first, last) if self.first is not None and last is not None and last is not self.first else None
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        measured = trainer.global_step - self._start_step - self.warmup_steps
+        last = self._window.last
+        if last is not None and measured > last.job.steps:
+            self._window.append(self._read(trainer, steps=measured))
+        self.summary = self._summary(trainer, measured)
+        path = report_dir(trainer) / self.report_name  # collective (broadcasts the log dir): every rank calls it
+        if trainer.is_global_zero:
+            write_json(path, self.summary)
+            rank_zero_info(_summary_table(self.summary) + f"\nthroughput report: {path}")
+
+    def _read(self, trainer: pl.Trainer, steps: int) -> Sample:
+        """One all-reduce of the counters; ``tolist`` syncs the device, so the timestamp after it is exact."""
+        job = trainer.strategy.reduce(self._counts.clone(), reduce_op="sum")
+        local_values, job_values = torch.stack([self._counts, job.to(self._counts.device)]).tolist()
+        clock = time.perf_counter() - self._paused  # training time only: validation runs are paused out
+        return Sample(clock, self._counters(steps, local_values), self._counters(steps, job_values))
+
+    def _counters(self, steps: int, values: list[int]) -> Counters:
+        samples, tokens, targets, sum_squares = values
+        flops = None
+        if self._flops_coefficients is not None:
+            dense, attention = self._flops_coefficients
+            flops = dense * tokens + attention * sum_squares
+        return Counters(steps=steps, samples=samples, tokens=tokens, target_tokens=targets, flops=flops)
+
+    def _log(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        metrics: dict[str, float] = {}
+        for scope, pair in (("interval", self._window.interval()), ("window", self._window.window())):
+            if pair is not None:
+                values = rates(*pair, world_size=trainer.world_size, peak_flops=self._peak)
+                metrics.update({f"throughput/{scope}/{k}": v for k, v in values.items() if v is not None})
+        if trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(metrics, step=trainer.global_step)
+        if "throughput/window/tokens_per_sec" in metrics:
+            value = metrics["throughput/window/tokens_per_sec"]
+            pl_module.log("tok/s", value, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+
+    def _resolve_flops(self, pl_module: pl.LightningModule) -> tuple[tuple[float, float] | None, dict[str, Any]]:
+        if self.flops_per_token is not None:
+            return (float(self.flops_per_token), 0.0), {"source": "user", "flops_per_token": self.flops_per_token}
+        model = getattr(pl_module, "model", pl_module)
+        config = getattr(model, "config", None)
+        if config is None:
+            rank_zero_warn("ThroughputCallback: no Hugging Face `model.config` and no flops_per_token; FLOPs are n/a.")
+            return None, {"source": None}
+        try:
+            flops = transformer_flops(model, config)
+        except ValueError as err:
+            rank_zero_warn(f"ThroughputCallback: FLOPs are n/a: {err}")
+            return None, {"source": None}
+        info = {"source": PALM_CONVENTION, **flops.__dict__, "dense_per_token": flops.dense_per_token}
+        info["attention_per_token_per_position"] = flops.attention_per_token_per_position
+        return (float(flops.dense_per_token), float(flops.attention_per_token_per_position)), info
+
+    def _resolve_peak(self, trainer: pl.Trainer) -> tuple[str, str | None, float | None, str | None]:
+        device = trainer.strategy.root_device
+        name = torch.cuda.get_device_name(device) if device.type == "cuda" else device.type
+        dtype = precision_to_dtype(str(trainer.precision), torch.get_float32_matmul_precision())
+        if self.peak_flops is not None:
+            return name, dtype, self.peak_flops, "user"
+        peak = dense_peak_flops(name, dtype) if dtype is not None and device.type == "cuda" else None
+        return name, dtype, peak, ("table" if peak is not None else None)
+
+    def _summary(self, trainer: pl.Trainer, measured: int) -> dict[str, Any]:
+        pairs = {"total": self._window.total(), "window": self._window.window()}
+        last = self._window.last
+        return {
+            "world_size": trainer.world_size,
+            "device_name": self._device_name,
+            "matmul_dtype": self._dtype,
+            "peak_flops_per_device": self._peak,
+            "peak_flops_source": self._peak_source,
+            "flops": self._flops_info,
+            "warmup_steps": self.warmup_steps,
+            "measured_steps": max(measured, 0),
+            "elapsed_sec": (last.time - self._window.first.time) if last and self._window.first else None,
+            "job_counts": last.job.__dict__ if last else None,
+            **{name: rates(*pair, trainer.world_size, self._peak) if pair else None for name, pair in pairs.items()},
+        }
 
 
-def batch_counts(batch: Mapping[str, Any]) -> torch.Tensor:
-    """``[samples, tokens, target_tokens, Σ length²]`` of one micro-batch, as an ``int64`` tensor on its device.
+def _argument_problems(
+    warmup_steps: int,
+    window_steps: int,
+    log_every_n_steps: int | None,
+    flops_per_token: float | None,
+    peak_flops: float | None,
+) -> list[str]:
+    problems = []
+    if not isinstance(warmup_steps, int) or warmup_steps < 0:
+        problems.append(f"warmup_steps must be an integer >= 0, got {warmup_steps!r}")
+    if not isinstance(window_steps, int) or window_steps < 1:
+        problems.append(f"window_steps must be an integer >= 1, got {window_steps!r}")
+    if log_every_n_steps is not None and (not isinstance(log_every_n_steps, int) or log_every_n_steps < 1):
+        problems.append(f"log_every_n_steps must be an integer >= 1 or None, got {log_every_n_steps!r}")
+    for name, value in (("flops_per_token", flops_per_token), ("peak_flops", peak_flops)):
+        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
+            problems.append(f"{name} must be a positive number or None, got {value!r}")
+    return problems
 
-    ``tokens`` are non-padding tokens (``attention_mask`` sum; every position when there is no mask); lengths are per
-    row, for the attention FLOPs. ``target_tokens`` is 0 when the batch has no ``labels``. No host sync.
 
-    Raises:
-        TypeError: if the batch is not a mapping holding a 2-D ``input_ids`` tensor.
-    """
-    input_ids = batch.get("input_ids") if isinstance(batch, Mapping) else None
-    if not isinstance(input_ids, torch.Tensor) or input_ids.dim() != 2:
-        raise GymUserError(
-            "ThroughputCallback counts tokens from dict batches with a 2-D `input_ids` tensor (plus optional "
-            f"`attention_mask` and `labels`), got {type(batch).__name__}"
-            + (f" with keys {sorted(batch)}" if isinstance(batch, Mapping) else "")
-            + "; return such dicts from your DataLoader, or do not use this callback."
+def _summary_table(summary: dict[str, Any]) -> str:
+    total = summary.get("total")
+    if not total:
+        return (
+            f"ThroughputCallback: nothing measured ({summary['measured_steps']} optimizer steps after "
+            f"{summary['warmup_steps']} warm-up steps); run more steps or lower warmup_steps."
         )
-    mask = batch.get("attention_mask")
-    lengths = mask.sum(-1) if isinstance(mask, torch.Tensor) else torch.full_like(input_ids[:, 0], input_ids.size(1))
-    labels = batch.get("labels")
-    targets = count_target_tokens(labels) if isinstance(labels, torch.Tensor) else lengths.new_zeros(())
-    samples = lengths.new_tensor(input_ids.size(0))
-    lengths = lengths.long()
-    return torch.stack([samples.long(), lengths.sum(), targets.long().to(lengths.device), (lengths * lengths).sum()])
+
+    def fmt(key: str, scale: float = 1.0, digits: int = 1) -> str:
+        value = total.get(key)
+        return "n/a" if value is None else f"{value * scale:,.{digits}f}"
+
+    rows = [
+        ["tokens/s (job)", fmt("tokens_per_sec")],
+        ["target tokens/s (job)", fmt("target_tokens_per_sec")],
+        ["tokens/s per device", fmt("device_tokens_per_sec")],
+        ["samples/s (job)", fmt("samples_per_sec", digits=2)],
+        ["optimizer steps/s", fmt("optimizer_steps_per_sec", digits=3)],
+        ["TFLOP/s per device", fmt("device_tflops_per_sec", digits=3)],
+        ["MFU", fmt("mfu", scale=100, digits=1) + ("%" if total.get("mfu") is not None else "")],
+    ]
+    title = (
+        f"Throughput over {summary['measured_steps']} optimizer steps after {summary['warmup_steps']} warm-up steps, "
+        f"{summary['world_size']} x {summary['device_name']} ({summary['matmul_dtype']})"
+    )
+    return title + "\n" + markdown_table(["metric", "value"], rows)

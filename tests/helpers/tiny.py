@@ -1,4 +1,4 @@
-"""The tiny Llama shape the callback tests share (its parameter count Ψ is hand-counted in test_callbacks_flops.py)."""
+"""The tiny Llama shape the callback tests share (its parameter count Ψ is hand-counted in test_metrics_flops.py)."""
 
 TINY = {
     "vocab_size": 256,

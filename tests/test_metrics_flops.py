@@ -1,4 +1,4 @@
-"""FLOPs-per-token formula against hand-computed counts (PaLM appendix B convention, see callbacks/flops.py)."""
+"""FLOPs-per-token formula against hand-computed counts (PaLM appendix B convention, see metrics/flops.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import torch
 import transformers
 from helpers.tiny import TINY
 
-from gym_lightning.callbacks.flops import TransformerFlops, attention_shape, matmul_param_counts, transformer_flops
+from gym_lightning.metrics.flops import TransformerFlops, attention_shape, matmul_param_counts, transformer_flops
 
 # Hand count for TINY: per layer q 32*32 + k 32*16 + v 32*16 + o 32*32 + mlp 3*32*64 + 2 norms*32 = 9280;
 # 2 layers = 18560; final norm 32; lm_head 256*32 = 8192; embedding 8192 (excluded: a lookup, not a matmul).

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from gym_lightning.callbacks.peak_flops import DENSE_PEAK_FLOPS, chip_key, dense_peak_flops, precision_to_dtype
+from gym_lightning.metrics.peak_flops import DENSE_PEAK_FLOPS, chip_key, dense_peak_flops, precision_to_dtype
 
 
 @pytest.mark.parametrize(
