@@ -56,7 +56,7 @@ PRIVATE_OVERRIDES: dict[type, tuple[str, ...]] = {
 
 # Upstream class -> private members called, read or written through the functions below.
 PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
-    DeepSpeedStrategy: ("_init_deepspeed_distributed", "_auto_select_batch_size", "_init_config_if_needed"),
+    DeepSpeedStrategy: ("_init_deepspeed_distributed", "_init_config_if_needed"),
     ModelParallelStrategy: ("_data_parallel_size", "_tensor_parallel_size"),
     ModelCheckpoint: (
         "_last_global_step_saved",
@@ -66,7 +66,7 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
         "_save_topk_checkpoint",
         "_save_last_checkpoint",
     ),
-    _FitLoop: ("_load_combined_loader_states",),
+    _FitLoop: ("_load_combined_loader_states", "_data_source"),
     LightningOptimizer: ("_optimizer",),
     nn.Module: ("_forward_pre_hooks", "_forward_hooks", "_save_to_state_dict"),
     RemovableHandle: ("hooks_dict_ref",),
@@ -151,9 +151,11 @@ def init_deepspeed_distributed(strategy: DeepSpeedStrategy) -> None:
     strategy._init_deepspeed_distributed()
 
 
-def auto_select_batch_size(strategy: DeepSpeedStrategy) -> int:
-    """Lightning's guess of the per-device micro-batch from the training DataLoader (1 when it cannot tell)."""
-    return strategy._auto_select_batch_size()
+def training_dataloader(trainer: pl.Trainer) -> Any | None:
+    """The training DataLoader as the fit loop will build it (from the module or data module), or ``None`` when
+    neither defines one. Lightning keeps this source private (``_FitLoop._data_source``, Lightning 2.6)."""
+    source = trainer.fit_loop._data_source
+    return source.dataloader() if source.is_defined() else None
 
 
 def init_deepspeed_config_if_needed(strategy: DeepSpeedStrategy) -> None:
@@ -296,7 +298,6 @@ __all__ = [
     "DTensor",
     "DeepSpeedMember",
     "_StrategyRegistry",
-    "auto_select_batch_size",
     "checkpoint_activations",
     "compares_argument_with_ne",
     "deepspeed_attribute",
@@ -314,6 +315,7 @@ __all__ = [
     "save_topk_and_last_checkpoint",
     "set_model_parallel_sizes",
     "set_zero3_hook_handles",
+    "training_dataloader",
     "wrapped_optimizer",
     "zero3_hook_handles",
     "zero3_parameter_offload",

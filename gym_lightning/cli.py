@@ -28,6 +28,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
 from gym_lightning.prediction_writer import JsonlPredictionWriter
 from gym_lightning.strategies import strategy_name_problem
+from gym_lightning.strategies.hf_deepspeed_config import accumulation_from_strategy_config
 
 # LightningCLI's subcommands, with the one line ``gym --help`` shows for each.
 LIGHTNING_COMMANDS: dict[str, str] = {
@@ -67,9 +68,15 @@ class GymCLI(LightningCLI):
     @override
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
-        strategy = config.trainer.get("strategy")
+        trainer = config["trainer"]
+        strategy = trainer.get("strategy")
         if isinstance(strategy, str) and (problem := strategy_name_problem(strategy)):
             raise GymUserError(f"--trainer.strategy {strategy!r}: {problem}")
+        # The DeepSpeed JSON's gradient_accumulation_steps and trainer.accumulate_grad_batches are one setting: adopt
+        # the JSON's before the Trainer (and the data loader, the step count) exist; the strategy only checks.
+        trainer["accumulate_grad_batches"] = accumulation_from_strategy_config(
+            strategy, trainer["accumulate_grad_batches"]
+        )
 
     def before_predict(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
         """``predict`` from the command line writes its completions to a file unless a writer is configured."""

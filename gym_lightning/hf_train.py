@@ -22,6 +22,8 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 - ``--deepspeed ds.json``: ``trainer.strategy = ZeROStrategy(config=ds.json)`` (stage from the JSON, ``"auto"``
   resolved from these flags). ``--gradient_accumulation_steps`` and ``--max_grad_norm`` left unset take the JSON's
   explicit numbers (they are one setting each, see ``strategies/hf_deepspeed_config.py``); else 1 and 1.0.
+- Errors from the run name ``gym fit`` settings; ``gym train`` adds the flag that sets each one
+  (``trainer.accumulate_grad_batches (gym train: --gradient_accumulation_steps)``, ``SETTING_FLAGS``).
 - Several processes: ``--devices N`` (and ``--num_nodes``) let Lightning start the ranks; under ``torchrun`` give
   ``--devices`` equal to ``--nproc_per_node``, Lightning then joins the launched processes.
 """
@@ -31,11 +33,13 @@ from __future__ import annotations
 import argparse
 import difflib
 import json
+import re
 import sys
 import warnings
 from pathlib import Path
 from typing import Any, NoReturn
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.strategies.hf_deepspeed_config import adopted_value, load_deepspeed_json
 
 SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
@@ -49,6 +53,24 @@ LOGGERS = {
     "wandb": "lightning.pytorch.loggers.WandbLogger",
 }
 LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+# The `gym fit` settings that errors name -> the flags that set them here (see flags_for_settings).
+SETTING_FLAGS: dict[str, str] = {
+    "data.batch_size": "--per_device_train_batch_size",
+    "trainer.accumulate_grad_batches": "--gradient_accumulation_steps",
+    "trainer.gradient_clip_val": "--max_grad_norm",
+    "trainer.precision": "--bf16/--fp16",
+    "trainer.max_steps": "--max_steps",
+    "trainer.max_epochs": "--num_train_epochs",
+    "trainer.devices": "--devices",
+    "trainer.num_nodes": "--num_nodes",
+    "model.lr": "--learning_rate",
+    "model.betas": "--adam_beta1/--adam_beta2",
+    "model.eps": "--adam_epsilon",
+    "model.weight_decay": "--weight_decay",
+    "model.warmup_steps": "--warmup_steps",
+    "model.warmup_ratio": "--warmup_ratio",
+}
+_SETTING_PATTERN = re.compile(r"(?<![\w.])(" + "|".join(re.escape(name) for name in SETTING_FLAGS) + r")(?![\w.])")
 
 
 class TrainArgumentParser(argparse.ArgumentParser):
@@ -339,6 +361,27 @@ def _format(value: Any) -> str:
     return json.dumps(value)
 
 
+def flags_for_settings(message: str) -> str:
+    """``message`` with ``(gym train: --flag)`` after the first mention, per line, of each setting a flag sets.
+
+    Errors from below (the strategy, the module) name ``gym fit`` settings; a ``gym train`` user knows the flags.
+    """
+    return "\n".join(_flags_for_settings_in_line(line) for line in message.split("\n"))
+
+
+def _flags_for_settings_in_line(line: str) -> str:
+    seen: set[str] = set()
+
+    def annotate(match: re.Match[str]) -> str:
+        setting = match.group(1)
+        if setting in seen:  # once per line: a conflict names its setting twice (the value and the fix)
+            return setting
+        seen.add(setting)
+        return f"{setting} (gym train: {SETTING_FLAGS[setting]})"
+
+    return _SETTING_PATTERN.sub(annotate, line)
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``gym train``."""
     from gym_lightning.cli import run_lightning_cli
@@ -351,7 +394,18 @@ def main(argv: list[str] | None = None) -> None:
         # LightningCLI warns when it gets args while sys.argv holds others; here the args ARE the translated argv
         # (sys.argv must stay as it is: Lightning re-runs it to start the other ranks).
         warnings.filterwarnings("ignore", message="LightningCLI's args parameter")
-        run_lightning_cli(cli_args)
+        try:
+            run_lightning_cli(cli_args)
+        except GymUserError as err:
+            raise GymUserError(flags_for_settings(str(err))) from err
 
 
-__all__ = ["TrainArgumentParser", "build_parser", "flag_problems", "main", "to_cli_args"]
+__all__ = [
+    "SETTING_FLAGS",
+    "TrainArgumentParser",
+    "build_parser",
+    "flag_problems",
+    "flags_for_settings",
+    "main",
+    "to_cli_args",
+]

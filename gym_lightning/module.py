@@ -20,9 +20,11 @@ from gym_lightning.export import export_from_trainer
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
-from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm
+from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
 from gym_lightning.optim import SchedulerName, lr_multiplier, resolve_warmup_steps, weight_decay_groups
+from gym_lightning.strategies.facts import OptimizerFacts
+from gym_lightning.strategies.hf_deepspeed_config import hidden_size_of
 from gym_lightning.tokenizer import load_tokenizer
 
 # Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
@@ -321,6 +323,26 @@ class CausalLMModule(pl.LightningModule):
         )
         scheduler = {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"}
         return {"optimizer": optimizer, "lr_scheduler": scheduler}
+
+    def optimizer_facts(self) -> OptimizerFacts:
+        """The optimizer settings a strategy may need (``ProvidesOptimizerFacts``; DeepSpeed's ``"auto"``)."""
+        hp = self.hparams
+        return OptimizerFacts(
+            lr=hp.lr,
+            betas=(float(hp.betas[0]), float(hp.betas[1])),
+            eps=hp.eps,
+            weight_decay=hp.weight_decay,
+            warmup_steps=hp.warmup_steps,
+            warmup_ratio=hp.warmup_ratio,
+            hidden_size=self._hidden_size(),
+        )
+
+    def _hidden_size(self) -> int | None:
+        # ZeRO-3 asks before configure_model builds the model (inside zero.Init): read the model config then.
+        if self.model is not None and hasattr(self.model, "config"):
+            return hidden_size_of(self.model.config)
+        hp = self.hparams
+        return hidden_size_of(load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code))
 
     # ----------------------------------------------------------------------------------------------- export
     @override

@@ -13,7 +13,8 @@ import yaml
 from helpers.dist import REPO_ROOT, rank_env, run_python
 
 from gym_lightning import cli
-from gym_lightning.hf_train import build_parser, to_cli_args
+from gym_lightning.errors import GymUserError
+from gym_lightning.hf_train import build_parser, flags_for_settings, main, to_cli_args
 
 DS_ZERO3 = REPO_ROOT / "configs" / "deepspeed" / "ds_zero3.json"
 BASE = ["--model_name_or_path", "tiny-llama", "--dataset", "addition"]
@@ -108,6 +109,57 @@ def test_deepspeed_flag_makes_a_zero_strategy_and_shared_settings_come_from_the_
     # Flags given on the command line are the Trainer's side; the strategy then reports any disagreement.
     args = _cli_args("--deepspeed", str(explicit), "--gradient_accumulation_steps", "2", "--max_grad_norm", "0")
     assert args["trainer.accumulate_grad_batches"] == "2" and args["trainer.gradient_clip_val"] == "0.0"
+
+
+def test_errors_from_the_run_name_the_gym_train_flags(monkeypatch: pytest.MonkeyPatch) -> None:
+    problem = (
+        "  - gradient_accumulation_steps=16 in the DeepSpeed config but trainer.accumulate_grad_batches gives 2: "
+        'write "auto" (or 2) in the JSON, or change trainer.accumulate_grad_batches to 16.'
+    )
+
+    def failing_run(args: list[str]) -> None:
+        raise GymUserError(f"The DeepSpeed config disagrees with the Trainer/module (1 problem(s)):\n{problem}")
+
+    monkeypatch.setattr(cli, "run_lightning_cli", failing_run)
+    with pytest.raises(GymUserError) as info:
+        main([*BASE, "--deepspeed", str(DS_ZERO3)])
+    lines = str(info.value).splitlines()
+    assert lines[0] == "The DeepSpeed config disagrees with the Trainer/module (1 problem(s)):"
+    # The first mention of each setting in a line gets its flag; the message is otherwise unchanged.
+    assert lines[1] == problem.replace(
+        "trainer.accumulate_grad_batches gives",
+        "trainer.accumulate_grad_batches (gym train: --gradient_accumulation_steps) gives",
+    )
+
+
+def test_other_errors_from_the_run_pass_through_untouched(monkeypatch: pytest.MonkeyPatch) -> None:
+    def crashing_run(args: list[str]) -> None:
+        raise RuntimeError("model.lr")
+
+    monkeypatch.setattr(cli, "run_lightning_cli", crashing_run)
+    with pytest.raises(RuntimeError, match=r"^model\.lr$"):
+        main([*BASE])
+
+
+def test_flags_for_settings_knows_each_setting_once_per_line() -> None:
+    text = (
+        "world size (trainer.devices x trainer.num_nodes) x data.batch_size, model.warmup_steps/model.warmup_ratio\n"
+        "optimizer.params.lr and model.lr; trainer.precision is 'bf16-mixed'; scheduler.params.total_num_steps"
+    )
+    first, second = flags_for_settings(text).splitlines()
+    for setting, flag in [
+        ("trainer.devices", "--devices"),
+        ("trainer.num_nodes", "--num_nodes"),
+        ("data.batch_size", "--per_device_train_batch_size"),
+        ("model.warmup_steps", "--warmup_steps"),
+        ("model.warmup_ratio", "--warmup_ratio"),
+    ]:
+        assert f"{setting} (gym train: {flag})" in first
+    # Only whole setting names: optimizer.params.lr is a JSON key, not model.lr.
+    assert second == (
+        "optimizer.params.lr and model.lr (gym train: --learning_rate); "
+        "trainer.precision (gym train: --bf16/--fp16) is 'bf16-mixed'; scheduler.params.total_num_steps"
+    )
 
 
 def test_help_lists_the_hf_flags(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,5 @@
-"""Hugging Face-style DeepSpeed JSON resolution (pure functions, no Trainer, no DeepSpeed engine)."""
+"""Hugging Face-style DeepSpeed JSON resolution (pure functions, no Trainer, no DeepSpeed engine), and the facts
+the module and data module state for it."""
 
 from __future__ import annotations
 
@@ -7,17 +8,32 @@ from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 
+import lightning.pytorch as pl
 import pytest
+import torch
+from jsonargparse import Namespace
+from lightning.pytorch.cli import LightningCLI
 
+from gym_lightning.data.datamodule import CausalLMDataModule
+from gym_lightning.errors import GymUserError
+from gym_lightning.module import CausalLMModule
+from gym_lightning.strategies.facts import (
+    OptimizerFacts,
+    ProvidesMicroBatchSize,
+    ProvidesOptimizerFacts,
+    micro_batch_size_of,
+    optimizer_facts_of,
+)
 from gym_lightning.strategies.hf_deepspeed_config import (
     TrainingFacts,
+    accumulation_from_strategy_config,
     adopted_accumulation,
     hidden_size_of,
     load_deepspeed_json,
-    module_hidden_size,
     needs_hidden_size,
     needs_total_steps,
     resolve_hf_deepspeed_config,
+    training_facts,
     zero_plus_plus_problems,
 )
 
@@ -129,31 +145,43 @@ def test_every_conflict_is_listed_in_one_message_with_both_values_and_the_fix() 
         "fp16": {"enabled": True},
         "bf16": {"enabled": False},
     }
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(GymUserError) as info:
         resolve_hf_deepspeed_config(config, FACTS)
     message = str(info.value)
+    # The fix names the Lightning setting only; `gym train` adds its flags (tests/test_gym_train.py).
     expected = [
-        ("train_micro_batch_size_per_gpu=8", "data.batch_size gives 4", "--per_device_train_batch_size"),
-        ("gradient_accumulation_steps=16", "trainer.accumulate_grad_batches gives 2", "--gradient_accumulation_steps"),
-        ("train_batch_size=1024", "gives 16", "--devices"),
-        ("gradient_clipping=0.5", "trainer.gradient_clip_val gives 1.0", "--max_grad_norm"),
-        ("optimizer.params.lr=1e-05", "model.lr gives 0.0003", "--learning_rate"),
-        ("optimizer.params.betas=[0.9, 0.999]", "model.betas gives [0.9, 0.95]", "--adam_beta1/--adam_beta2"),
-        ("optimizer.params.eps=1e-06", "model.eps gives 1e-08", "--adam_epsilon"),
-        ("optimizer.params.weight_decay=0", "model.weight_decay gives 0.1", "--weight_decay"),
-        ("scheduler.params.warmup_max_lr=1e-05", "model.lr gives 0.0003", "--learning_rate"),
-        ("scheduler.params.warmup_num_steps=50", "gives 1", "--warmup_steps"),
-        ("scheduler.params.total_num_steps=7", "gives 100", "--max_steps"),
-        ("fp16.enabled=true", "trainer.precision='bf16-mixed'", "trainer.precision=16-mixed (gym train: --fp16)"),
-        ("bf16.enabled=false", "trainer.precision='bf16-mixed'", "trainer.precision=32-true"),
+        ("train_micro_batch_size_per_gpu=8", "data.batch_size gives 4", "change data.batch_size to 8"),
+        ("gradient_accumulation_steps=16", "trainer.accumulate_grad_batches gives 2", "change trainer.accumulate"),
+        ("train_batch_size=1024", "gives 16", "trainer.devices x trainer.num_nodes"),
+        ("gradient_clipping=0.5", "trainer.gradient_clip_val gives 1.0", "change trainer.gradient_clip_val to 0.5"),
+        ("optimizer.params.lr=1e-05", "model.lr gives 0.0003", "change model.lr to 1e-05"),
+        ("optimizer.params.betas=[0.9, 0.999]", "model.betas gives [0.9, 0.95]", "change model.betas"),
+        ("optimizer.params.eps=1e-06", "model.eps gives 1e-08", "change model.eps to 1e-06"),
+        ("optimizer.params.weight_decay=0", "model.weight_decay gives 0.1", "change model.weight_decay to 0"),
+        ("scheduler.params.warmup_max_lr=1e-05", "model.lr gives 0.0003", "change model.lr"),
+        ("scheduler.params.warmup_num_steps=50", "gives 1", "model.warmup_steps/model.warmup_ratio"),
+        ("scheduler.params.total_num_steps=7", "gives 100", "trainer.max_steps"),
+        ("fp16.enabled=true", "trainer.precision is 'bf16-mixed'", "set trainer.precision to 16-mixed"),
+        ("bf16.enabled=false", "trainer.precision is 'bf16-mixed'", "set trainer.precision to 32-true"),
     ]
-    assert f"({len(expected)} problem(s))" in message
+    assert message.startswith(f"The DeepSpeed config disagrees with the Trainer/module ({len(expected)} problem(s))")
     lines = [line for line in message.splitlines() if line.startswith("  - ")]
     assert len(lines) == len(expected)
     for json_side, trainer_side, fix in expected:
         (line,) = [line for line in lines if line.startswith(f"  - {json_side} ")]
         assert trainer_side in line and fix in line, line
         assert '"auto"' in line, "every conflict says the JSON side of the fix too"
+        assert "--" not in line, "gym train's flags are not the strategy's business"
+
+
+def test_accumulation_mismatch_with_the_trainer_default_says_where_the_json_is_adopted() -> None:
+    with pytest.raises(GymUserError) as info:
+        resolve_hf_deepspeed_config({"gradient_accumulation_steps": 8}, replace(FACTS, accumulate_grad_batches=1))
+    message = str(info.value)
+    assert (
+        "gradient_accumulation_steps=8 in the DeepSpeed config but trainer.accumulate_grad_batches gives 1" in message
+    )
+    assert "adopted only before the Trainer is built" in message and "Trainer(accumulate_grad_batches=...)" in message
 
 
 def test_shared_settings_are_adopted_from_the_json_when_the_trainer_left_them_unset() -> None:
@@ -176,10 +204,77 @@ def test_adopted_accumulation_treats_the_trainer_default_as_unset() -> None:
     assert adopted_accumulation({}, 3) == 3
 
 
+def _zero(config: object, class_path: str = "gym_lightning.strategies.ZeROStrategy") -> dict:
+    return {"class_path": class_path, "init_args": {"config": config}}
+
+
+def test_accumulation_from_strategy_config_adopts_the_json_before_the_trainer_is_built(tmp_path: Path) -> None:
+    explicit = {"gradient_accumulation_steps": 8}
+    assert accumulation_from_strategy_config(_zero(explicit), 1) == 8
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps(explicit))
+    for name in ("ZeRO1Strategy", "ZeRO2Strategy", "ZeRO3Strategy", "deepspeed.ZeROStrategy"):
+        assert accumulation_from_strategy_config(_zero(str(path), f"gym_lightning.strategies.{name}"), 1) == 8
+    # LightningCLI hands the strategy over as a (jsonargparse) namespace.
+    namespace = Namespace(class_path="gym_lightning.strategies.ZeROStrategy", init_args=Namespace(config=str(path)))
+    assert accumulation_from_strategy_config(namespace, 1) == 8
+
+
+def test_accumulation_from_strategy_config_leaves_everything_else_alone() -> None:
+    explicit = {"gradient_accumulation_steps": 8}
+    assert accumulation_from_strategy_config(_zero(explicit), 2) == 2  # set by the user: the strategy reports it
+    assert accumulation_from_strategy_config(_zero({"gradient_accumulation_steps": "auto"}), 1) == 1
+    assert accumulation_from_strategy_config(_zero(None), 3) == 3
+    assert accumulation_from_strategy_config("zero3", 1) == 1
+    assert accumulation_from_strategy_config(None, 1) == 1
+    other = _zero(explicit, "lightning.pytorch.strategies.DeepSpeedStrategy")
+    assert accumulation_from_strategy_config(other, 1) == 1
+    with pytest.raises(GymUserError, match="not found"):
+        accumulation_from_strategy_config(_zero("missing.json"), 1)
+
+
+class _Tiny(pl.LightningModule):
+    def __init__(self) -> None:
+        super().__init__()
+        self.layer = torch.nn.Linear(2, 2)
+
+
+class _AdoptingCLI(LightningCLI):
+    """The hook GymCLI runs (the code the report hands to cli.py's owner), on a real LightningCLI namespace."""
+
+    def before_instantiate_classes(self) -> None:
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        trainer = config["trainer"]
+        trainer["accumulate_grad_batches"] = accumulation_from_strategy_config(
+            trainer["strategy"], trainer["accumulate_grad_batches"]
+        )
+
+
+@pytest.mark.filterwarnings("ignore:LightningCLI's args parameter")
+@pytest.mark.parametrize(("flags", "expected"), [([], 8), (["--trainer.accumulate_grad_batches=2"], 2)])
+def test_the_cli_hook_adopts_on_a_lightning_cli_namespace(tmp_path: Path, flags: list[str], expected: int) -> None:
+    path = tmp_path / "ds.json"
+    path.write_text(json.dumps({"gradient_accumulation_steps": 8, "zero_optimization": {"stage": 2}}))
+    strategy = json.dumps(_zero(str(path)))
+    cli = _AdoptingCLI(
+        _Tiny,
+        run=False,
+        seed_everything_default=False,
+        args=[
+            "--trainer.accelerator=cpu",
+            "--trainer.devices=1",
+            "--trainer.logger=false",
+            f"--trainer.strategy={strategy}",
+            *flags,
+        ],
+    )
+    assert cli.trainer.accumulate_grad_batches == expected
+
+
 def test_unresolvable_and_unknown_auto_are_reported_together() -> None:
     config = _all_auto()
     config["zero_optimization"]["stage3_max_live_parameters"] = "auto"
-    with pytest.raises(ValueError) as info:
+    with pytest.raises(GymUserError) as info:
         resolve_hf_deepspeed_config(config, TrainingFacts(precision="32-true"))
     message = str(info.value)
     for key in ("train_micro_batch_size_per_gpu", "optimizer.params.lr", "scheduler.params.total_num_steps"):
@@ -199,17 +294,14 @@ def test_hidden_size_as_hf_picks_it() -> None:
     assert hidden_size_of(SimpleNamespace(hidden_sizes=[32, 96, 64])) == 96
     assert hidden_size_of(SimpleNamespace(text_config=SimpleNamespace(hidden_size=48))) == 48
     assert hidden_size_of(SimpleNamespace()) is None
-    # Before configure_model (ZeRO-3 resolves first), the size comes from the module's model config.
-    module = SimpleNamespace(model=None, hparams={"model": "tiny-llama", "config_overrides": {"hidden_size": 48}})
-    assert module_hidden_size(module) == 48
 
 
 def test_load_errors_name_the_file(tmp_path: Path) -> None:
-    with pytest.raises(ValueError, match="not found"):
+    with pytest.raises(GymUserError, match="not found"):
         load_deepspeed_json(tmp_path / "missing.json")
     broken = tmp_path / "broken.json"
     broken.write_text('{"zero_optimization": {"stage": 3,}}')
-    with pytest.raises(ValueError, match=r"broken.json:1: invalid JSON"):
+    with pytest.raises(GymUserError, match=r"broken.json:1: invalid JSON"):
         load_deepspeed_json(broken)
 
 
@@ -230,6 +322,79 @@ def test_all_shipped_configs_exist() -> None:
         "ds_zero3_offload.json",
         "ds_zero_infinity.json",
     }
+
+
+# ------------------------------------------------------------------------------------------ facts from the Trainer
+def _trainer(**overrides: object) -> SimpleNamespace:
+    values = {
+        "accumulate_grad_batches": 1,
+        "world_size": 2,
+        "gradient_clip_val": None,
+        "precision": "bf16-mixed",
+        "estimated_stepping_batches": 50,
+    }
+    return SimpleNamespace(**(values | overrides))
+
+
+def test_training_facts_take_the_module_facts_and_resolve_warm_up_from_the_total() -> None:
+    config = _all_auto()
+    stated = OptimizerFacts(lr=1e-3, betas=(0.9, 0.95), eps=1e-6, weight_decay=0.1, warmup_ratio=0.1, hidden_size=64)
+    facts = training_facts(_trainer(), stated, config, micro_batch_size=4)
+    assert (facts.lr, facts.betas, facts.eps, facts.weight_decay, facts.hidden_size) == (
+        1e-3,
+        (0.9, 0.95),
+        1e-6,
+        0.1,
+        64,
+    )
+    assert facts.total_steps == 50 and facts.warmup_steps == 5  # ceil(0.1 x 50), as optim.resolve_warmup_steps
+    assert training_facts(_trainer(), replace(stated, warmup_steps=7), config, 4).warmup_steps == 7
+    # The Trainer's accumulation is what it is (1 included): the strategy never adopts, it reports.
+    assert facts.accumulate_grad_batches == 1 and facts.world_size == 2 and facts.precision == "bf16-mixed"
+    endless = training_facts(_trainer(estimated_stepping_batches=float("inf")), stated, config, 4)
+    assert endless.total_steps is None and endless.warmup_steps is None
+
+
+def test_a_module_without_facts_leaves_them_unknown_even_with_matching_hparams() -> None:
+    plain = SimpleNamespace(hparams={"lr": 1e-3, "warmup_steps": 2})  # read by name before; never again
+    facts = training_facts(_trainer(), optimizer_facts_of(plain), _all_auto(), micro_batch_size=None)
+    assert (facts.lr, facts.betas, facts.warmup_steps, facts.hidden_size, facts.micro_batch_size) == (None,) * 5
+    with pytest.raises(GymUserError) as info:
+        resolve_hf_deepspeed_config(_all_auto(), facts)
+    message = str(info.value)
+    assert 'optimizer.params.lr: "auto" needs a value that is not known here (model.lr is not known' in message
+    assert "ProvidesOptimizerFacts" in message and "ProvidesMicroBatchSize" in message
+
+
+def test_micro_batch_size_comes_from_the_first_provider_that_states_one() -> None:
+    data = SimpleNamespace(micro_batch_size=4)
+    assert micro_batch_size_of(None, SimpleNamespace(batch_size=8), data) == 4
+    assert micro_batch_size_of(SimpleNamespace(micro_batch_size=None), SimpleNamespace()) is None
+    assert isinstance(CausalLMDataModule(dataset="addition", batch_size=3), ProvidesMicroBatchSize)
+    assert micro_batch_size_of(CausalLMDataModule(dataset="addition", batch_size=3)) == 3
+
+
+def test_causal_lm_module_states_its_optimizer_facts() -> None:
+    module = CausalLMModule(
+        model="tiny-llama",
+        config_overrides={"hidden_size": 48},
+        lr=2e-4,
+        betas=(0.8, 0.9),
+        eps=1e-7,
+        weight_decay=0.05,
+        warmup_steps=3,
+        warmup_ratio=0.2,
+    )
+    assert isinstance(module, ProvidesOptimizerFacts)
+    # Before configure_model (ZeRO-3 resolves the JSON first) the hidden size comes from the model config ...
+    expected = OptimizerFacts(
+        lr=2e-4, betas=(0.8, 0.9), eps=1e-7, weight_decay=0.05, warmup_steps=3, warmup_ratio=0.2, hidden_size=48
+    )
+    assert module.optimizer_facts() == expected
+    # ... and afterwards from the built model.
+    module.configure_model()
+    module.model.config.hidden_size = 40  # only to tell the two sources apart
+    assert module.optimizer_facts().hidden_size == 40
 
 
 # ------------------------------------------------------------------------------------------------------- ZeRO++

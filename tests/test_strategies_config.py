@@ -1,12 +1,21 @@
-"""Single-process checks of the strategies: registry names, construction-time validation, pure helpers."""
+"""Single-process checks of the strategies: registry names, construction-time validation, pure helpers, and what
+ZeRO resolves from a plain module on one CPU rank."""
 
 from __future__ import annotations
 
+import ast
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
 import pytest
 import torch
 from lightning.pytorch.strategies import StrategyRegistry
+from torch.utils.data import DataLoader, TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.strategies import (
     STRATEGY_NAMES,
     GymDDPStrategy,
@@ -18,6 +27,8 @@ from gym_lightning.strategies import (
 from gym_lightning.strategies._common import threads_per_rank
 from gym_lightning.strategies.deepspeed import zero_config
 from gym_lightning.strategies.fsdp import find_layer_classes, mixed_precision_policy
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize(
@@ -222,3 +233,109 @@ def test_zero3_trace_fix_warns_when_deepspeed_internals_moved() -> None:
     engine = type("Engine", (), {"module": root, "optimizer": object()})()
     with pytest.warns(UserWarning, match="could not find DeepSpeed's ZeRO-3 hooks"):
         assert keep_zero3_trace_valid(engine) == 0
+
+
+# ------------------------------------------------------------------------------- ZeRO: facts from any module
+# One process, one CPU rank: enough to see what the strategy resolves, and that it leaves the Trainer alone.
+class PlainRegression(pl.LightningModule):
+    """A plain LightningModule (no gym_lightning interface) fed by a plain DataLoader."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = torch.nn.Linear(4, 1)
+
+    def training_step(self, batch: tuple[torch.Tensor, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        x, y = batch
+        return torch.nn.functional.mse_loss(self.net(x), y)
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.1)
+
+
+@pytest.fixture
+def one_rank_zero() -> Iterator[Callable[..., pl.Trainer]]:
+    """Fit ``PlainRegression`` for 2 optimizer steps under ``ZeROStrategy(config=...)`` in this process."""
+
+    def fit(config: dict[str, Any], accumulate: int = 1) -> pl.Trainer:
+        trainer = pl.Trainer(
+            accelerator="cpu",
+            devices=1,
+            strategy=ZeROStrategy(config=config),
+            accumulate_grad_batches=accumulate,
+            max_steps=2,
+            logger=False,
+            enable_checkpointing=False,
+            enable_progress_bar=False,
+            enable_model_summary=False,
+        )
+        loader = DataLoader(TensorDataset(torch.randn(16, 4), torch.randn(16, 1)), batch_size=4)
+        try:
+            trainer.fit(PlainRegression(), loader)
+        finally:
+            assert trainer.accumulate_grad_batches == accumulate, "a strategy never changes the Trainer"
+        return trainer
+
+    yield fit
+    # The strategy started a one-rank process group here; later tests must not find it.
+    if torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
+
+
+HF_AUTO = {
+    "train_micro_batch_size_per_gpu": "auto",
+    "train_batch_size": "auto",
+    "gradient_accumulation_steps": "auto",
+    "gradient_clipping": "auto",
+    "bf16": {"enabled": "auto"},
+    "zero_optimization": {"stage": 2},
+}
+
+
+@pytest.mark.slow
+def test_plain_module_gets_the_trainer_and_dataloader_facts(one_rank_zero: Callable[..., pl.Trainer]) -> None:
+    trainer = one_rank_zero(HF_AUTO, accumulate=2)
+    config = trainer.strategy.config
+    assert config["train_micro_batch_size_per_gpu"] == 4  # the DataLoader's batch size
+    assert config["gradient_accumulation_steps"] == 2 and config["train_batch_size"] == 8
+    assert config["gradient_clipping"] == 0.0 and config["bf16"]["enabled"] is False
+    assert trainer.global_step == 2
+
+
+@pytest.mark.slow
+def test_plain_module_auto_optimizer_values_are_an_error(one_rank_zero: Callable[..., pl.Trainer]) -> None:
+    optimizer = {"type": "AdamW", "params": {"lr": "auto", "weight_decay": 0.0}}
+    with pytest.raises(GymUserError) as info:
+        one_rank_zero({**HF_AUTO, "optimizer": optimizer})
+    message = str(info.value)
+    assert "(1 problem(s))" in message
+    assert 'optimizer.params.lr: "auto" needs a value that is not known here' in message
+    assert "ProvidesOptimizerFacts" in message
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("accumulate", [1, 2])
+def test_zero_json_accumulation_that_differs_from_the_trainer_is_an_error(
+    one_rank_zero: Callable[..., pl.Trainer], accumulate: int
+) -> None:
+    # Before, the strategy adopted the JSON's 4 into a Trainer left at 1, after the data module had read it.
+    with pytest.raises(GymUserError) as info:
+        one_rank_zero({**HF_AUTO, "gradient_accumulation_steps": 4}, accumulate=accumulate)
+    message = str(info.value)
+    both = (
+        f"gradient_accumulation_steps=4 in the DeepSpeed config but trainer.accumulate_grad_batches gives {accumulate}"
+    )
+    assert both in message
+    assert f'write "auto" (or {accumulate}) in the JSON, or change trainer.accumulate_grad_batches to 4' in message
+
+
+def test_strategies_do_not_reach_into_the_module_or_the_data() -> None:
+    """No back-edges: strategies learn about the module and data through strategies/facts.py only."""
+    forbidden = ("gym_lightning.models", "gym_lightning.module", "gym_lightning.data")
+    for path in sorted((REPO / "gym_lightning" / "strategies").glob("*.py")):
+        tree = ast.parse(path.read_text())
+        for node in ast.walk(tree):
+            names = [alias.name for alias in node.names] if isinstance(node, ast.Import) else []
+            names += [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            assert not [name for name in names if name.startswith(forbidden)], f"{path.name} imports {names}"
+            if isinstance(node, ast.Attribute):
+                assert node.attr != "hparams", f"{path.name}:{node.lineno} reads hparams"

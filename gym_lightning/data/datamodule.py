@@ -134,6 +134,11 @@ class CausalLMDataModule(LightningDataModule):
         return self._tokenizer
 
     @property
+    def micro_batch_size(self) -> int:
+        """The per-device training micro-batch (``ProvidesMicroBatchSize``: DeepSpeed's micro-batch)."""
+        return self.batch_size
+
+    @property
     def vocab_size(self) -> int:
         """Number of token ids the tokenizer can produce (added tokens included)."""
         return len(self.tokenizer)

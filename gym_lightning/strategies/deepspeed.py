@@ -44,17 +44,17 @@ from typing_extensions import override
 
 from gym_lightning._compat import (
     _StrategyRegistry,
-    auto_select_batch_size,
     init_deepspeed_config_if_needed,
     init_deepspeed_distributed,
     module_own_state_dict,
     rank_zero_info,
     rank_zero_warn,
+    training_dataloader,
 )
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
+from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
-    adopted_accumulation,
     load_deepspeed_json,
     resolve_hf_deepspeed_config,
     training_facts,
@@ -195,13 +195,15 @@ class ZeROStrategy(DeepSpeedStrategy):
             at least 1 MiB per rank, smaller ones stay in memory).
         config: A DeepSpeed JSON config (path or dict), e.g. one written for the Hugging Face Trainer. Its
             ``zero_optimization`` replaces the arguments above (passing a conflicting ``stage`` is an error).
-            ``"auto"`` values are filled from the Trainer, module and data module as the HF integration does, and
-            explicit values that disagree with them fail before training, all listed in one error (see
+            ``"auto"`` values are filled from the Trainer and from what the module and data module state
+            (``optimizer_facts()``, ``micro_batch_size``: ``gym_lightning.strategies.facts``) as the HF integration
+            does, and explicit values that disagree with them fail before training, all listed in one error (see
             ``gym_lightning.strategies.hf_deepspeed_config``). ``gradient_accumulation_steps`` is the Trainer's
-            ``accumulate_grad_batches`` (adopted when the Trainer's is left at 1). An ``optimizer``/``scheduler``
-            block makes DeepSpeed build them; without one the module's ``configure_optimizers`` is used. ZeRO++
-            keys (``zero_quantized_weights``, ``zero_quantized_gradients``, ``zero_hpz_partition_size``) pass
-            through on CUDA and are refused, with the reason, on CPU ranks.
+            ``accumulate_grad_batches``: ``gym fit``/``gym train`` adopt the JSON's number when the Trainer's is left
+            at 1; in Python pass ``Trainer(accumulate_grad_batches=...)`` (a mismatch is an error). An
+            ``optimizer``/``scheduler`` block makes DeepSpeed build them; without one the module's
+            ``configure_optimizers`` is used. ZeRO++ keys (``zero_quantized_weights``, ``zero_quantized_gradients``,
+            ``zero_hpz_partition_size``) pass through on CUDA and are refused, with the reason, on CPU ranks.
         cpu_optimizer: With optimizer offload: ``"torch"`` (default) runs the module's own torch optimizer on the
             offloaded fp32 partitions — results match a single-process run with that optimizer; ``"deepspeed"``
             replaces torch Adam/AdamW by DeepSpeed's fused ``DeepSpeedCPUAdam`` (several times faster on large
@@ -337,17 +339,18 @@ class ZeROStrategy(DeepSpeedStrategy):
 
     @override
     def _format_batch_size_and_grad_accum_config(self) -> None:
-        # Hugging Face-style JSONs: "auto" resolved and explicit values checked against the Trainer/module as the
-        # HF Trainer does (strategies/hf_deepspeed_config.py). Runs before the model exists under ZeRO-3.
+        # Hugging Face-style JSONs: "auto" resolved and explicit values checked against the Trainer and what the
+        # module/data module state (strategies/facts.py), as the HF Trainer does (strategies/hf_deepspeed_config.py).
+        # Runs before the model exists under ZeRO-3. The Trainer is only read: its accumulation was settled before it
+        # was built (hf_deepspeed_config.accumulation_from_strategy_config), and a JSON that disagrees is an error.
         if self.lightning_module is None:
             return
         trainer = self.lightning_module.trainer
-        # accumulate_grad_batches and gradient_accumulation_steps are one setting: adopt the JSON's before anything
-        # (the step count, the DataLoader's token window) reads the Trainer's.
-        trainer.accumulate_grad_batches = adopted_accumulation(self.config, trainer.accumulate_grad_batches)
-        facts = training_facts(trainer, self.lightning_module, self.config, self._micro_batch_size())
+        optimizer = optimizer_facts_of(self.lightning_module)
+        facts = training_facts(trainer, optimizer, self.config, self._micro_batch_size())
         self.config = resolve_hf_deepspeed_config(self.config, facts)
-        self.config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size)
+        # DeepSpeed needs a micro-batch (it only logs throughput with it here); 1 when unknown, as Lightning's.
+        self.config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size or 1)
         if "optimizer" in self.config and "scheduler" not in self.config:
             rank_zero_warn(
                 "The DeepSpeed config has an optimizer block but no scheduler block: DeepSpeed builds the optimizer "
@@ -355,11 +358,18 @@ class ZeROStrategy(DeepSpeedStrategy):
                 '"auto" params) or drop the optimizer block to use the module\'s optimizer and schedule.'
             )
 
-    def _micro_batch_size(self) -> int:
-        """The per-device training micro-batch: the data module's ``batch_size``, else the DataLoader's."""
+    def _micro_batch_size(self) -> int | None:
+        """The per-device training micro-batch: as the data module (or module) states it, else the DataLoader's."""
         datamodule = getattr(self.lightning_module.trainer, "datamodule", None)
-        size = getattr(datamodule, "batch_size", None)
-        return size if isinstance(size, int) and not isinstance(size, bool) else auto_select_batch_size(self)
+        stated = micro_batch_size_of(datamodule, self.lightning_module)
+        return stated if stated is not None else self._loader_batch_size()
+
+    def _loader_batch_size(self) -> int | None:
+        # Lightning's _auto_select_batch_size assumes a batch sampler (a DataLoader with batch_size=None that yields
+        # ready batches has none) and answers 1 when it cannot tell; None keeps "unknown" unknown.
+        loader = training_dataloader(self.lightning_module.trainer)
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
 
     @override
     def _init_optimizers(self) -> tuple[Optimizer, Any]:

@@ -3,12 +3,14 @@
 Users bring DeepSpeed files written for the Hugging Face Trainer or LLaMA-Factory (``ds_config_zero3.json``), full
 of ``"auto"``. The rules here are those of transformers' ``HfTrainerDeepSpeedConfig``
 (``transformers/integrations/deepspeed.py``: ``trainer_config_process`` and ``trainer_config_finalize``), with
-the Trainer/module/data module in the place of ``TrainingArguments``:
+the Trainer and what the module/data module state (``gym_lightning.strategies.facts``) in the place of
+``TrainingArguments``. Settings are named as ``gym fit`` names them (``model.*`` are the module's
+``OptimizerFacts``, ``data.batch_size`` is the data module's ``micro_batch_size``):
 
 ==============================================  =================================================================
 JSON key                                        ``"auto"`` becomes (an explicit value must equal it)
 ==============================================  =================================================================
-``train_micro_batch_size_per_gpu``              ``data.batch_size`` (per-device micro-batch)
+``train_micro_batch_size_per_gpu``              ``data.batch_size`` (else the training DataLoader's batch size)
 ``gradient_accumulation_steps``                 ``trainer.accumulate_grad_batches`` (see "One setting" below)
 ``train_batch_size``                            world size x micro-batch x accumulation
 ``gradient_clipping``                           ``trainer.gradient_clip_val`` (see "One setting" below)
@@ -25,26 +27,34 @@ JSON key                                        ``"auto"`` becomes (an explicit 
 ``zero_optimization.stage3_param_persistence_threshold``  10 x hidden_size (never checked)
 ==============================================  =================================================================
 
+A module without ``optimizer_facts()`` leaves the ``model.*`` rows unknown: ``"auto"`` there is an error naming the
+key, an explicit value is used unchecked.
+
 One setting, never two: Lightning's ``accumulate_grad_batches`` and the JSON's ``gradient_accumulation_steps``
 are the same thing, and so are ``gradient_clip_val`` and ``gradient_clipping``. An explicit JSON value is adopted
 when the Trainer's was left unset (``accumulate_grad_batches`` at its default 1 — Lightning cannot tell an explicit
-1 from the default —, ``gradient_clip_val=None``); when both are set they must agree. The resolved config always
-holds the single effective value of both keys. (HF would raise instead; adopting is what a user moving a working
-HF setup expects, and it can never leave the two sides disagreeing.)
+1 from the default —, ``gradient_clip_val=None``); when both are set they must agree. The accumulation is adopted
+before the Trainer is built (``accumulation_from_strategy_config``, called by ``gym fit`` and ``gym train``) because
+the step count and the data loader read it; the strategy never changes the Trainer and reports a disagreement. The
+clipping is adopted in the resolved config only. The resolved config always holds the single effective value of
+both keys. (HF would raise instead; adopting is what a user moving a working HF setup expects.)
 
 Differences from the HF integration: the stage-3 bucket keys are resolved whatever the stage (HF leaves them
 ``"auto"`` below stage 3, which DeepSpeed then rejects), and an ``"auto"`` on any other key is an error naming it.
-All problems are collected into one ``ValueError`` that lists each conflict with both values and the fix.
+All problems are collected into one ``GymUserError`` that lists each conflict with both values and the fix.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gym_lightning.errors import GymUserError, raise_if_problems
+from gym_lightning.optim import resolve_warmup_steps
+from gym_lightning.strategies.facts import OptimizerFacts
 
 AUTO = "auto"
 # HF's ``trainer_config_finalize`` derives these from the model width: buckets of one hidden x hidden matrix keep
@@ -59,27 +69,26 @@ SCHEDULER_STEP_KEYS: tuple[str, ...] = ("scheduler.params.total_num_steps", "sch
 # secondary partition (hpZ) and quantized gradient reduce-scatter (qgZ). Stage 3 only.
 ZERO_PLUS_PLUS_KEYS: tuple[str, ...] = ("zero_quantized_weights", "zero_quantized_gradients", "zero_hpz_partition_size")
 
-# JSON key -> (the Trainer/module setting it mirrors, the ``gym train`` flag that sets it).
-_SIDES: dict[str, tuple[str, str]] = {
-    "train_micro_batch_size_per_gpu": ("data.batch_size", "--per_device_train_batch_size"),
-    "gradient_accumulation_steps": ("trainer.accumulate_grad_batches", "--gradient_accumulation_steps"),
-    "train_batch_size": (
-        "world size x data.batch_size x trainer.accumulate_grad_batches",
-        "--per_device_train_batch_size/--gradient_accumulation_steps/--devices",
-    ),
-    "gradient_clipping": ("trainer.gradient_clip_val", "--max_grad_norm"),
-    "optimizer.params.lr": ("model.lr", "--learning_rate"),
-    "optimizer.params.betas": ("model.betas", "--adam_beta1/--adam_beta2"),
-    "optimizer.params.eps": ("model.eps", "--adam_epsilon"),
-    "optimizer.params.weight_decay": ("model.weight_decay", "--weight_decay"),
-    "scheduler.params.warmup_max_lr": ("model.lr", "--learning_rate"),
-    "scheduler.params.warmup_num_steps": ("model.warmup_steps/model.warmup_ratio", "--warmup_steps/--warmup_ratio"),
-    "scheduler.params.total_num_steps": (
-        "the Trainer's optimizer steps (trainer.max_steps, or max_epochs x batches / accumulation)",
-        "--max_steps/--num_train_epochs",
-    ),
-    "fp16.enabled": ("trainer.precision", "--fp16"),
-    "bf16.enabled": ("trainer.precision", "--bf16"),
+# The strategy classes whose ``config`` is a DeepSpeed JSON (``gym_lightning.strategies``).
+ZERO_STRATEGY_CLASSES: tuple[str, ...] = ("ZeROStrategy", "ZeRO1Strategy", "ZeRO2Strategy", "ZeRO3Strategy")
+
+# JSON key -> the Lightning setting it mirrors, as messages name it (``gym train`` adds its flags to these names).
+_SETTINGS: dict[str, str] = {
+    "train_micro_batch_size_per_gpu": "data.batch_size",
+    "gradient_accumulation_steps": "trainer.accumulate_grad_batches",
+    "train_batch_size": "world size (trainer.devices x trainer.num_nodes) x data.batch_size x "
+    "trainer.accumulate_grad_batches",
+    "gradient_clipping": "trainer.gradient_clip_val",
+    "optimizer.params.lr": "model.lr",
+    "optimizer.params.betas": "model.betas",
+    "optimizer.params.eps": "model.eps",
+    "optimizer.params.weight_decay": "model.weight_decay",
+    "scheduler.params.warmup_max_lr": "model.lr",
+    "scheduler.params.warmup_num_steps": "model.warmup_steps/model.warmup_ratio",
+    "scheduler.params.total_num_steps": "the Trainer's optimizer steps (trainer.max_steps, or trainer.max_epochs x "
+    "batches / accumulation)",
+    "fp16.enabled": "trainer.precision",
+    "bf16.enabled": "trainer.precision",
 }
 
 
@@ -92,7 +101,8 @@ class TrainingFacts:
 
     Args:
         micro_batch_size: Per-device training micro-batch size.
-        accumulate_grad_batches: ``Trainer(accumulate_grad_batches)``; ``None`` when the user left it unset.
+        accumulate_grad_batches: ``Trainer(accumulate_grad_batches)``; ``None`` when unset (the JSON's number is then
+            adopted; the strategy always passes the Trainer's value, which was settled before the Trainer was built).
         world_size: Number of data-parallel processes (devices x nodes).
         gradient_clip_val: ``Trainer(gradient_clip_val)``; ``None`` when unset (0 means no clipping).
         precision: ``Trainer(precision)`` as a string, e.g. ``"32-true"``, ``"bf16-mixed"``, ``"16-mixed"``.
@@ -125,13 +135,13 @@ def load_deepspeed_json(config: str | Path | dict[str, Any]) -> dict[str, Any]:
         return json.loads(json.dumps(config))
     path = Path(config)
     if not path.is_file():
-        raise ValueError(f"DeepSpeed config file not found: {path}; pass an existing JSON file or a dict.")
+        raise GymUserError(f"DeepSpeed config file not found: {path}; pass an existing JSON file or a dict.")
     try:
         value = json.loads(path.read_text())
     except json.JSONDecodeError as err:
-        raise ValueError(f"{path}:{err.lineno}: invalid JSON in the DeepSpeed config ({err.msg}).") from None
+        raise GymUserError(f"{path}:{err.lineno}: invalid JSON in the DeepSpeed config ({err.msg}).") from None
     if not isinstance(value, dict):
-        raise ValueError(f"{path}: a DeepSpeed config must be a JSON object, got {type(value).__name__}.")
+        raise GymUserError(f"{path}: a DeepSpeed config must be a JSON object, got {type(value).__name__}.")
     return value
 
 
@@ -185,7 +195,7 @@ def resolve_hf_deepspeed_config(config: str | Path | dict[str, Any], facts: Trai
     """Resolve every ``"auto"`` of an HF-style DeepSpeed config and check its explicit values against ``facts``.
 
     Returns a new dict (the input is not modified) that always holds ``gradient_accumulation_steps`` and
-    ``gradient_clipping``. Raises one ``ValueError`` listing every conflict (both values and the fix), every
+    ``gradient_clipping``. Raises one ``GymUserError`` listing every conflict (both values and the fix), every
     ``"auto"`` that ``facts`` cannot fill, and every ``"auto"`` on a key that is not resolvable at all.
     """
     resolver = _Resolver(load_deepspeed_json(config))
@@ -246,50 +256,72 @@ def adopted_accumulation(config: dict[str, Any], trainer_value: int) -> int:
     return int(value) if value is not None else 1
 
 
-def training_facts(trainer: Any, module: Any, config: dict[str, Any], micro_batch_size: int | None) -> TrainingFacts:
-    """``TrainingFacts`` from a Lightning Trainer and module (duck-typed: ``hparams`` named as ``CausalLMModule``).
+def accumulation_from_strategy_config(strategy: Any, accumulate_grad_batches: int) -> int:
+    """``trainer.accumulate_grad_batches`` of a parsed Trainer configuration, with a ZeRO JSON's number adopted.
 
-    The total step count (it may build the training DataLoader) and the hidden size (it may read the model config)
-    are only computed when ``config`` needs them. Call after the Trainer's accumulation is final.
+    ``strategy`` is ``trainer.strategy`` as a config parser holds it: a name (``"zero3"``, no JSON) or
+    ``{"class_path": "gym_lightning.strategies.ZeROStrategy", "init_args": {"config": path or dict}}`` (a dict or a
+    namespace; also ``ZeRO1Strategy``/``ZeRO2Strategy``/``ZeRO3Strategy``). When it holds a JSON with an explicit
+    ``gradient_accumulation_steps`` and ``accumulate_grad_batches`` is at its default 1, the JSON's number is
+    returned; else ``accumulate_grad_batches``. Call it before the Trainer is built: the data loader and the step
+    count read the Trainer's value, and the strategy, which only sees the Trainer afterwards, reports a disagreement.
     """
-    hp = dict(getattr(module, "hparams", {}) or {})
+    config = _zero_strategy_json(strategy)
+    return accumulate_grad_batches if config is None else adopted_accumulation(config, accumulate_grad_batches)
+
+
+def training_facts(
+    trainer: Any, optimizer: OptimizerFacts, config: dict[str, Any], micro_batch_size: int | None
+) -> TrainingFacts:
+    """``TrainingFacts`` from a Lightning Trainer (read, never written) and what the module stated.
+
+    The total step count (it may build the training DataLoader) is only computed when ``config`` needs it. The
+    Trainer's accumulation is passed as set, so an explicit JSON number that differs is a conflict.
+    """
     total = None
     if needs_total_steps(config):
         estimated = trainer.estimated_stepping_batches
         total = int(estimated) if estimated != float("inf") else None
-    warmup = None
-    if total is not None and "warmup_steps" in hp:
-        warmup = hp["warmup_steps"] if hp["warmup_steps"] > 0 else math.ceil(hp.get("warmup_ratio", 0.0) * total)
-    betas = hp.get("betas")
+    betas = optimizer.betas
     return TrainingFacts(
         micro_batch_size=micro_batch_size,
-        accumulate_grad_batches=None if trainer.accumulate_grad_batches == 1 else trainer.accumulate_grad_batches,
+        accumulate_grad_batches=trainer.accumulate_grad_batches,
         world_size=trainer.world_size,
         gradient_clip_val=trainer.gradient_clip_val,
         precision=str(trainer.precision),
-        lr=hp.get("lr"),
+        lr=optimizer.lr,
         betas=None if betas is None else (float(betas[0]), float(betas[1])),
-        eps=hp.get("eps"),
-        weight_decay=hp.get("weight_decay"),
-        warmup_steps=warmup,
+        eps=optimizer.eps,
+        weight_decay=optimizer.weight_decay,
+        warmup_steps=_warmup_steps(optimizer, total),
         total_steps=total,
-        hidden_size=module_hidden_size(module) if needs_hidden_size(config) else None,
+        hidden_size=optimizer.hidden_size,
     )
 
 
-def module_hidden_size(module: Any) -> int | None:
-    """The hidden size of a module's HF model: from the built model, else from its config (ZeRO-3 resolves the
-    config before the model is built inside ``zero.Init``)."""
-    model = getattr(module, "model", None)
-    if model is not None and hasattr(model, "config"):
-        return hidden_size_of(model.config)
-    hp = dict(getattr(module, "hparams", {}) or {})
-    if not isinstance(hp.get("model"), str):
+def _warmup_steps(optimizer: OptimizerFacts, total: int | None) -> int | None:
+    if total is None or (optimizer.warmup_steps is None and optimizer.warmup_ratio is None):
         return None
-    from gym_lightning.models.loading import load_model_config
+    return resolve_warmup_steps(optimizer.warmup_steps or 0, optimizer.warmup_ratio or 0.0, total)
 
-    config = load_model_config(hp["model"], hp.get("config_overrides"), bool(hp.get("trust_remote_code", False)))
-    return hidden_size_of(config)
+
+def _zero_strategy_json(strategy: Any) -> dict[str, Any] | None:
+    """The DeepSpeed JSON of a ZeRO strategy given as ``class_path`` + ``init_args.config``, else ``None``."""
+    class_path = _field(strategy, "class_path")
+    if not isinstance(class_path, str):
+        return None
+    module, _, name = class_path.rpartition(".")
+    if name not in ZERO_STRATEGY_CLASSES or not (module == "" or module.startswith("gym_lightning.strategies")):
+        return None
+    config = _field(_field(strategy, "init_args"), "config")
+    return None if config is None else load_deepspeed_json(config)
+
+
+def _field(node: Any, key: str) -> Any:
+    # Parsed configs are dicts, or (LightningCLI) jsonargparse namespaces, which are read by attribute.
+    if node is None or isinstance(node, str):
+        return None
+    return node.get(key) if isinstance(node, Mapping) else getattr(node, key, None)
 
 
 # --------------------------------------------------------------------------------------------------- internals
@@ -333,12 +365,7 @@ class _Resolver:
             f'{key}: "auto" is only understood on the keys the Hugging Face Trainer fills; write a value.'
             for key in leftover
         ]
-        if problems:
-            lines = "\n".join(f"  - {problem}" for problem in problems)
-            raise ValueError(
-                f"The DeepSpeed config disagrees with the Trainer/module ({len(problems)} problem(s)):\n{lines}\n"
-                'Writing "auto" in the JSON lets the Trainer/module decide.'
-            )
+        raise_if_problems("The DeepSpeed config disagrees with the Trainer/module", problems)
 
 
 def _fill_optimizer_and_scheduler(resolver: _Resolver, facts: TrainingFacts) -> None:
@@ -384,40 +411,55 @@ def _auto_keys(node: Any, prefix: str = "") -> Iterator[str]:
 
 
 def _conflict(key: str, json_value: Any, value: Any, shown: str | None = None) -> str:
-    setting, flag = _SIDES[key]
+    setting = _SETTINGS[key]
     if key in ("fp16.enabled", "bf16.enabled"):
         wanted = ("16-mixed" if key == "fp16.enabled" else "bf16-mixed") if json_value else "32-true"
-        how = flag if json_value else f"without {flag}"
         return (
-            f'{key}={json.dumps(json_value)} in the DeepSpeed config but {setting}={shown}: write "auto" in the '
-            f"JSON, or set {setting}={wanted} (gym train: {how})."
+            f'{key}={json.dumps(json_value)} in the DeepSpeed config but {setting} is {shown}: write "auto" in the '
+            f"JSON, or set {setting} to {wanted}."
         )
-    return (
+    message = (
         f"{key}={json.dumps(json_value)} in the DeepSpeed config but {setting} gives {json.dumps(value)}: "
-        f'write "auto" (or {json.dumps(value)}) in the JSON, or change {setting} (gym train: {flag}) to '
-        f"{json.dumps(json_value)}."
+        f'write "auto" (or {json.dumps(value)}) in the JSON, or change {setting} to {json.dumps(json_value)}.'
     )
+    if key == "gradient_accumulation_steps" and value == 1:
+        # The Trainer (its step count, the data loader) already uses 1 here: too late to adopt the JSON's number.
+        message += (
+            " The JSON's number is adopted only before the Trainer is built (gym fit and gym train do it when "
+            "trainer.accumulate_grad_batches is left at 1); in Python, pass Trainer(accumulate_grad_batches=...)."
+        )
+    return message
 
 
 def _why_unknown(key: str) -> str:
     if key in HIDDEN_SIZE_KEYS:
-        return "the model config has no hidden_size/hidden_sizes; write an integer"
-    setting, _ = _SIDES.get(key, (key, ""))
-    return f"{setting} is not available from this module/data module; write a number"
+        return "the module states no hidden_size (gym_lightning.strategies.facts.OptimizerFacts); write an integer"
+    setting = _SETTINGS.get(key, key)
+    if key.startswith(("optimizer.", "scheduler.params.warmup")):
+        source = "the LightningModule does not state it (gym_lightning.strategies.facts.ProvidesOptimizerFacts)"
+    elif key in ("train_micro_batch_size_per_gpu", "train_batch_size"):
+        source = (
+            "the data module states no micro_batch_size (gym_lightning.strategies.facts.ProvidesMicroBatchSize) "
+            "and the training DataLoader has no batch_size"
+        )
+    else:
+        source = "the Trainer cannot tell it (an endless run: set trainer.max_steps)"
+    return f"{setting} is not known: {source}; write a number"
 
 
 __all__ = [
     "AUTO",
     "HIDDEN_SIZE_KEYS",
     "ZERO_PLUS_PLUS_KEYS",
+    "ZERO_STRATEGY_CLASSES",
     "TrainingFacts",
+    "accumulation_from_strategy_config",
     "adopted_accumulation",
     "adopted_value",
     "get_value",
     "hidden_size_of",
     "is_auto",
     "load_deepspeed_json",
-    "module_hidden_size",
     "needs_hidden_size",
     "needs_total_steps",
     "precision_flags",
