@@ -19,6 +19,7 @@ from typing import Any
 
 import pytest
 import torch
+from lightning.pytorch import Trainer
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
@@ -34,6 +35,7 @@ from gym_lightning._compat import (
     PRIVATE_MEMBERS,
     PRIVATE_OVERRIDES,
     DeepSpeedMember,
+    _FitLoop,
 )
 
 PACKAGE = Path(gym_lightning.__file__).resolve().parent
@@ -51,6 +53,7 @@ def _cheap_instance(cls: type) -> Any | None:
         LightningOptimizer: lambda: LightningOptimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)),
         nn.Module: nn.Module,
         RemovableHandle: lambda: RemovableHandle(OrderedDict()),
+        _FitLoop: lambda: _FitLoop(Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)),
     }
     factory = factories.get(cls)
     return factory() if factory is not None else None
