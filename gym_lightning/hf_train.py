@@ -229,7 +229,7 @@ def to_cli_args(args: argparse.Namespace) -> list[str]:
     """The ``gym fit`` (LightningCLI) arguments equivalent to the parsed ``gym train`` flags."""
     problems = flag_problems(args)
     if problems:
-        raise ValueError("Invalid gym train flags: " + " ".join(problems))
+        raise GymUserError("Invalid gym train flags: " + " ".join(problems))
     ds_config = load_deepspeed_json(args.deepspeed) if args.deepspeed else {}
     accumulation = adopted_value(ds_config.get("gradient_accumulation_steps"), args.gradient_accumulation_steps) or 1
     clip = adopted_value(ds_config.get("gradient_clipping"), args.max_grad_norm)

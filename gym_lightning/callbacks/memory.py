@@ -16,6 +16,7 @@ from gym_lightning._compat import (
     zero_optimizer_lacks_memory_attributes,
 )
 from gym_lightning.callbacks.reports import format_bytes, markdown_table, report_dir, write_json
+from gym_lightning.errors import GymUserError
 from gym_lightning.metrics.memory import (
     CATEGORIES,
     HeldBytes,
@@ -47,7 +48,7 @@ class MemoryCallback(Callback):
 
     def __init__(self, report_name: str = "memory.json") -> None:
         if not isinstance(report_name, str) or not report_name:
-            raise ValueError(f"report_name must be a non-empty file name, got {report_name!r}.")
+            raise GymUserError(f"report_name must be a non-empty file name, got {report_name!r}.")
         self.report_name = report_name
         self.summary: dict[str, Any] = {}
         self._warned_unread: set[str] = set()

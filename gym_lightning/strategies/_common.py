@@ -7,6 +7,7 @@ from collections.abc import Iterable
 
 import torch
 
+from gym_lightning import errors
 from gym_lightning._compat import rank_zero_info
 
 # The standard OpenMP variable: a user who sets it chose the per-rank thread count, so torch's setting is left alone.
@@ -41,11 +42,8 @@ def configure_cpu_threads(device: torch.device, local_processes: int) -> None:
 
 
 def raise_if_problems(strategy_name: str, problems: Iterable[str]) -> None:
-    """Raise one ``ValueError`` listing every configuration problem (each says what is wrong and how to fix it)."""
-    problems = list(problems)
-    if problems:
-        lines = "\n".join(f"  - {problem}" for problem in problems)
-        raise ValueError(f"Invalid {strategy_name} configuration ({len(problems)} problem(s)):\n{lines}")
+    """Raise one ``GymUserError`` listing every configuration problem of a strategy (each with its fix)."""
+    errors.raise_if_problems(f"Invalid {strategy_name} configuration", problems)
 
 
 def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:

@@ -52,6 +52,7 @@ from gym_lightning._compat import (
     training_dataloader,
 )
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
+from gym_lightning.errors import GymUserError
 from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
 from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
@@ -172,7 +173,7 @@ def zero_problems(
 def deepspeed_cpu_adam(optimizer: Optimizer) -> Optimizer:
     """DeepSpeed's fused CPU Adam with the param groups (and hyper-parameters) of a torch Adam/AdamW."""
     if type(optimizer) not in (Adam, AdamW):
-        raise ValueError(
+        raise GymUserError(
             f"cpu_optimizer='deepspeed' replaces torch Adam/AdamW only, got {type(optimizer).__name__}; "
             "use cpu_optimizer='torch' or configure torch.optim.AdamW."
         )
@@ -296,7 +297,7 @@ class ZeROStrategy(DeepSpeedStrategy):
             return
         precision = str(self.precision_plugin.precision)
         if precision in ("16-mixed", "16-true"):
-            raise ValueError(
+            raise GymUserError(
                 f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
             )
         # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
@@ -502,7 +503,7 @@ def raise_if_zero_world_size_changed(checkpoint_path: str | os.PathLike[str], wo
     """DeepSpeed cannot re-partition ZeRO optimizer state for another rank count: say so before it fails."""
     saved = zero_checkpoint_world_size(checkpoint_path)
     if saved is not None and saved != world_size:
-        raise ValueError(
+        raise GymUserError(
             f"The ZeRO checkpoint {os.fspath(checkpoint_path)!r} was written by {saved} data-parallel ranks and this "
             f"run has {world_size}: DeepSpeed cannot re-partition ZeRO optimizer state for another number of ranks. "
             f"Resume on {saved} ranks; or export the weights (python -m gym_lightning export --checkpoint ... "

@@ -26,6 +26,7 @@ from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
+from gym_lightning.errors import GymUserError
 from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
@@ -155,7 +156,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
     def shard_module(self, module: nn.Module) -> None:
         """Apply activation checkpointing and ``fully_shard`` to ``module``'s layers and top-level children."""
         if own := [name for name, _ in module.named_parameters(recurse=False)]:
-            raise ValueError(
+            raise GymUserError(
                 f"{type(self).__name__} cannot shard parameters set directly on the LightningModule ({own}); "
                 "move them into a submodule (an nn.Module attribute)."
             )
@@ -175,7 +176,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         layers = [m for m in module.modules() if type(m).__name__ in names and m is not module]
         if self.layer_classes and not layers:
             found = sorted({type(m).__name__ for m in module.modules()})
-            raise ValueError(f"layer_classes={self.layer_classes} matched no module; module classes present: {found}")
+            raise GymUserError(f"layer_classes={self.layer_classes} matched no module; module classes present: {found}")
         if not layers:
             rank_zero_info("gym_fsdp: no decoder layers found; each top-level submodule is one shard unit.")
         return layers
