@@ -82,8 +82,14 @@ def default_loggers(save_dir: str) -> list[Any]:
     """
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
+    if not tensorboard_available():  # an environment built before tensorboard was declared: CSV as before
+        return [CSVLogger(save_dir=save_dir)]
     tensorboard = TensorBoardLogger(save_dir=save_dir)
     return [tensorboard, CSVLogger(save_dir=save_dir, version=tensorboard.version)]
+
+
+def tensorboard_available() -> bool:
+    return any(importlib.util.find_spec(name) is not None for name in ("tensorboard", "tensorboardX"))
 
 
 def cli_trainer_defaults(trainer_config: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,4 +136,5 @@ __all__ = [
     "drop_lightning_tips",
     "quiet_console",
     "silence_deepspeed_cpu_detection",
+    "tensorboard_available",
 ]

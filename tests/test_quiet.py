@@ -100,3 +100,9 @@ def test_cli_defaults_respect_no_progress_bar_and_no_logger(tmp_path: Path, monk
     kinds = [type(callback) for callback in trainer.callbacks]
     assert GymProgressBar not in kinds and LearningRateMonitor not in kinds and CurvesCallback in kinds
     assert trainer.loggers == []
+
+
+def test_without_tensorboard_the_cli_logs_csv_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gym_lightning.quiet.tensorboard_available", lambda: False)
+    trainer = wired_trainer(tmp_path, monkeypatch)
+    assert [type(logger) for logger in trainer.loggers] == [CSVLogger]
