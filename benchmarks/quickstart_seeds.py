@@ -15,12 +15,12 @@ import argparse
 import csv
 import os
 import re
-import resource
 import statistics
 import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
@@ -58,19 +58,20 @@ def run_seed(seed: int, config: Path, extra: list[str], workdir: Path) -> SeedRe
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(root),
         *extra,
     ]  # fmt: skip
-    start, cpu_start = time.perf_counter(), _children_cpu_seconds()
-    proc = subprocess.run(command, cwd=REPO_ROOT, capture_output=True, text=True)
-    wall, cpu = time.perf_counter() - start, _children_cpu_seconds() - cpu_start
+    root.mkdir(parents=True)
+    start = time.perf_counter()
+    with (root / "console.log").open("w") as log:
+        proc = subprocess.Popen(command, cwd=REPO_ROOT, stdout=log, stderr=subprocess.STDOUT, text=True)
+        # wait4 gives this child's own CPU time, also when several seeds run at once (--jobs).
+        _, status, usage = os.wait4(proc.pid, 0)
+    proc.returncode = os.waitstatus_to_exitcode(status)
+    wall, cpu = time.perf_counter() - start, usage.ru_utime + usage.ru_stime
     if proc.returncode != 0:
-        raise RuntimeError(f"seed {seed} failed (exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+        tail = (root / "console.log").read_text()[-3000:]
+        raise RuntimeError(f"seed {seed} failed (exit {proc.returncode}):\n{tail}")
     (metrics_csv,) = root.rglob("metrics.csv")
     metrics = last_metrics(metrics_csv)
     return SeedResult(seed, metrics["val/exact_match"], metrics["val/loss"], wall, cpu)
-
-
-def _children_cpu_seconds() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
 
 
 def markdown(results: list[SeedResult], command: str) -> str:
@@ -120,14 +121,18 @@ def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4], help="data and model seeds")
     parser.add_argument("--config", type=Path, default=CONFIG, help="the config to train")
+    parser.add_argument("--jobs", type=int, default=1, help="seeds trained at once (wall times then overlap)")
     parser.add_argument("--write-docs", action="store_true", help=f"replace '{SECTION}' in {DOCS.name}")
     args = parser.parse_args(own)
-    results = []
-    with tempfile.TemporaryDirectory(prefix="quickstart-seeds-") as workdir:
-        for seed in args.seeds:
-            results.append(run_seed(seed, args.config, extra, Path(workdir)))
+    with tempfile.TemporaryDirectory(prefix="quickstart-seeds-") as workdir, ThreadPoolExecutor(args.jobs) as pool:
+        futures = [pool.submit(run_seed, seed, args.config, extra, Path(workdir)) for seed in args.seeds]
+        results = []
+        for future in futures:
+            results.append(future.result())
             last = results[-1]
-            print(f"seed {seed}: exact match {last.exact_match:.3f} in {last.wall_s:.1f} s ({last.cpu_s:.1f} CPU s)")
+            print(
+                f"seed {last.seed}: exact match {last.exact_match:.3f} in {last.wall_s:.1f} s ({last.cpu_s:.1f} CPU s)"
+            )
     shown = " ".join(["python benchmarks/quickstart_seeds.py", *own, *(["--", *extra] if extra else [])])
     section = markdown(results, shown.replace(" --write-docs", ""))
     print(section)
