@@ -77,15 +77,17 @@ def default_loggers(save_dir: str) -> list[Any]:
     """TensorBoard and CSV logs in the same ``<save_dir>/lightning_logs/version_N`` folder.
 
     TensorBoard is what ``logger: true`` gives now that tensorboard is a dependency; the CSV log is kept beside it
-    because the notebooks and tests read ``metrics.csv``. The CSV logger is given the TensorBoard logger's version,
+    because the notebooks and tests read ``metrics.csv``. The TensorBoard logger is given the CSV logger's version,
     so a new run never splits into two version folders.
     """
     from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
 
     if not tensorboard_available():  # an environment built before tensorboard was declared: CSV as before
         return [CSVLogger(save_dir=save_dir)]
-    tensorboard = TensorBoardLogger(save_dir=save_dir)
-    return [tensorboard, CSVLogger(save_dir=save_dir, version=tensorboard.version)]
+    csv = CSVLogger(save_dir=save_dir)
+    # CSV first: Lightning creates the loggers' folders in list order, and a CSVLogger that finds its folder already
+    # holding TensorBoard's event file warns "exists and is not empty ... will be deleted" on every run.
+    return [csv, TensorBoardLogger(save_dir=save_dir, version=csv.version)]
 
 
 def tensorboard_available() -> bool:

@@ -88,8 +88,8 @@ def test_cli_defaults_add_loggers_and_callbacks(tmp_path: Path, monkeypatch: pyt
     kinds = [type(callback) for callback in trainer.callbacks]
     for kind in (ThroughputCallback, GymProgressBar, LearningRateMonitor, CurvesCallback):  # configured + defaults
         assert kinds.count(kind) == 1, kinds
-    assert [type(logger) for logger in trainer.loggers] == [TensorBoardLogger, CSVLogger]
-    tensorboard, csv = trainer.loggers
+    assert [type(logger) for logger in trainer.loggers] == [CSVLogger, TensorBoardLogger]
+    csv, tensorboard = trainer.loggers
     assert tensorboard.log_dir == csv.log_dir == str(tmp_path / "lightning_logs" / "version_0")
 
 
