@@ -5,10 +5,10 @@ by one, at their source, so that real warnings keep reaching the console:
 
 - DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
   (``deepspeed/accelerator/real_accelerator.py``, at WARNING level): logged by every process that imports
-  deepspeed on a machine without an accelerator, i.e. once for ``gym fit`` on one CPU and three times for a 2-rank
-  CPU run (launcher + each rank). ``silence_deepspeed_cpu_detection`` sets ``DS_ACCELERATOR=cpu``, DeepSpeed's own
-  override, but only where its auto-detection would end at the CPU fallback anyway: the accelerator it picks is
-  unchanged, it just no longer warns about it. Child processes (ranks) inherit the variable.
+  deepspeed on a machine without an accelerator, i.e. by the launcher and again by every rank.
+  ``silence_deepspeed_cpu_detection`` sets ``DS_ACCELERATOR=cpu``, DeepSpeed's own override, but only where its
+  auto-detection would end at the CPU fallback anyway: the accelerator it picks is unchanged, it just no longer warns
+  about it. Child processes (ranks) inherit the variable.
 - Lightning's "💡 Tip: ... litlogger" and "💡 Tip: ... litmodels" advertisements (``rank_zero_info`` in
   ``lightning/pytorch/trainer/connectors/``), printed by every ``Trainer``. ``drop_lightning_tips`` filters exactly
   the records that start with "💡 Tip"; the other messages of that logger ("GPU available", ...) stay.
