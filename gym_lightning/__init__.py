@@ -1,20 +1,25 @@
 """gym_lightning: a PyTorch Lightning plugin for finetuning Hugging Face causal language models.
 
-Importing the package registers its strategy names with Lightning (``Trainer(strategy="zero3")``).
+Importing the package registers its strategy names with Lightning (``Trainer(strategy="zero3")``) and quiets
+console noise at its source (``gym_lightning.quiet``).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
-from gym_lightning.checkpointing import StepCheckpoint
-from gym_lightning.data.datamodule import CausalLMDataModule
-from gym_lightning.data.loader import StepTokenDataLoader
-from gym_lightning.generation import GenerationArgs
-from gym_lightning.lora import LoRAArgs
-from gym_lightning.module import CausalLMModule, NonFiniteLossError
-from gym_lightning.strategies import (
+from gym_lightning.quiet import quiet_console
+
+quiet_console()  # before deepspeed is first imported (by the imports below): see gym_lightning/quiet.py
+
+from gym_lightning.callbacks import CurvesCallback, GymProgressBar, MemoryCallback, ThroughputCallback  # noqa: E402
+from gym_lightning.checkpointing import StepCheckpoint  # noqa: E402
+from gym_lightning.data.datamodule import CausalLMDataModule  # noqa: E402
+from gym_lightning.data.loader import StepTokenDataLoader  # noqa: E402
+from gym_lightning.generation import GenerationArgs  # noqa: E402
+from gym_lightning.lora import LoRAArgs  # noqa: E402
+from gym_lightning.module import CausalLMModule, NonFiniteLossError  # noqa: E402
+from gym_lightning.strategies import (  # noqa: E402
     GymDDPStrategy,
     GymFSDPStrategy,
     ZeRO1Strategy,
@@ -22,15 +27,17 @@ from gym_lightning.strategies import (
     ZeRO3Strategy,
     ZeROStrategy,
 )
-from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
+from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer  # noqa: E402
 
 __all__ = [
     "SHIPPED_TOKENIZER_DIR",
     "CausalLMDataModule",
     "CausalLMModule",
+    "CurvesCallback",
     "GenerationArgs",
     "GymDDPStrategy",
     "GymFSDPStrategy",
+    "GymProgressBar",
     "LoRAArgs",
     "MemoryCallback",
     "NonFiniteLossError",

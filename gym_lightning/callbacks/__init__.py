@@ -1,8 +1,11 @@
-"""Callbacks that measure training: throughput (tokens/s, TFLOP/s, MFU) and memory held per rank."""
+"""Callbacks that measure and show training: throughput (tokens/s, TFLOP/s, MFU), memory held per rank, a quiet
+progress bar, and the loss/lr curves written to ``curves.png``."""
 
 from __future__ import annotations
 
+from gym_lightning.callbacks.curves import CurvesCallback
 from gym_lightning.callbacks.memory import MemoryCallback
+from gym_lightning.callbacks.progress import GymProgressBar
 from gym_lightning.callbacks.throughput import ThroughputCallback
 
-__all__ = ["MemoryCallback", "ThroughputCallback"]
+__all__ = ["CurvesCallback", "GymProgressBar", "MemoryCallback", "ThroughputCallback"]

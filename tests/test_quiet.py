@@ -1,0 +1,108 @@
+"""A quiet console: DeepSpeed's CPU fallback warning and Lightning's tips are gone, real messages stay; the CLI's
+default loggers and callbacks (progress bar without v_num, lr monitor, curves)."""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import lightning.pytorch as pl
+import pytest
+from lightning.pytorch.callbacks import LearningRateMonitor, TQDMProgressBar
+from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+from lightning.pytorch.utilities.rank_zero import rank_zero_info
+
+from gym_lightning import CurvesCallback, GymProgressBar, ThroughputCallback
+from gym_lightning.cli import GymCLI
+from gym_lightning.data.datamodule import CausalLMDataModule
+from gym_lightning.module import CausalLMModule
+from gym_lightning.quiet import cli_trainer_defaults, silence_deepspeed_cpu_detection
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+DEEPSPEED_CPU_WARNING = "Setting accelerator to CPU"
+
+
+@pytest.mark.skipif(
+    "torch" in sys.modules and sys.modules["torch"].cuda.is_available(), reason="the warning is a CPU-only one"
+)
+def test_importing_gym_lightning_keeps_deepspeed_quiet_on_a_cpu() -> None:
+    env = {key: value for key, value in os.environ.items() if key != "DS_ACCELERATOR"}
+    code = "import gym_lightning, deepspeed, os; print(os.environ['DS_ACCELERATOR'], deepspeed.get_accelerator()._name)"
+    quiet = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=REPO_ROOT)
+    assert quiet.returncode == 0, quiet.stderr[-2000:]
+    assert quiet.stdout.split() == ["cpu", "cpu"]  # the accelerator DeepSpeed picks is the one it picked before
+    assert DEEPSPEED_CPU_WARNING not in quiet.stdout + quiet.stderr
+    loud = subprocess.run([sys.executable, "-c", "import deepspeed"], env=env, capture_output=True, text=True)
+    assert DEEPSPEED_CPU_WARNING in loud.stdout + loud.stderr  # the source this test is about still exists
+
+
+def test_a_users_ds_accelerator_is_kept(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DS_ACCELERATOR", "cuda")
+    silence_deepspeed_cpu_detection()
+    assert os.environ["DS_ACCELERATOR"] == "cuda"
+
+
+def test_lightning_tips_are_dropped_and_other_info_kept() -> None:
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger("lightning.pytorch.utilities.rank_zero")
+    logger.addHandler(handler)
+    level, logger.level = logger.level, logging.INFO
+    try:
+        rank_zero_info("💡 Tip: For seamless cloud logging, try installing litlogger")
+        rank_zero_info("GPU available: False, used: False")
+    finally:
+        logger.removeHandler(handler)
+        logger.level = level
+    assert records == ["GPU available: False, used: False"]
+
+
+def test_progress_bar_drops_v_num(tmp_path: Path) -> None:
+    bar = GymProgressBar()
+    trainer = pl.Trainer(logger=CSVLogger(tmp_path), callbacks=[bar], default_root_dir=tmp_path)
+    assert "v_num" in TQDMProgressBar.get_metrics(bar, trainer, None)  # what Lightning's bar shows
+    assert "v_num" not in bar.get_metrics(trainer, None)
+
+
+class WiredCLI(GymCLI):
+    """GymCLI wired as the report tells cli.py to: the defaults join the configured Trainer arguments."""
+
+    def instantiate_trainer(self, **kwargs):
+        configured = {**self._get(self.config_init, "trainer", default={}), **kwargs}
+        return super().instantiate_trainer(**{**kwargs, **cli_trainer_defaults(configured)})
+
+
+def wired_trainer(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, *flags: str) -> pl.Trainer:
+    monkeypatch.setattr(sys, "argv", ["gym"])  # LightningCLI warns when pytest's own arguments are there too
+    args = ["--config", str(REPO_ROOT / "configs" / "quickstart.yaml"), "--trainer.default_root_dir", str(tmp_path)]
+    cli = WiredCLI(CausalLMModule, CausalLMDataModule, args=[*args, *flags], run=False)
+    return cli.trainer
+
+
+def test_cli_defaults_add_loggers_and_callbacks(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = wired_trainer(tmp_path, monkeypatch)
+    kinds = [type(callback) for callback in trainer.callbacks]
+    for kind in (ThroughputCallback, GymProgressBar, LearningRateMonitor, CurvesCallback):  # configured + defaults
+        assert kinds.count(kind) == 1, kinds
+    assert [type(logger) for logger in trainer.loggers] == [CSVLogger, TensorBoardLogger]
+    csv, tensorboard = trainer.loggers
+    assert tensorboard.log_dir == csv.log_dir == str(tmp_path / "lightning_logs" / "version_0")
+
+
+def test_cli_defaults_respect_no_progress_bar_and_no_logger(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    trainer = wired_trainer(
+        tmp_path, monkeypatch, "--trainer.enable_progress_bar", "false", "--trainer.logger", "false"
+    )
+    kinds = [type(callback) for callback in trainer.callbacks]
+    assert GymProgressBar not in kinds and LearningRateMonitor not in kinds and CurvesCallback in kinds
+    assert trainer.loggers == []
+
+
+def test_without_tensorboard_the_cli_logs_csv_only(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("gym_lightning.quiet.tensorboard_available", lambda: False)
+    trainer = wired_trainer(tmp_path, monkeypatch)
+    assert [type(logger) for logger in trainer.loggers] == [CSVLogger]
