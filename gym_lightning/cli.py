@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
@@ -27,6 +28,7 @@ from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.errors import GymUserError
 from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
 from gym_lightning.prediction_writer import JsonlPredictionWriter
+from gym_lightning.quiet import cli_trainer_defaults
 from gym_lightning.strategies import strategy_name_problem
 from gym_lightning.strategies.hf_deepspeed_config import accumulation_from_strategy_config
 
@@ -77,6 +79,14 @@ class GymCLI(LightningCLI):
         trainer["accumulate_grad_batches"] = accumulation_from_strategy_config(
             strategy, trainer["accumulate_grad_batches"]
         )
+
+    @override
+    def instantiate_trainer(self, **kwargs: Any) -> Trainer:
+        # Not trainer_defaults: LightningCLI adds those callbacks unconditionally, which breaks
+        # enable_progress_bar=false (a progress bar callback is refused) and logger=false (LearningRateMonitor is).
+        section = self.config_init[self.subcommand] if self.subcommand else self.config_init
+        configured = {**section.get("trainer", {}), **kwargs}
+        return super().instantiate_trainer(**{**kwargs, **cli_trainer_defaults(configured)})
 
     def before_predict(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
         """``predict`` from the command line writes its completions to a file unless a writer is configured."""
