@@ -1,7 +1,8 @@
 """Command line: ``gym COMMAND ...`` (also ``python -m gym_lightning COMMAND ...``); ``gym --help`` lists them.
 
 ``fit``/``validate``/``test``/``predict`` are a LightningCLI over ``CausalLMModule`` and ``CausalLMDataModule``.
-Other commands (``gym train``, ...) live in their own modules, listed in ``COMMANDS`` and imported only when used.
+The other commands (``gym train``, ``gym plan``, ``gym export``) live in ``gym_lightning.commands``, imported
+only when used.
 
 One way to fail: a mistake in the user's input raises ``gym_lightning.errors.GymUserError`` wherever it is found
 (a setting, a flag, a data file, a checkpoint), and argument-parsing errors raise jsonargparse's/argparse's
@@ -24,6 +25,7 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
+from gym_lightning.commands import COMMANDS
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.errors import GymUserError
 from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
@@ -38,12 +40,6 @@ LIGHTNING_COMMANDS: dict[str, str] = {
     "validate": "run the validation loop once and print its metrics",
     "test": "run the test loop once and print its metrics",
     "predict": "generate completions for the prediction prompts (written to predictions.jsonl)",
-}
-# Commands beside LightningCLI's subcommands: name -> ("module:function" taking the remaining arguments, help line).
-COMMANDS: dict[str, tuple[str, str]] = {
-    "train": ("gym_lightning.hf_train:main", "train with Hugging Face Trainer flags (--deepspeed ds.json, ...)"),
-    "plan": ("gym_lightning.planner.cli:main", "predict memory per rank of a model/strategy before launching"),
-    "export": ("gym_lightning.checkpointing.export:main", "write a Hugging Face folder from a checkpoint"),
 }
 # ``fit --ckpt_path`` values that are not paths (Lightning resolves them itself).
 CKPT_KEYWORDS: tuple[str, ...] = ("last", "best", "hpc", "registry")

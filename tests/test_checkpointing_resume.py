@@ -184,7 +184,7 @@ def assert_export_round_trip(checkpoint: Path, weights: dict[str, torch.Tensor],
     """``gym export`` of the strategy's own checkpoint format, loaded by transformers, gives the trained logits."""
     from transformers import AutoModelForCausalLM
 
-    from gym_lightning.checkpointing.export import main as export_main
+    from gym_lightning.commands.export import main as export_main
 
     export_main(["--checkpoint", str(checkpoint), "--output_dir", str(out), "--max_shard_size", "60KB"])
     shards = sorted(p.name for p in out.glob("model-*.safetensors"))

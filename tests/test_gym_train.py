@@ -13,8 +13,8 @@ import yaml
 from helpers.dist import REPO_ROOT, rank_env, run_python
 
 from gym_lightning import cli
+from gym_lightning.commands.train import build_parser, flags_for_settings, main, to_cli_args
 from gym_lightning.errors import GymUserError
-from gym_lightning.hf_train import build_parser, flags_for_settings, main, to_cli_args
 
 DS_ZERO3 = REPO_ROOT / "configs" / "deepspeed" / "ds_zero3.json"
 BASE = ["--model_name_or_path", "tiny-llama", "--dataset", "addition"]
@@ -216,7 +216,10 @@ def test_unknown_flag_suggests_the_closest(capsys: pytest.CaptureFixture[str], f
         cli.main(["train", *BASE, flag, "1"])
     assert info.value.code == 2
     err = capsys.readouterr().err
-    assert err == f"gym train: error: unrecognized argument {flag}; did you mean {suggestion}?\n"
+    assert err == (
+        f"gym_lightning: error: gym train: unrecognized argument {flag}; did you mean {suggestion}? "
+        "(see gym train --help)\n"
+    )
 
 
 def test_bad_flag_combinations_fail_in_one_line(capsys: pytest.CaptureFixture[str]) -> None:

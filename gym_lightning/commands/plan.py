@@ -14,19 +14,14 @@ import json
 import sys
 from typing import get_args
 
+from gym_lightning.commands import CommandParser
 from gym_lightning.planner.estimate import Attention, Optimizer, Precision
 from gym_lightning.planner.report import plan
 from gym_lightning.planner.shapes import BUNDLED, LoraTargets
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line and exit 2, like every gym_lightning command
-        print(f"gym_lightning plan: error: {' '.join(message.split())} (see --help)", file=sys.stderr)
-        raise SystemExit(2)
-
-
 def build_parser() -> argparse.ArgumentParser:
-    parser = _Parser(prog="gym plan", description=__doc__.split("\n\n")[0])
+    parser = CommandParser(prog="gym plan", description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", required=True, help=f"bundled name ({', '.join(BUNDLED)}), preset or config.json")
     parser.add_argument("--gpus_per_node", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)

@@ -37,8 +37,9 @@ import re
 import sys
 import warnings
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any
 
+from gym_lightning.commands import CommandParser
 from gym_lightning.errors import GymUserError
 from gym_lightning.strategies.hf_deepspeed_config import adopted_value, load_deepspeed_json
 
@@ -73,11 +74,8 @@ SETTING_FLAGS: dict[str, str] = {
 _SETTING_PATTERN = re.compile(r"(?<![\w.])(" + "|".join(re.escape(name) for name in SETTING_FLAGS) + r")(?![\w.])")
 
 
-class TrainArgumentParser(argparse.ArgumentParser):
-    """argparse whose errors are one line, suggesting the closest valid flag for a misspelt one (exit status 2)."""
-
-    def error(self, message: str) -> NoReturn:
-        self.exit(2, f"gym train: error: {message}\n")
+class TrainArgumentParser(CommandParser):
+    """``CommandParser`` that suggests the closest valid flag for a misspelt one."""
 
     def parse_args(self, args: list[str] | None = None, namespace: Any = None) -> argparse.Namespace:  # type: ignore[override]
         parsed, unknown = self.parse_known_args(args, namespace)
@@ -94,7 +92,7 @@ class TrainArgumentParser(argparse.ArgumentParser):
 
 def _suggestion(flag: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(flag, valid, n=1, cutoff=0.5)
-    return f"; did you mean {close[0]}?" if close else "; see gym train --help"
+    return f"; did you mean {close[0]}?" if close else ""
 
 
 def build_parser() -> TrainArgumentParser:
