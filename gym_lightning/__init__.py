@@ -7,13 +7,13 @@ from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
+from gym_lightning.callbacks import HFExport, MemoryCallback, NonFiniteGuard, NonFiniteLossError, ThroughputCallback
 from gym_lightning.checkpointing import StepCheckpoint
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.data.loader import StepTokenDataLoader
 from gym_lightning.generation import GenerationArgs
 from gym_lightning.lora import LoRAArgs
-from gym_lightning.module import CausalLMModule, NonFiniteLossError
+from gym_lightning.module import CausalLMModule
 from gym_lightning.strategies import (
     GymDDPStrategy,
     GymFSDPStrategy,
@@ -31,8 +31,10 @@ __all__ = [
     "GenerationArgs",
     "GymDDPStrategy",
     "GymFSDPStrategy",
+    "HFExport",
     "LoRAArgs",
     "MemoryCallback",
+    "NonFiniteGuard",
     "NonFiniteLossError",
     "StepCheckpoint",
     "StepTokenDataLoader",

@@ -16,6 +16,7 @@ from torch.utils.data import DataLoader
 
 from gym_lightning.callbacks import NonFiniteGuard, NonFiniteLossError
 from gym_lightning.errors import GymUserError
+from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeROStrategy
 
 
 class Regression(pl.LightningModule):
@@ -111,6 +112,14 @@ def test_skip_is_refused_at_fit_start_where_the_strategy_owns_the_gradients(tmp_
     strategy = EngineOwnsGradients(torch.device("cpu"))
     with pytest.raises(NonFiniteLossError, match=r"loss \(NaN or inf\) .* optimizer step 1 "):
         fit(Regression(poison={0: "loss"}), [NonFiniteGuard()], tmp_path, strategy=strategy, accumulate_grad_batches=2)
+
+
+def test_gym_strategies_say_which_gradients_the_guard_can_see() -> None:
+    module = torch.nn.Linear(2, 1)
+    module.weight.grad = torch.ones(1, 2)
+    for strategy in (GymDDPStrategy(), GymFSDPStrategy()):  # (FSDP's DTensor shards: the 2-rank test)
+        assert [id(g) for g in strategy.local_gradients(module)] == [id(module.weight.grad)]
+    assert ZeROStrategy(stage=2).local_gradients(module) is None  # the engine's: nothing to inspect or drop
 
 
 def test_action_must_be_stop_or_skip() -> None:
