@@ -13,6 +13,7 @@ import sys
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from gym_lightning.callbacks import HFExport, NonFiniteGuard
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
 from gym_lightning.prediction_writer import JsonlPredictionWriter
@@ -35,6 +36,8 @@ class GymCLI(LightningCLI):
         # One source of truth: the data module cannot be given a tokenizer that differs from the model's.
         parser.link_arguments(("model.model", "model.tokenizer"), "data.tokenizer", compute_fn=resolve_tokenizer_source)
         parser.link_arguments("model.trust_remote_code", "data.trust_remote_code")
+        parser.add_lightning_class_args(HFExport, "export")
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
 
     def before_predict(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
         """``predict`` from the command line writes its completions to a file unless a writer is configured."""
