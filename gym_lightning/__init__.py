@@ -12,13 +12,21 @@ from gym_lightning.quiet import quiet_console
 
 quiet_console()  # before deepspeed is first imported (by the imports below): see gym_lightning/quiet.py
 
-from gym_lightning.callbacks import CurvesCallback, GymProgressBar, MemoryCallback, ThroughputCallback  # noqa: E402
+from gym_lightning.callbacks import (  # noqa: E402
+    CurvesCallback,
+    GymProgressBar,
+    HFExport,
+    MemoryCallback,
+    NonFiniteGuard,
+    NonFiniteLossError,
+    ThroughputCallback,
+)
 from gym_lightning.checkpointing import StepCheckpoint  # noqa: E402
 from gym_lightning.data.datamodule import CausalLMDataModule  # noqa: E402
 from gym_lightning.data.loader import StepTokenDataLoader  # noqa: E402
 from gym_lightning.generation import GenerationArgs  # noqa: E402
 from gym_lightning.lora import LoRAArgs  # noqa: E402
-from gym_lightning.module import CausalLMModule, NonFiniteLossError  # noqa: E402
+from gym_lightning.module import CausalLMModule  # noqa: E402
 from gym_lightning.strategies import (  # noqa: E402
     GymDDPStrategy,
     GymFSDPStrategy,
@@ -38,8 +46,10 @@ __all__ = [
     "GymDDPStrategy",
     "GymFSDPStrategy",
     "GymProgressBar",
+    "HFExport",
     "LoRAArgs",
     "MemoryCallback",
+    "NonFiniteGuard",
     "NonFiniteLossError",
     "StepCheckpoint",
     "StepTokenDataLoader",

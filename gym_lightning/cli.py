@@ -24,6 +24,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from gym_lightning.callbacks import HFExport, NonFiniteGuard
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.commands import COMMANDS
 from gym_lightning.data.datamodule import CausalLMDataModule
@@ -55,6 +56,8 @@ class GymCLI(LightningCLI):
         # One source of truth: the data module cannot be given a tokenizer that differs from the model's.
         parser.link_arguments(("model.model", "model.tokenizer"), "data.tokenizer", compute_fn=resolve_tokenizer_source)
         parser.link_arguments("model.trust_remote_code", "data.trust_remote_code")
+        parser.add_lightning_class_args(HFExport, "export")
+        parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:

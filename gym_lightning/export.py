@@ -48,16 +48,18 @@ def merge_lora_state_dict(state_dict: dict[str, torch.Tensor], scaling: float) -
 def write_hf_folder(
     model: PreTrainedModel,
     state_dict: dict[str, torch.Tensor],
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     output_dir: str | Path,
 ) -> Path:
-    """Write ``state_dict`` with ``model``'s config and generation config, and ``tokenizer``, to ``output_dir``.
+    """Write ``state_dict`` with ``model``'s config and generation config, and ``tokenizer`` (if any), to
+    ``output_dir``.
 
     The folder appears complete or not at all (see ``gym_lightning.atomic``).
     """
     with atomic_directory(output_dir) as staging:
         model.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
-        tokenizer.save_pretrained(staging)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(staging)
     return Path(output_dir)
 
 
@@ -74,7 +76,7 @@ def full_state_dict(trainer: pl.Trainer, model: torch.nn.Module) -> dict[str, to
 def export_from_trainer(
     trainer: pl.Trainer,
     model: torch.nn.Module,
-    tokenizer: PreTrainedTokenizerBase,
+    tokenizer: PreTrainedTokenizerBase | None,
     output_dir: str | Path,
     lora_scaling: float | None = None,
 ) -> None:

@@ -3,12 +3,10 @@
 from __future__ import annotations
 
 from functools import partial
-from typing import Any, Literal
+from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy
-from torch.distributed.tensor import DTensor
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from typing_extensions import override
@@ -16,7 +14,7 @@ from typing_extensions import override
 from gym_lightning._compat import rank_zero_warn
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.data.loader import STEP_TOKENS_KEY
-from gym_lightning.export import export_from_trainer
+from gym_lightning.errors import raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
@@ -29,13 +27,6 @@ from gym_lightning.tokenizer import load_tokenizer
 
 # Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
 torch.serialization.add_safe_globals([GenerationArgs, LoRAArgs])
-
-OnNonFinite = Literal["stop", "skip"]
-SKIPPED_KEY = "gym_skipped_nonfinite_steps"
-
-
-class NonFiniteLossError(RuntimeError):
-    """The training loss or gradients became NaN or infinite; training stopped before the optimizer step."""
 
 
 def resolve_tokenizer_source(model: str, tokenizer: str | None) -> str | None:
@@ -51,7 +42,8 @@ class CausalLMModule(pl.LightningModule):
     The model is built in ``configure_model`` so that strategies can shard it while it is created. The training
     loss of an optimizer step is the sum of target-token cross-entropies divided by the number of target tokens in
     the whole step, over all gradient-accumulation micro-batches and all data-parallel ranks (see
-    ``gym_lightning.loss``).
+    ``gym_lightning.loss``). The non-finite guard and the Hugging Face export are callbacks that work with any
+    LightningModule: ``gym_lightning.callbacks.NonFiniteGuard`` and ``HFExport`` (the command line adds both).
 
     Args:
         model: A built-in preset (``tiny-llama``, ``tiny-qwen3``), a local folder with ``config.json`` (and weights),
@@ -76,12 +68,6 @@ class CausalLMModule(pl.LightningModule):
         min_lr_ratio: Final learning rate as a fraction of ``lr``, in [0, 1].
         generation: How completions are generated for ``predict`` and the exact-match metric.
         val_exact_match: Also score greedy completions of the validation prompts against their references.
-        export_dir: Write a Hugging Face folder here at the end of ``fit``; ``None`` skips the export.
-        on_nonfinite: What a NaN/infinite loss (any rank) or gradient (DDP, FSDP, single device) does: ``"stop"``
-            raises ``NonFiniteLossError`` naming the step before the optimizer step runs, so nothing is saved over
-            the last good checkpoint; ``"skip"`` drops that optimizer step (all gradients discarded, the learning-rate
-            schedule still advances) and counts it in ``train/skipped_nonfinite_steps``. ``"skip"`` is not
-            available under DeepSpeed, whose engine owns the gradients; there only the loss is checked.
     """
 
     def __init__(
@@ -105,8 +91,6 @@ class CausalLMModule(pl.LightningModule):
         min_lr_ratio: float = 0.0,
         generation: GenerationArgs = GenerationArgs(),  # noqa: B008 - frozen dataclass, safe as a default
         val_exact_match: bool = False,
-        export_dir: str | None = None,
-        on_nonfinite: OnNonFinite = "stop",
     ) -> None:
         super().__init__()
         _validate(locals())
@@ -120,8 +104,6 @@ class CausalLMModule(pl.LightningModule):
         self.val_loss = MeanMetric()
         self.val_exact_match = MeanMetric()
         self._warned_no_step_tokens = False
-        self.skipped_nonfinite_steps = 0
-        self._nonfinite_loss_flag: torch.Tensor | None = None
 
     # ----------------------------------------------------------------------------------------------- building
     @override
@@ -187,13 +169,6 @@ class CausalLMModule(pl.LightningModule):
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         step_tokens, undo_accumulation, pending = self._start_step_token_count(batch)
         loss_sum, count = self._summed_loss(batch)
-        # Checked (and compared across ranks) once per optimizer step in on_before_optimizer_step: no sync here.
-        nonfinite = (~torch.isfinite(loss_sum.detach())).float()
-        self._nonfinite_loss_flag = (
-            nonfinite if self._nonfinite_loss_flag is None else self._nonfinite_loss_flag + nonfinite
-        )
-        if self.hparams.on_nonfinite == "skip":
-            self.log("train/skipped_nonfinite_steps", float(self.skipped_nonfinite_steps), on_step=True)
         # The local micro-batch's token mean, logged as a tensor (no host sync here). Not through a torchmetrics
         # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero3_trace.py).
         self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False, prog_bar=True)
@@ -204,78 +179,11 @@ class CausalLMModule(pl.LightningModule):
         scale = self.trainer.world_size * undo_accumulation / step_tokens[0].clamp(min=1.0)
         return loss_sum * scale
 
-    # ----------------------------------------------------------------------------------------------- non-finite guard
-    def _nonfinite_message(self, what: str, ranks: list[int]) -> str:
-        done = self.trainer.global_step
-        where = f"epoch {self.trainer.current_epoch}"
-        return (
-            f"Non-finite training {what} (NaN or inf) on rank(s) {ranks} in optimizer step {done + 1} ({where}; "
-            f"{done} steps completed). Training stopped before this step was applied, so no checkpoint holds it and "
-            "the last checkpoint is the last good state. Lower the learning rate, add gradient clipping or check this "
-            "step's data; or set model.on_nonfinite=skip to drop such steps and continue."
-        )
-
-    def _local_nonfinite_grad_flag(self) -> torch.Tensor:
-        """1.0 where this rank holds a NaN/inf gradient (its local shards under FSDP), else 0.0. Under DeepSpeed the
-        engine keeps the gradients (``param.grad`` is ``None``): nothing to find.
-
-        One fused norm over all gradients (foreach kernels) rather than an ``isfinite`` mask and a host sync per
-        parameter: the norm is NaN/inf iff an element is (or the squares overflow fp32, which has diverged anyway).
-        """
-        if isinstance(self.trainer.strategy, DeepSpeedStrategy):
-            return torch.zeros((), device=self.device)
-        grads = [p.grad for p in self.parameters() if p.grad is not None]
-        grads = [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-        if not grads:
-            return torch.zeros((), device=self.device)
-        total = torch.nn.utils.get_total_norm(grads, error_if_nonfinite=False)
-        return (~torch.isfinite(total)).float().to(self.device)
-
-    def _nonfinite_ranks(self) -> tuple[list[int], list[int]]:
-        """Ranks whose loss (in any micro-batch of this step) or gradients are not finite; one collective for both."""
-        world, rank = self.trainer.world_size, self.trainer.global_rank
-        flags = torch.zeros(2 * world, device=self.device, dtype=torch.float32)
-        if self._nonfinite_loss_flag is not None:
-            flags[rank] = self._nonfinite_loss_flag
-        flags[world + rank] = self._local_nonfinite_grad_flag()
-        self._nonfinite_loss_flag = None
-        flags = self.trainer.strategy.reduce(flags, reduce_op="sum")
-        return torch.nonzero(flags[:world]).flatten().tolist(), torch.nonzero(flags[world:]).flatten().tolist()
-
-    @override
-    def on_fit_start(self) -> None:
-        if self.hparams.on_nonfinite == "skip" and isinstance(self.trainer.strategy, DeepSpeedStrategy):
-            raise ValueError(
-                "model.on_nonfinite='skip' cannot drop an optimizer step under DeepSpeed (its engine holds the "
-                "gradients and always steps); use on_nonfinite='stop' (the default) or a gym_ddp/gym_fsdp strategy."
-            )
-
+    # ----------------------------------------------------------------------------------------------- resume
     @override
     def on_train_start(self) -> None:
         # Resume at the saved mid-epoch data position even though configure_optimizers set up the data early.
         load_pending_loader_states(self.trainer)
-
-    @override
-    def on_before_optimizer_step(self, optimizer: torch.optim.Optimizer) -> None:
-        loss_ranks, grad_ranks = self._nonfinite_ranks()
-        ranks = loss_ranks or grad_ranks
-        if not ranks:
-            return
-        what = "loss" if loss_ranks else "gradient"
-        if self.hparams.on_nonfinite == "stop":
-            raise NonFiniteLossError(self._nonfinite_message(what, ranks))
-        # Gradients set to None make torch optimizers skip every parameter: no update, no moment or step change.
-        optimizer.zero_grad(set_to_none=True)
-        self.skipped_nonfinite_steps += 1
-        rank_zero_warn(f"Skipped optimizer step {self.trainer.global_step + 1}: non-finite {what} on rank(s) {ranks}.")
-
-    @override
-    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        checkpoint[SKIPPED_KEY] = self.skipped_nonfinite_steps
-
-    @override
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.skipped_nonfinite_steps = int(checkpoint.get(SKIPPED_KEY, 0))
 
     # ----------------------------------------------------------------------------------------------- evaluation
     @override
@@ -344,14 +252,6 @@ class CausalLMModule(pl.LightningModule):
         hp = self.hparams
         return hidden_size_of(load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code))
 
-    # ----------------------------------------------------------------------------------------------- export
-    @override
-    def on_fit_end(self) -> None:
-        if self.hparams.export_dir is None:
-            return
-        scaling = self.lora.scaling if self.lora is not None else None
-        export_from_trainer(self.trainer, self.model, self.tokenizer, self.hparams.export_dir, lora_scaling=scaling)
-
 
 def _validate(args: dict[str, Any]) -> None:
     """Raise one ValueError listing every invalid constructor argument."""
@@ -371,10 +271,7 @@ def _validate(args: dict[str, Any]) -> None:
     if args["lora"] is not None:
         problems += args["lora"].problems()
     problems += args["generation"].problems()
-    if args["on_nonfinite"] not in ("stop", "skip"):
-        problems.append(f"on_nonfinite must be 'stop' or 'skip', got {args['on_nonfinite']!r}")
-    if problems:
-        raise ValueError("Invalid CausalLMModule settings: " + "; ".join(problems) + ".")
+    raise_if_problems("Invalid CausalLMModule settings", problems)
 
 
-__all__ = ["CausalLMModule", "NonFiniteLossError", "resolve_tokenizer_source"]
+__all__ = ["CausalLMModule", "resolve_tokenizer_source"]

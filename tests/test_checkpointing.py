@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from gym_lightning import CausalLMDataModule, CausalLMModule
+from gym_lightning.callbacks import NonFiniteGuard, NonFiniteLossError
 from gym_lightning.checkpointing import StepCheckpoint, UnsafeCheckpointError, load_weights_only
 from gym_lightning.checkpointing.callback import link_atomically, publish, staging_path
 from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
 from gym_lightning.checkpointing.safe_load import weights_only_checkpoint_engine
 from gym_lightning.data.loader import STEP_TOKENS_KEY, StepTokenDataLoader, batches_to_skip
-from gym_lightning.module import NonFiniteLossError
 from gym_lightning.strategies import GymDDPStrategy
 
 SMALL = {"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
@@ -136,24 +136,25 @@ class PoisonLoss(pl.Callback):
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:
     module = tiny_module()
     expected = r"loss \(NaN or inf\) on rank\(s\) \[0\] in optimizer step 4 \(epoch 0; 3 steps"
+    callbacks = [NonFiniteGuard(), StepCheckpoint(tmp_path / "ck", every_n_steps=1), PoisonLoss(at_step=3)]
     with pytest.raises(NonFiniteLossError, match=expected):
-        fit(module, tmp_path, [StepCheckpoint(tmp_path / "ck", every_n_steps=1), PoisonLoss(at_step=3)], max_steps=6)
+        fit(module, tmp_path, callbacks, max_steps=6)
     assert os.readlink(tmp_path / "ck" / "last.ckpt") == "step-00000003.ckpt"
     state = load_weights_only(tmp_path / "ck" / "last.ckpt")["state_dict"]
     assert all(torch.isfinite(value).all() for value in state.values())
 
 
 def test_nonfinite_skip_drops_the_step_and_counts_it(tmp_path: Path) -> None:
-    module = tiny_module(on_nonfinite="skip")
-    callbacks = [StepCheckpoint(tmp_path / "ck", every_n_steps=1, keep_last=-1), PoisonLoss(at_step=3)]
+    module, guard = tiny_module(), NonFiniteGuard(action="skip")
+    callbacks = [guard, StepCheckpoint(tmp_path / "ck", every_n_steps=1, keep_last=-1), PoisonLoss(at_step=3)]
     trainer = fit(module, tmp_path, callbacks, max_steps=6)
-    assert trainer.global_step == 6 and module.skipped_nonfinite_steps == 1
+    assert trainer.global_step == 6 and guard.skipped_steps == 1
     assert all(torch.isfinite(p).all() for p in module.parameters())
     before, after, later = (load_weights_only(tmp_path / "ck" / f"step-0000000{n}.ckpt") for n in (3, 4, 5))
     for key, value in before["state_dict"].items():  # step 4 was dropped: no update at all, unlike step 5
         assert torch.equal(after["state_dict"][key], value), key
     assert any(not torch.equal(later["state_dict"][k], v) for k, v in before["state_dict"].items())
-    assert after["gym_skipped_nonfinite_steps"] == 1
+    assert after["callbacks"]["NonFiniteGuard"] == {"skipped_steps": 1}
 
 
 # ------------------------------------------------------------------------------------------------ resumable loader

@@ -79,7 +79,7 @@ def test_quickstart_smoke_exports_a_loadable_folder(tmp_path: Path) -> None:
     proc = run_cli(
         "fit", "--config", "configs/quickstart.yaml", "--trainer.max_epochs", "1", "--trainer.limit_train_batches",
         "20", "--trainer.limit_val_batches", "1", "--trainer.check_val_every_n_epoch", "1",
-        "--trainer.default_root_dir", str(tmp_path), "--model.export_dir", str(tmp_path / "hf"),
+        "--trainer.default_root_dir", str(tmp_path), "--export.output_dir", str(tmp_path / "hf"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     AutoModelForCausalLM.from_pretrained(tmp_path / "hf")
@@ -92,7 +92,7 @@ def test_full_quickstart_learns_addition(tmp_path: Path) -> None:
     """The README's quickstart, unchanged but for its output folders, reaches >= 90% held-out exact match."""
     proc = run_cli(
         "fit", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path),
-        "--model.export_dir", str(tmp_path / "hf"),
+        "--export.output_dir", str(tmp_path / "hf"),
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert read_metrics(tmp_path)["val/exact_match"] >= 0.9
@@ -120,6 +120,6 @@ def test_a_local_model_folder_trains_from_the_cli(tmp_path: Path) -> None:
     proc = run_cli(
         "fit", "--config", "configs/quickstart.yaml", "--model.model", str(tmp_path / "model"),
         "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0", "--trainer.default_root_dir", str(tmp_path),
-        "--model.export_dir", "null",
+        "--export.output_dir", "null",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]

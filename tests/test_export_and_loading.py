@@ -1,16 +1,20 @@
-"""Export to a Hugging Face folder (full and LoRA-merged), atomic writes, and loading from folders and presets."""
+"""Export to a Hugging Face folder (full and LoRA-merged, by the HFExport callback), atomic writes, and loading from
+folders and presets."""
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import lightning.pytorch as pl
 import pytest
 import torch
+from torch.utils.data import DataLoader
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from gym_lightning import CausalLMDataModule, CausalLMModule, LoRAArgs
+from gym_lightning import CausalLMDataModule, CausalLMModule, HFExport, LoRAArgs
 from gym_lightning.atomic import atomic_directory
+from gym_lightning.errors import GymUserError
 from gym_lightning.export import merge_lora_state_dict
 from gym_lightning.models import build_causal_lm
 
@@ -18,12 +22,12 @@ SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64}
 PROBE = torch.tensor([[5, 9, 12, 40, 7, 3, 22, 8]])
 
 
-def fit_briefly(module: CausalLMModule, root: Path) -> None:
+def fit_briefly(module: pl.LightningModule, root: Path, export: HFExport, data: Any = None) -> None:
     trainer = pl.Trainer(
         max_steps=3, limit_val_batches=0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, default_root_dir=root,
+        enable_model_summary=False, default_root_dir=root, callbacks=[export],
     )  # fmt: skip
-    trainer.fit(module, CausalLMDataModule(dataset="addition", batch_size=16))
+    trainer.fit(module, data if data is not None else CausalLMDataModule(dataset="addition", batch_size=16))
 
 
 def logits(model: torch.nn.Module) -> torch.Tensor:
@@ -34,8 +38,8 @@ def logits(model: torch.nn.Module) -> torch.Tensor:
 
 def test_export_round_trip_matches_module_logits(tmp_path: Path) -> None:
     out = tmp_path / "hf"
-    module = CausalLMModule("tiny-qwen3", config_overrides=SMALL, lr=1e-2, export_dir=str(out))
-    fit_briefly(module, tmp_path)
+    module = CausalLMModule("tiny-qwen3", config_overrides=SMALL, lr=1e-2)
+    fit_briefly(module, tmp_path, HFExport(output_dir=str(out)))
     names = {p.name for p in out.iterdir()}
     assert {"config.json", "model.safetensors", "generation_config.json", "tokenizer.json"} <= names
     assert not any(name.endswith(".bin") for name in names)
@@ -48,16 +52,66 @@ def test_export_round_trip_matches_module_logits(tmp_path: Path) -> None:
 def test_lora_trains_adapters_only_and_exports_merged(tmp_path: Path) -> None:
     out = tmp_path / "hf"
     lora = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"])
-    module = CausalLMModule("tiny-llama", config_overrides=SMALL, lr=5e-2, lora=lora, export_dir=str(out))
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL, lr=5e-2, lora=lora)
     module.configure_model()
     trainable = {n for n, p in module.model.named_parameters() if p.requires_grad}
     assert trainable and all("lora_" in n for n in trainable)
-    fit_briefly(module, tmp_path)
+    fit_briefly(module, tmp_path, HFExport(output_dir=str(out)))
     lora_b = [p for n, p in module.model.named_parameters() if "lora_B" in n]
     assert any(p.abs().max() > 0 for p in lora_b), "the adapters did not train, so the merge would prove nothing"
     reloaded = AutoModelForCausalLM.from_pretrained(out)
     assert not any("lora" in n for n, _ in reloaded.named_parameters())
     torch.testing.assert_close(logits(reloaded), logits(module.model), rtol=1e-4, atol=1e-5)
+
+
+class OwnLM(pl.LightningModule):
+    """Not a CausalLMModule: the HF model under another name, no tokenizer."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.net = build_causal_lm("tiny-llama", config_overrides=SMALL).train()
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        return self.net(input_ids=batch, labels=batch).loss
+
+    def configure_optimizers(self) -> torch.optim.Optimizer:
+        return torch.optim.SGD(self.parameters(), lr=0.5)
+
+
+def test_export_works_for_any_module_holding_an_hf_model(tmp_path: Path) -> None:
+    module, out = OwnLM(), tmp_path / "hf"
+    before = logits(module.net).clone()
+    module.net.train()
+    fit_briefly(module, tmp_path, HFExport(output_dir=str(out)), DataLoader(PROBE.repeat(6, 1), batch_size=2))
+    assert {p.name for p in out.iterdir()} == {"config.json", "model.safetensors", "generation_config.json"}
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    torch.testing.assert_close(logits(reloaded), logits(module.net), rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(logits(reloaded), before), "the model did not train, so the export proves little"
+
+
+class NoHFModel(OwnLM):
+    """No submodule with ``save_pretrained``: nothing HFExport could write."""
+
+    def __init__(self) -> None:
+        pl.LightningModule.__init__(self)
+        self.net = torch.nn.Linear(8, 8)
+        self.steps = 0
+
+    def training_step(self, batch: torch.Tensor, batch_idx: int) -> torch.Tensor:
+        self.steps += 1
+        return self.net(batch.float()).pow(2).mean()
+
+
+def test_export_without_output_dir_writes_nothing_and_needs_no_hf_model(tmp_path: Path) -> None:
+    fit_briefly(NoHFModel(), tmp_path, HFExport(), DataLoader(PROBE.repeat(6, 1), batch_size=2))
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_without_an_hf_model_fails_before_training(tmp_path: Path) -> None:
+    module = NoHFModel()
+    with pytest.raises(GymUserError, match="HFExport found no Hugging Face model in NoHFModel"):
+        fit_briefly(module, tmp_path, HFExport(output_dir=str(tmp_path / "hf")), DataLoader(PROBE, batch_size=1))
+    assert module.steps == 0, "trained although the export could never succeed"
 
 
 def test_merge_lora_state_dict_by_hand() -> None:

@@ -63,7 +63,7 @@ def test_hf_flags_map_onto_the_fit_configuration() -> None:
         "model.scheduler": "cosine",
         "model.warmup_ratio": "0.1",
         "model.gradient_checkpointing": "true",
-        "model.export_dir": "out/run/hf",
+        "export.output_dir": "out/run/hf",
         "ckpt_path": "last.ckpt",
     }
     assert {key: args.get(key) for key in expected} == expected

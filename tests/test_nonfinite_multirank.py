@@ -1,6 +1,6 @@
 """The non-finite guard on 2 real CPU ranks: a NaN loss on one rank only is seen, and acted on, by every rank.
 
-The per-rank flags travel in one collective per optimizer step (CausalLMModule._nonfinite_ranks). If a rank decided
+The per-rank flags travel in one collective per optimizer step (NonFiniteGuard._nonfinite_ranks). If a rank decided
 alone, the other would block in the next collective (the test's timeout) or the replicas would drift apart.
 """
 
@@ -16,8 +16,8 @@ pytestmark = pytest.mark.slow
 WORKER = str(Path(__file__).parent / "helpers" / "nonfinite_worker.py")
 
 
-def run(tmp_path: Path, strategy: str, on_nonfinite: str) -> dict[int, dict]:
-    run_python([WORKER, str(tmp_path), strategy, on_nonfinite], timeout=300)
+def run(tmp_path: Path, strategy: str, action: str) -> dict[int, dict]:
+    run_python([WORKER, str(tmp_path), strategy, action], timeout=300)
     files = {rank: tmp_path / f"rank{rank}.json" for rank in (0, 1)}
     return {rank: json.loads(path.read_text()) for rank, path in files.items() if path.exists()}
 

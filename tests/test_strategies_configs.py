@@ -35,7 +35,7 @@ def test_config_trains_on_two_cpu_processes_and_exports(name: str, tmp_path: Pat
             "--trainer.max_steps=2",
             f"--trainer.default_root_dir={tmp_path}",
             "--trainer.enable_progress_bar=false",
-            f"--model.export_dir={export_dir}",
+            f"--export.output_dir={export_dir}",
         ],
         timeout=600,
         env=rank_env(),

@@ -1,11 +1,22 @@
-"""Callbacks that measure and show training: throughput (tokens/s, TFLOP/s, MFU), memory held per rank, a quiet
-progress bar, and the loss/lr curves written to ``curves.png``."""
+"""Callbacks only (their math lives in ``gym_lightning.metrics``): throughput (tokens/s, TFLOP/s, MFU) and memory
+held per rank; the non-finite loss/gradient guard; the Hugging Face export at the end of ``fit``; a quiet progress
+bar and the loss/lr curves written to ``curves.png``."""
 
 from __future__ import annotations
 
 from gym_lightning.callbacks.curves import CurvesCallback
+from gym_lightning.callbacks.export import HFExport
 from gym_lightning.callbacks.memory import MemoryCallback
+from gym_lightning.callbacks.nonfinite import NonFiniteGuard, NonFiniteLossError
 from gym_lightning.callbacks.progress import GymProgressBar
 from gym_lightning.callbacks.throughput import ThroughputCallback
 
-__all__ = ["CurvesCallback", "GymProgressBar", "MemoryCallback", "ThroughputCallback"]
+__all__ = [
+    "CurvesCallback",
+    "GymProgressBar",
+    "HFExport",
+    "MemoryCallback",
+    "NonFiniteGuard",
+    "NonFiniteLossError",
+    "ThroughputCallback",
+]

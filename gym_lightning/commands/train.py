@@ -10,7 +10,7 @@ prints that run as YAML; ``python -m gym_lightning fit --config that.yaml`` repe
 Mapping decisions (where Lightning and the HF Trainer differ):
 
 - ``--output_dir``: ``trainer.default_root_dir`` (logs, ``checkpoints/``); the final model is exported as a
-  Hugging Face folder to ``<output_dir>/hf`` (``model.export_dir``) — HF writes it to ``output_dir`` itself.
+  Hugging Face folder to ``<output_dir>/hf`` (``export.output_dir``) — HF writes it to ``output_dir`` itself.
 - ``--save_steps N``: a ``ModelCheckpoint(every_n_train_steps=N)`` in ``<output_dir>/checkpoints`` keeping the
   last ``--save_total_limit`` (all by default, as HF). ``--save_strategy no`` turns checkpointing off.
 - ``--eval_steps N``: validation every N optimizer steps (Lightning counts micro-batches, so
@@ -317,7 +317,7 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.scheduler": SCHEDULERS[args.lr_scheduler_type],
         "model.warmup_steps": 0 if no_warmup else args.warmup_steps,
         "model.warmup_ratio": 0.0 if no_warmup else args.warmup_ratio,
-        "model.export_dir": str(Path(args.output_dir) / "hf"),
+        "export.output_dir": str(Path(args.output_dir) / "hf"),
     }
     if args.use_lora:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha, "dropout": args.lora_dropout}

@@ -120,6 +120,10 @@ class GymDDPStrategy(DDPStrategy):
         if hook is not None:
             self.model.register_comm_hook(state=state, hook=hook)
 
+    def local_gradients(self, module: torch.nn.Module) -> list[torch.Tensor] | None:
+        """This rank's gradients of ``module`` (for ``NonFiniteGuard``): every rank holds them all, as ``.grad``."""
+        return [p.grad for p in module.parameters() if p.grad is not None]
+
     def full_model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
         """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere (every rank holds all weights)."""
         return cpu_state_dict(model) if self.is_global_zero else {}

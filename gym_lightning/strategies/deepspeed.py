@@ -454,6 +454,11 @@ class ZeROStrategy(DeepSpeedStrategy):
         with refuse_unsafe_pickles(checkpoint_path):
             return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
 
+    def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None:
+        """``None``: the engine owns the gradients (``.grad`` stays empty) and always steps, so ``NonFiniteGuard``
+        can neither inspect nor drop them."""
+        return None
+
     # ---------------------------------------------------------------------------------------------------- export
     def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere; collective under stage 3.

@@ -196,6 +196,11 @@ class GymFSDPStrategy(ModelParallelStrategy):
             "offload_policy": offload,
         }
 
+    def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None:
+        """This rank's gradient shards of ``module`` as plain tensors (for ``NonFiniteGuard``); no collective."""
+        grads = [p.grad for p in module.parameters() if p.grad is not None]
+        return [g.to_local() if isinstance(g, DTensor) else g for g in grads]
+
     def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
         """Gather the full, unsharded CPU state dict of ``model`` on global rank 0 (``{}`` elsewhere); collective."""
         options = StateDictOptions(full_state_dict=True, cpu_offload=True)

@@ -1,6 +1,6 @@
 """2-rank worker: the loss turns NaN on one rank only; every rank must take the same decision.
 
-``python nonfinite_worker.py OUT STRATEGY ON_NONFINITE`` (Lightning's launcher re-runs it for rank 1). Rank 1's loss
+``python nonfinite_worker.py OUT STRATEGY ACTION`` (Lightning's launcher re-runs it for rank 1). Rank 1's loss
 is NaN in optimizer step 3 (global_step 2). Each rank writes ``OUT/rank<r>.json``: the error it raised (or None),
 the steps done, the skipped-step count and a checksum of its full weights.
 """
@@ -16,7 +16,7 @@ import lightning.pytorch as pl
 import torch
 
 from gym_lightning import CausalLMDataModule, CausalLMModule
-from gym_lightning.module import NonFiniteLossError
+from gym_lightning.callbacks import NonFiniteGuard, NonFiniteLossError
 
 BAD_RANK, BAD_STEP = 1, 2
 
@@ -32,17 +32,18 @@ class PoisonLossOnOneRank(pl.Callback):
             del module._summed_loss
 
 
-def main(out: Path, strategy: str, on_nonfinite: str) -> None:
+def main(out: Path, strategy: str, action: str) -> None:
     torch.set_num_threads(1)
     pl.seed_everything(3)
     module = CausalLMModule(
         "tiny-llama", config_overrides={"hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 1},
-        lr=1e-2, scheduler="constant", on_nonfinite=on_nonfinite,
+        lr=1e-2, scheduler="constant",
     )  # fmt: skip
+    guard = NonFiniteGuard(action=action)
     trainer = pl.Trainer(
         accelerator="cpu", devices=2, strategy=strategy, max_steps=5, limit_val_batches=0, logger=False,
         enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False,
-        callbacks=[PoisonLossOnOneRank()],
+        callbacks=[guard, PoisonLossOnOneRank()],
     )  # fmt: skip
     records = [{"prompt": f"{i}+{i}=", "completion": str(2 * i) * (1 + i % 3)} for i in range(48)]
     train = out / "train.jsonl"
@@ -57,7 +58,7 @@ def main(out: Path, strategy: str, on_nonfinite: str) -> None:
     result = {
         "error": error,
         "global_step": trainer.global_step,
-        "skipped": module.skipped_nonfinite_steps,
+        "skipped": guard.skipped_steps,
         "finite": all(bool(torch.isfinite(p).all()) for p in module.model.parameters()),
         "checksum": float(sum(v.double().sum() for v in state.values())) if state else None,
     }
