@@ -9,8 +9,8 @@
 #
 # The CPU torch wheel is installed before the package: an unpinned `torch` requirement would otherwise resolve to a
 # multi-GB CUDA build. A finished build writes .venv/.bootstrap-stamp, a hash of setup.cfg, pyproject.toml, the
-# torch spec and the index url. A later run reuses .venv (seconds, no network) when the stamp matches and
-# `import gym_lightning, torch` works in it, so the README's commands can be typed again and again; otherwise (changed
+# torch spec and the index url. A later run reuses .venv (seconds, no network) when the stamp matches, torch imports
+# and the package is installed, so the README's commands can be typed again and again; otherwise (changed
 # requirements, another torch, a broken or half-built .venv) it deletes .venv and builds it from scratch.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -37,6 +37,10 @@ compute_stamp() {
     sha256sum | cut -d' ' -f1
 }
 
+# A usable .venv: torch imports and this package is installed. Not `import gym_lightning`: that imports Lightning,
+# transformers and DeepSpeed too (measured 14 s against 9 s for this check on a loaded 2-core machine).
+venv_check="import torch, importlib.metadata as m; m.version('gym-lightning')"
+
 stamp=$(compute_stamp)
 if [[ $print_stamp -eq 1 ]]; then
   echo "$stamp"
@@ -44,7 +48,7 @@ if [[ $print_stamp -eq 1 ]]; then
 fi
 
 if [[ $force -eq 0 && -f $stamp_file && $(cat "$stamp_file") == "$stamp" ]] &&
-  .venv/bin/python -c 'import gym_lightning, torch' >/dev/null 2>&1; then
+  .venv/bin/python -c "$venv_check" >/dev/null 2>&1; then
   echo "bootstrap.sh: .venv is up to date (stamp $stamp_file matches); reusing it (--force rebuilds)"
   exit 0
 fi
