@@ -14,6 +14,9 @@ by one, at their source, so that real warnings keep reaching the console:
   the records that start with "💡 Tip"; the other messages of that logger ("GPU available", ...) stay.
 - The "tensorboardX has been removed ... `logger=True` will use CSVLogger" warning: gone because tensorboard is a
   declared dependency; ``gym fit`` logs to TensorBoard and CSV in the run folder (``cli_trainer_defaults``).
+- Lightning's "Loading `train_dataloader` to estimate number of stepping batches." (an internal detail), dropped by
+  the same filter, and torch's deprecation warning about ``LeafSpec()`` raised from Lightning's own
+  ``utilities/_pytree.py`` on every fit (``warnings`` filter on that message from that module only).
 - ``v_num`` on the progress bar: the logger's version number, the same on every step; ``GymProgressBar`` drops it.
 """
 
@@ -23,6 +26,7 @@ import importlib.util
 import logging
 import os
 import sys
+import warnings
 from collections.abc import Mapping
 from typing import Any
 
@@ -30,6 +34,12 @@ from typing import Any
 # is importable (or torch reports CUDA/XPU, or the machine is a Mac with MPS); only otherwise does it warn.
 _ACCELERATOR_EXTENSIONS = ("torch_npu", "torch_sdaa", "habana_frameworks", "torch_mlu", "torch_supa", "torch_xmlir")
 LIGHTNING_TIP_PREFIX = "💡 Tip"
+# Lightning's INFO records that describe its own internals, not the run: dropped like the tips.
+LIGHTNING_NOISE_PREFIXES: tuple[str, ...] = (LIGHTNING_TIP_PREFIX, "Loading `train_dataloader` to estimate number of")
+# torch deprecated constructing LeafSpec(); Lightning 2.6's own pytree copy still does on every fit
+# (lightning/pytorch/utilities/_pytree.py): nothing a user can act on. Matched on message and module both.
+LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
+LEAFSPEC_MODULE = r"lightning\.pytorch\.utilities\._pytree"
 
 
 def deepspeed_would_fall_back_to_cpu() -> bool:
@@ -56,7 +66,7 @@ class _DropLightningTips(logging.Filter):
     """Drops Lightning's "💡 Tip" advertisements and lets every other record of the logger through."""
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(LIGHTNING_TIP_PREFIX)
+        return not str(record.msg).startswith(LIGHTNING_NOISE_PREFIXES)
 
 
 def drop_lightning_tips() -> None:
@@ -71,6 +81,7 @@ def quiet_console() -> None:
     """Silence the noise sources listed in this module's docstring; called once when gym_lightning is imported."""
     silence_deepspeed_cpu_detection()
     drop_lightning_tips()
+    warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, module=LEAFSPEC_MODULE)
 
 
 def default_loggers(save_dir: str) -> list[Any]:

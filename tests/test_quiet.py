@@ -7,6 +7,7 @@ import logging
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
 import lightning.pytorch as pl
@@ -54,11 +55,24 @@ def test_lightning_tips_are_dropped_and_other_info_kept() -> None:
     level, logger.level = logger.level, logging.INFO
     try:
         rank_zero_info("💡 Tip: For seamless cloud logging, try installing litlogger")
+        rank_zero_info("Loading `train_dataloader` to estimate number of stepping batches.")
         rank_zero_info("GPU available: False, used: False")
     finally:
         logger.removeHandler(handler)
         logger.level = level
     assert records == ["GPU available: False, used: False"]
+
+
+def test_lightnings_leafspec_deprecation_is_silenced_only_from_its_module() -> None:
+    import gym_lightning.quiet
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("default")
+        gym_lightning.quiet.quiet_console()  # catch_warnings reset the filters: install them again inside it
+        message = "`isinstance(treespec, LeafSpec)` is deprecated, use `isinstance(treespec, TreeSpec)` instead."
+        warnings.warn_explicit(message, FutureWarning, "_pytree.py", 21, module="lightning.pytorch.utilities._pytree")
+        warnings.warn_explicit(message, FutureWarning, "mine.py", 1, module="my_project.trees")
+    assert [str(w.message) for w in caught] == [message]  # the user's own code still warns
 
 
 def test_progress_bar_drops_v_num(tmp_path: Path) -> None:
