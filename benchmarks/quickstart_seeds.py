@@ -54,7 +54,7 @@ def run_seed(seed: int, config: Path, extra: list[str], workdir: Path) -> SeedRe
     command = [
         sys.executable, "-m", "gym_lightning", "fit", "--config", str(config),
         "--seed_everything", str(seed), "--data.seed", str(seed),
-        "--trainer.default_root_dir", str(root), "--model.export_dir", "null",
+        "--trainer.default_root_dir", str(root), "--export.output_dir", "null",
         "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(root),
         *extra,
     ]  # fmt: skip

@@ -27,7 +27,7 @@ def _plain_argv(monkeypatch: pytest.MonkeyPatch) -> None:
 def fit_args(tmp_path: Path, *extra: str) -> list[str]:
     return [
         "fit", "--config", QUICKSTART, "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--model.export_dir", "null", "--trainer.max_steps", "2", "--trainer.num_sanity_val_steps", "0",
+        "--export.output_dir", "null", "--trainer.max_steps", "2", "--trainer.num_sanity_val_steps", "0",
         "--trainer.limit_val_batches", "0", *extra,
     ]  # fmt: skip
 
