@@ -13,7 +13,7 @@ import yaml
 from helpers.dist import REPO_ROOT, rank_env, run_python
 
 from gym_lightning import cli
-from gym_lightning.commands.train import build_parser, flags_for_settings, main, to_cli_args
+from gym_lightning.commands.train import flags_for_settings, main, parse_train_args, to_cli_args
 from gym_lightning.errors import GymUserError
 
 DS_ZERO3 = REPO_ROOT / "configs" / "deepspeed" / "ds_zero3.json"
@@ -22,7 +22,7 @@ BASE = ["--model_name_or_path", "tiny-llama", "--dataset", "addition"]
 
 def _cli_args(*flags: str) -> dict[str, str]:
     """The ``--key=value`` arguments ``gym train`` would hand to LightningCLI, as a dict."""
-    args = to_cli_args(build_parser().parse_args([*BASE, *flags]))
+    args = to_cli_args(parse_train_args([*BASE, *flags]), env={})
     assert args[0] == "fit"
     return dict(arg[2:].split("=", 1) for arg in args[1:])
 
@@ -68,14 +68,8 @@ def test_hf_flags_map_onto_the_fit_configuration() -> None:
     }
     assert {key: args.get(key) for key in expected} == expected
     (checkpoint,) = json.loads(args["trainer.callbacks"])
-    assert checkpoint["class_path"] == "lightning.pytorch.callbacks.ModelCheckpoint"
-    assert checkpoint["init_args"] | {"dirpath": None} == {
-        "dirpath": None,
-        "every_n_train_steps": 20,
-        "save_top_k": 3,
-        "monitor": "step",
-        "mode": "max",
-    }
+    assert checkpoint["class_path"] == "gym_lightning.checkpointing.StepCheckpoint"
+    assert checkpoint["init_args"] | {"dirpath": None} == {"dirpath": None, "every_n_steps": 20, "keep_last": 3}
     assert Path(checkpoint["init_args"]["dirpath"]) == Path("out/run/checkpoints")
 
 
@@ -94,7 +88,7 @@ def test_hf_defaults_and_other_choices() -> None:
     assert lora["trainer.enable_checkpointing"] == "false" and "trainer.callbacks" not in lora
     epoch = _cli_args("--do_eval", "--report_to", "csv", "--output_dir", "o")
     assert epoch["trainer.check_val_every_n_epoch"] == "1"
-    assert json.loads(epoch["trainer.logger"])["init_args"] == {"save_dir": "o", "name": "logs"}
+    assert json.loads(epoch["trainer.logger"])[0]["init_args"] == {"save_dir": "o", "name": "logs"}
 
 
 def test_deepspeed_flag_makes_a_zero_strategy_and_shared_settings_come_from_the_json(tmp_path: Path) -> None:
@@ -152,7 +146,7 @@ def test_flags_for_settings_knows_each_setting_once_per_line() -> None:
         ("trainer.num_nodes", "--num_nodes"),
         ("data.batch_size", "--per_device_train_batch_size"),
         ("model.warmup_steps", "--warmup_steps"),
-        ("model.warmup_ratio", "--warmup_ratio"),
+        ("model.warmup_ratio", "--warmup_steps"),  # transformers 5: warmup_steps < 1 is the ratio
     ]:
         assert f"{setting} (gym train: {flag})" in first
     # Only whole setting names: optimizer.params.lr is a JSON key, not model.lr.
@@ -204,7 +198,7 @@ def test_help_lists_the_hf_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--print_config",
     ):
         assert flag in out, flag
-    assert "Peak AdamW learning rate" in out
+    assert "The initial learning rate for" in out  # HF's own help text
 
 
 @pytest.mark.parametrize(
@@ -338,3 +332,109 @@ def test_shipped_json_trains_on_two_cpu_ranks(
     shipped_losses[name] = losses
     model = AutoModelForCausalLM.from_pretrained(out / "hf")  # the HF folder is complete and loads
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
+
+
+# ------------------------------------------------------------------------------ HfArgumentParser over TrainingArguments
+def test_every_training_arguments_field_is_a_flag() -> None:
+    from dataclasses import fields
+
+    from transformers import TrainingArguments
+
+    from gym_lightning.commands.train import build_parser
+
+    valid = set(build_parser().valid_flags())
+    assert {f"--{spec.name}" for spec in fields(TrainingArguments) if spec.init} <= valid
+    assert {"--local_rank", "--max_seq_length", "--model_max_length", "--use_peft", "--devices"} <= valid
+
+
+def test_hf_types_that_were_refused_before_now_map() -> None:
+    args = _cli_args(
+        *("--bf16", "True", "--warmup_steps", "0.03", "--max_steps", "20", "--logging_steps", "0.1"),
+        *("--save_steps", "0.5", "--eval_steps", "0.25", "--report_to", "csv", "tensorboard", "--run_name", "r1"),
+        *("--optim", "adamw_torch", "--local_rank=1", "--data_seed", "5", "--resume_from_checkpoint", "True"),
+        *("--lr_scheduler_type", "constant_with_warmup", "--disable_tqdm", "True"),
+    )
+    assert args["trainer.precision"] == "bf16-mixed"
+    assert args["model.warmup_ratio"] == "0.03" and args["model.warmup_steps"] == "0"
+    # Ratios of --max_steps 20, rounded up as HF: 0.1 -> 2, 0.5 -> 10, 0.25 -> 5.
+    assert args["trainer.log_every_n_steps"] == "2" and args["trainer.val_check_interval"] == "5"
+    assert json.loads(args["trainer.callbacks"])[0]["init_args"]["every_n_steps"] == 10
+    loggers = json.loads(args["trainer.logger"])
+    assert [logger["class_path"].rsplit(".", 1)[1] for logger in loggers] == ["CSVLogger", "TensorBoardLogger"]
+    assert loggers[0]["init_args"]["version"] == "r1"
+    assert args["data.seed"] == "5" and args["seed_everything"] == "42"
+    assert args["ckpt_path"] == "last" and args["model.scheduler"] == "constant"
+    assert args["trainer.enable_progress_bar"] == "false"
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--push_to_hub"], "--push_to_hub True is not supported: gym train does not upload"),
+        (["--torch_compile", "True"], "--torch_compile True is not supported"),
+        (["--optim", "adamw_8bit"], "--optim adamw_8bit: gym train builds torch.optim.AdamW"),
+        (["--lr_scheduler_type", "polynomial"], "--lr_scheduler_type polynomial: the module's schedules"),
+        (["--report_to", "comet_ml"], "--report_to comet_ml: gym train logs to"),
+        (["--logging_steps", "0.1"], "--logging_steps 0.1 is a ratio of the total steps: give --max_steps"),
+        (["--num_train_epochs", "1.5"], "--num_train_epochs 1.5: whole epochs only"),
+    ],
+)
+def test_unmapped_flags_are_refused_in_one_line_naming_them(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *BASE, *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "1 problem(s)" in err
+
+
+def test_unmapped_flags_at_their_default_are_accepted() -> None:
+    _cli_args("--torch_compile", "False", "--push_to_hub", "False", "--ddp_timeout", "1800", "--use_cpu", "False")
+
+
+def test_arguments_from_one_yaml_or_json_file(tmp_path: Path) -> None:
+    flags = {"model_name_or_path": "tiny-llama", "dataset": "addition", "learning_rate": 1e-4, "bf16": True}
+    flags |= {"report_to": ["csv"], "max_steps": 10, "warmup_steps": 0.1}
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(flags))
+    (tmp_path / "run.json").write_text(json.dumps(flags))
+    from_flags = _cli_args(
+        *("--learning_rate", "1e-4", "--bf16", "--report_to", "csv", "--max_steps", "10", "--warmup_steps", "0.1")
+    )
+    for name in ("run.yaml", "run.json"):
+        assert to_cli_args(parse_train_args([str(tmp_path / name)]), env={}) == ["fit"] + [
+            f"--{key}={value}" for key, value in from_flags.items()
+        ]
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(flags | {"lerning_rate": 1}))
+    with pytest.raises(GymUserError, match="lerning_rate"):
+        parse_train_args([str(tmp_path / "bad.yaml")])
+
+
+# ------------------------------------------------------------------------------------------------------ launchers
+@pytest.mark.parametrize(
+    ("env", "topology"),
+    [
+        ({"WORLD_SIZE": "8", "LOCAL_WORLD_SIZE": "4", "RANK": "5", "LOCAL_RANK": "1"}, (4, 2)),  # torchrun, accelerate
+        ({"WORLD_SIZE": "2", "LOCAL_SIZE": "2", "LOCAL_RANK": "0", "RANK": "0"}, (2, 1)),  # deepspeed launcher
+        ({"SLURM_STEP_NUM_TASKS": "6", "SLURM_STEP_NUM_NODES": "3", "SLURM_NTASKS": "6"}, (2, 3)),  # srun
+        ({"SLURM_NTASKS": "6", "SLURM_NNODES": "3"}, None),  # the sbatch script itself, before srun
+        ({}, None),
+    ],
+)
+def test_launcher_topology_from_the_environment(env: dict[str, str], topology: tuple[int, int] | None) -> None:
+    from gym_lightning.commands.train import launcher_topology
+
+    assert launcher_topology(env) == topology
+
+
+def test_launcher_sets_devices_and_nodes_unless_given() -> None:
+    env = {"WORLD_SIZE": "4", "LOCAL_WORLD_SIZE": "2"}
+    args = dict(arg[2:].split("=", 1) for arg in to_cli_args(parse_train_args(BASE), env=env)[1:])
+    assert (args["trainer.devices"], args["trainer.num_nodes"]) == ("2", "2")
+    given = parse_train_args([*BASE, "--devices", "1"])
+    args = dict(arg[2:].split("=", 1) for arg in to_cli_args(given, env=env)[1:])
+    assert (args["trainer.devices"], args["trainer.num_nodes"]) == ("1", "2")
+    args = dict(arg[2:].split("=", 1) for arg in to_cli_args(parse_train_args(BASE), env={})[1:])
+    assert (args["trainer.devices"], args["trainer.num_nodes"]) == ("auto", "1")
+    with pytest.raises(GymUserError, match="not a multiple of 2 per node"):
+        to_cli_args(parse_train_args(BASE), env={"WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "2"})
