@@ -438,3 +438,19 @@ def test_launcher_sets_devices_and_nodes_unless_given() -> None:
     assert (args["trainer.devices"], args["trainer.num_nodes"]) == ("auto", "1")
     with pytest.raises(GymUserError, match="not a multiple of 2 per node"):
         to_cli_args(parse_train_args(BASE), env={"WORLD_SIZE": "3", "LOCAL_WORLD_SIZE": "2"})
+
+
+@pytest.mark.slow
+def test_torchrun_without_devices_runs_two_ranks(tmp_path: Path) -> None:
+    """``torchrun --nproc_per_node 2 -m gym_lightning train`` with no --devices: 2 ranks from LOCAL_WORLD_SIZE
+    (before, Lightning took devices=1 and refused the world size of 2). About 20 s on 2 CPU cores."""
+    out = tmp_path / "run"
+    env = rank_env()
+    launcher = ["-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port", env["MASTER_PORT"]]
+    flags = [*BASE, *("--max_steps", "2", "--per_device_train_batch_size", "4", "--max_seq_length", "32")]
+    flags += ["--logging_steps", "1", "--report_to", "csv", "--save_strategy", "no", "--use_cpu", "True"]
+    proc = run_python([*launcher, "-m", "gym_lightning", "train", *flags, "--output_dir", str(out)], 300, env=env)
+    assert "MEMBER: 2/2" in proc.stdout + proc.stderr
+    (config,) = out.glob("logs/version_*/config.yaml")
+    assert str(yaml.safe_load(config.read_text())["trainer"]["devices"]) == "2"
+    assert len(_losses(out)) == 2 and (out / "hf" / "config.json").is_file()
