@@ -4,11 +4,28 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 SchedulerName = Literal["cosine", "linear", "constant"]
+# HF Trainer --optim names built here, as Trainer.get_optimizer_cls_and_kwargs builds them (torch's optimizers and
+# transformers' Adafactor; the others need bitsandbytes, torchao, galore, ... or an XLA/NPU device).
+OptimizerName = Literal["adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor"]
+# transformers.SchedulerType values that transformers.get_scheduler builds from the step counts alone
+# (reduce_lr_on_plateau and greedy follow a validation metric).
+HFSchedulerName = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+]
 
 
 def weight_decay_groups(
@@ -46,3 +63,39 @@ def lr_multiplier(step: int, *, name: SchedulerName, warmup_steps: int, total_st
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     decay = 1.0 - progress if name == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+def build_optimizer(
+    name: OptimizerName, groups: list[dict[str, object]], *, lr: float, betas: tuple[float, float], eps: float
+) -> torch.optim.Optimizer:
+    """The optimizer the HF Trainer builds for ``--optim name`` (betas/eps are AdamW's only, as there)."""
+    if name in ("adamw_torch", "adamw_torch_fused"):
+        fused = {"fused": True} if name == "adamw_torch_fused" else {}
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **fused)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # HF's settings for --optim adafactor: the given learning rate, not Adafactor's relative step sizes.
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False)
+    classes: dict[str, Any] = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop}
+    return classes[name](groups, lr=lr)
+
+
+def hf_scheduler(
+    name: HFSchedulerName,
+    optimizer: torch.optim.Optimizer,
+    *,
+    warmup_steps: int,
+    total_steps: int,
+    kwargs: dict[str, Any] | None = None,
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """``transformers.get_scheduler``: the HF Trainer's schedule, its warm-up ``step / warmup_steps`` included."""
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        name,
+        optimizer,
+        num_warmup_steps=warmup_steps,
+        num_training_steps=total_steps,
+        scheduler_specific_kwargs=kwargs,
+    )

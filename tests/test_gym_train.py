@@ -60,7 +60,8 @@ def test_hf_flags_map_onto_the_fit_configuration() -> None:
         "model.lr": "0.0001",
         "model.weight_decay": "0.1",
         "model.betas": "[0.9, 0.95]",
-        "model.scheduler": "cosine",
+        "model.hf_scheduler": "cosine",
+        "model.optim": "adamw_torch_fused",  # HF 5's default
         "model.warmup_ratio": "0.1",
         "model.gradient_checkpointing": "true",
         "model.export_dir": "out/run/hf",
@@ -76,7 +77,7 @@ def test_hf_flags_map_onto_the_fit_configuration() -> None:
 def test_hf_defaults_and_other_choices() -> None:
     args = _cli_args("--max_steps", "7", "--lr_scheduler_type", "constant", "--warmup_steps", "5", "--fp16")
     assert args["trainer.max_steps"] == "7" and args["trainer.max_epochs"] == "-1"  # max_steps wins, as in HF
-    assert args["model.scheduler"] == "constant" and args["model.warmup_steps"] == "0"  # HF constant: no warm-up
+    assert args["model.hf_scheduler"] == "constant"  # transformers' constant schedule ignores the warm-up itself
     assert args["trainer.precision"] == "16-mixed"
     assert args["trainer.gradient_clip_val"] == "1.0" and args["model.lr"] == "5e-05"  # HF defaults
     assert args["trainer.limit_val_batches"] == "0"  # eval_strategy "no" by default, as HF
@@ -353,6 +354,7 @@ def test_hf_types_that_were_refused_before_now_map() -> None:
         *("--save_steps", "0.5", "--eval_steps", "0.25", "--report_to", "csv", "tensorboard", "--run_name", "r1"),
         *("--optim", "adamw_torch", "--local_rank=1", "--data_seed", "5", "--resume_from_checkpoint", "True"),
         *("--lr_scheduler_type", "constant_with_warmup", "--disable_tqdm", "True"),
+        *("--lr_scheduler_kwargs", '{"min_lr_rate": 0.1}'),
     )
     assert args["trainer.precision"] == "bf16-mixed"
     assert args["model.warmup_ratio"] == "0.03" and args["model.warmup_steps"] == "0"
@@ -363,8 +365,9 @@ def test_hf_types_that_were_refused_before_now_map() -> None:
     assert [logger["class_path"].rsplit(".", 1)[1] for logger in loggers] == ["CSVLogger", "TensorBoardLogger"]
     assert loggers[0]["init_args"]["version"] == "r1"
     assert args["data.seed"] == "5" and args["seed_everything"] == "42"
-    assert args["ckpt_path"] == "last" and args["model.scheduler"] == "constant"
-    assert args["trainer.enable_progress_bar"] == "false"
+    assert args["ckpt_path"] == "last" and args["model.hf_scheduler"] == "constant_with_warmup"
+    assert args["trainer.enable_progress_bar"] == "false" and args["model.optim"] == "adamw_torch"
+    assert json.loads(args["model.scheduler_kwargs"]) == {"min_lr_rate": 0.1}
 
 
 @pytest.mark.parametrize(
@@ -372,8 +375,8 @@ def test_hf_types_that_were_refused_before_now_map() -> None:
     [
         (["--push_to_hub"], "--push_to_hub True is not supported: gym train does not upload"),
         (["--torch_compile", "True"], "--torch_compile True is not supported"),
-        (["--optim", "adamw_8bit"], "--optim adamw_8bit: gym train builds torch.optim.AdamW"),
-        (["--lr_scheduler_type", "polynomial"], "--lr_scheduler_type polynomial: the module's schedules"),
+        (["--optim", "adamw_8bit"], "--optim adamw_8bit: not built by gym_lightning"),
+        (["--lr_scheduler_type", "reduce_lr_on_plateau"], "reduce_lr_on_plateau: follows a validation metric"),
         (["--report_to", "comet_ml"], "--report_to comet_ml: gym train logs to"),
         (["--logging_steps", "0.1"], "--logging_steps 0.1 is a ratio of the total steps: give --max_steps"),
         (["--num_train_epochs", "1.5"], "--num_train_epochs 1.5: whole epochs only"),

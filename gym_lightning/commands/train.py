@@ -30,10 +30,11 @@ Mapping decisions (where Lightning and the HF Trainer differ):
   given, else ``no`` (as HF).
 - ``--bf16``/``--fp16``: ``bf16-mixed``/``16-mixed`` (HF's flags select mixed precision with fp32 weights).
 - ``--max_steps > 0`` overrides ``--num_train_epochs`` (as HF); whole epochs only otherwise.
-- ``--optim``: ``adamw_torch`` and ``adamw_torch_fused`` (HF's default) are the module's ``torch.optim.AdamW``; other
-  optimizers are refused.
-- ``--lr_scheduler_type constant`` ignores warm-up (as HF); ``constant_with_warmup`` keeps it; ``linear`` and
-  ``cosine`` are the module's schedules; other HF schedules are refused.
+- ``--optim``: ``model.optim``, built as the HF Trainer builds it (``optim.build_optimizer``: ``adamw_torch``,
+  ``adamw_torch_fused`` (HF's default), ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor``); the others need packages
+  or devices not used here and are refused.
+- ``--lr_scheduler_type``/``--lr_scheduler_kwargs``: ``model.hf_scheduler``/``model.scheduler_kwargs``, built by
+  ``transformers.get_scheduler`` (HF's numbers, warm-up included); ``reduce_lr_on_plateau``/``greedy`` are refused.
 - ``--report_to``: one or more of ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` (``all``: those installed, ``none``:
   no logger), written under ``<output_dir>/logs``; ``--run_name`` names the run.
 - ``--deepspeed ds.json``: ``trainer.strategy = ZeROStrategy(config=ds.json)`` (stage from the JSON, ``"auto"``
@@ -62,16 +63,17 @@ import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import Any, NoReturn, get_args
 
 from transformers import HfArgumentParser, TrainingArguments
 
 from gym_lightning.errors import GymUserError, raise_if_problems
+from gym_lightning.optim import HFSchedulerName, OptimizerName
 from gym_lightning.strategies.hf_deepspeed_config import adopted_value, load_deepspeed_json
 
-SCHEDULERS = {"linear": "linear", "cosine": "cosine", "constant": "constant", "constant_with_warmup": "constant"}
-# Both are torch.optim.AdamW; fused only changes the kernel (HF's default since transformers 5).
-OPTIMIZERS = ("adamw_torch", "adamw_torch_fused")
+# The HF schedules and optimizers the module builds (transformers.get_scheduler; optim.build_optimizer).
+SCHEDULERS: tuple[str, ...] = get_args(HFSchedulerName)
+OPTIMIZERS: tuple[str, ...] = get_args(OptimizerName)
 # --report_to -> (Lightning logger class, the package it needs).
 LOGGERS = {
     "csv": ("lightning.pytorch.loggers.CSVLogger", None),
@@ -92,6 +94,7 @@ MAPPED_FIELDS = frozenset(
         "lr_scheduler_type",
         "warmup_steps",
         "optim",
+        "lr_scheduler_kwargs",
         "weight_decay",
         "adam_beta1",
         "adam_beta2",
@@ -131,8 +134,7 @@ REFUSAL_REASONS = {
     "fsdp": "use --strategy fsdp (Lightning's FSDP) instead",
     "fsdp_config": "use --strategy fsdp (Lightning's FSDP) instead",
     "torch_compile": "torch.compile is not wired into gym train",
-    "lr_scheduler_kwargs": "the module's schedules take no extra arguments",
-    "optim_args": "the module's AdamW takes only --adam_beta1/--adam_beta2/--adam_epsilon/--weight_decay",
+    "optim_args": "the optimizers take --learning_rate, --weight_decay and (AdamW) --adam_beta1/2, --adam_epsilon",
     "average_tokens_across_devices": "gym_lightning always normalises the loss by the tokens of the whole step",
     "load_best_model_at_end": "the final model is the last one; pick a checkpoint from <output_dir>/checkpoints",
     "tf32": "TF32 is a CUDA matmul mode; set torch.backends.cuda.matmul.allow_tf32 in your own code",
@@ -309,11 +311,13 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
         problems.append(f"--num_train_epochs {args.num_train_epochs}: whole epochs only; use --max_steps instead.")
     if str(args.optim) not in OPTIMIZERS:
         problems.append(
-            f"--optim {args.optim}: gym train builds torch.optim.AdamW; use one of {', '.join(OPTIMIZERS)}."
+            f"--optim {args.optim}: not built by gym_lightning (it needs a package or a device not used here); "
+            f"use one of {', '.join(OPTIMIZERS)}."
         )
     if str(args.lr_scheduler_type) not in SCHEDULERS:
         problems.append(
-            f"--lr_scheduler_type {args.lr_scheduler_type}: the module's schedules are {', '.join(SCHEDULERS)}."
+            f"--lr_scheduler_type {args.lr_scheduler_type}: follows a validation metric, which gym train does not "
+            f"feed to schedules; use one of {', '.join(SCHEDULERS)}."
         )
     problems += _ratio_problems(args) + _report_to_problems(args)
     given_lora = [f"--{name}" for name in LORA_FLAGS if getattr(args, name) is not None]
@@ -478,8 +482,6 @@ def _checkpoint_values(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _model_values(args: argparse.Namespace) -> dict[str, Any]:
-    # HF's "constant" schedule has no warm-up; "constant_with_warmup" is the module's "constant".
-    no_warmup = str(args.lr_scheduler_type) == "constant"
     warmup = args.warmup_steps
     ratio = warmup if 0 < warmup < 1 else args.warmup_ratio  # HF 5: warmup_steps < 1 is a ratio
     values: dict[str, Any] = {
@@ -493,9 +495,11 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.weight_decay": args.weight_decay,
         "model.betas": [args.adam_beta1, args.adam_beta2],
         "model.eps": args.adam_epsilon,
-        "model.scheduler": SCHEDULERS[str(args.lr_scheduler_type)],
-        "model.warmup_steps": 0 if no_warmup or warmup < 1 else int(warmup),
-        "model.warmup_ratio": 0.0 if no_warmup else ratio,
+        "model.optim": str(args.optim),
+        "model.hf_scheduler": str(args.lr_scheduler_type),  # HF's "constant" ignores the warm-up itself
+        "model.scheduler_kwargs": _scheduler_kwargs(args.lr_scheduler_kwargs),
+        "model.warmup_steps": 0 if warmup < 1 else int(warmup),
+        "model.warmup_ratio": ratio,
         "model.export_dir": str(Path(args.output_dir or "trainer_output") / "hf"),
     }
     if args.use_lora:
@@ -503,6 +507,16 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         lora["target_modules"] = args.lora_target_modules
         values["model.lora"] = {key: value for key, value in lora.items() if value is not None}
     return values
+
+
+def _scheduler_kwargs(kwargs: dict[str, Any] | str | None) -> dict[str, Any] | None:
+    """HF's --lr_scheduler_kwargs: a dict (from a YAML/JSON file) or its JSON text (from the command line)."""
+    if isinstance(kwargs, str):
+        try:
+            return json.loads(kwargs)
+        except json.JSONDecodeError as err:
+            raise GymUserError(f"--lr_scheduler_kwargs {kwargs!r} is not JSON: {err}") from err
+    return kwargs
 
 
 def _data_values(args: argparse.Namespace) -> dict[str, Any]:
