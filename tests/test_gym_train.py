@@ -68,7 +68,8 @@ def test_hf_flags_map_onto_the_fit_configuration() -> None:
         "ckpt_path": "last.ckpt",
     }
     assert {key: args.get(key) for key in expected} == expected
-    (checkpoint,) = json.loads(args["trainer.callbacks"])
+    checkpoint, state = json.loads(args["trainer.callbacks"])
+    assert state["class_path"] == "gym_lightning.callbacks.TrainerStateCallback"
     assert checkpoint["class_path"] == "gym_lightning.checkpointing.StepCheckpoint"
     assert checkpoint["init_args"] | {"dirpath": None} == {"dirpath": None, "every_n_steps": 20, "keep_last": 3}
     assert Path(checkpoint["init_args"]["dirpath"]) == Path("out/run/checkpoints")
@@ -86,7 +87,10 @@ def test_hf_defaults_and_other_choices() -> None:
         "--use_lora", "--lora_r", "4", "--lora_target_modules", "q_proj", "v_proj", "--save_strategy", "no"
     )
     assert json.loads(lora["model.lora"]) == {"r": 4, "target_modules": ["q_proj", "v_proj"]}
-    assert lora["trainer.enable_checkpointing"] == "false" and "trainer.callbacks" not in lora
+    assert lora["trainer.enable_checkpointing"] == "false"
+    assert [callback["class_path"] for callback in json.loads(lora["trainer.callbacks"])] == [
+        "gym_lightning.callbacks.TrainerStateCallback"
+    ]
     epoch = _cli_args("--do_eval", "--report_to", "csv", "--output_dir", "o")
     assert epoch["trainer.check_val_every_n_epoch"] == "1"
     assert json.loads(epoch["trainer.logger"])[0]["init_args"] == {"save_dir": "o", "name": "logs"}
@@ -481,3 +485,21 @@ def test_torchrun_without_devices_runs_two_ranks_and_deepspeed_stage0_matches_dd
         losses[name] = _losses(out)
     assert "ZeROStrategy" in str(trainer["strategy"])
     assert len(losses["ddp"]) == 3 and losses["stage0"] == pytest.approx(losses["ddp"], rel=1e-5)
+
+
+def test_trainer_state_log_history_is_hf_shaped() -> None:
+    from gym_lightning.callbacks.curves import Curves
+    from gym_lightning.callbacks.trainer_state import trainer_state
+
+    curves = Curves(steps=[1, 2], loss=[2.0, 1.5], lr=[0.0, 0.1], val_steps=[2], val_loss=[1.7])
+    state = trainer_state(curves, steps_per_epoch=4, global_step=2, max_steps=8)
+    assert state == {
+        "global_step": 2,
+        "max_steps": 8,
+        "epoch": 0.5,
+        "log_history": [
+            {"loss": 2.0, "learning_rate": 0.0, "epoch": 0.25, "step": 1},
+            {"loss": 1.5, "learning_rate": 0.1, "epoch": 0.5, "step": 2},
+            {"eval_loss": 1.7, "epoch": 0.5, "step": 2},  # after the step's training entry, as HF logs it
+        ],
+    }

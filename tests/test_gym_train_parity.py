@@ -82,3 +82,14 @@ def test_same_losses_and_learning_rates_as_the_hf_trainer(tiny_folder: Path, tmp
     losses, lrs = _gym_log(tiny_folder, data, tmp_path / "gym")
     assert [entry["loss"] for entry in hf] == pytest.approx(losses, rel=1e-4)
     assert [entry["learning_rate"] for entry in hf] == lrs
+    # The output folder holds HF's trainer_state.json (same keys per step) and the curves.
+    state = json.loads((tmp_path / "gym" / "trainer_state.json").read_text())
+    assert [set(entry) for entry in state["log_history"]] == [{"loss", "learning_rate", "epoch", "step"}] * 6
+    for ours, theirs in zip(state["log_history"], hf, strict=True):
+        assert ours["loss"] == pytest.approx(theirs["loss"], rel=1e-4)
+        assert (ours["learning_rate"], ours["epoch"], ours["step"]) == (
+            theirs["learning_rate"],
+            theirs["epoch"],
+            theirs["step"],
+        )
+    assert (tmp_path / "gym" / "curves.png").is_file() and (tmp_path / "gym" / "hf" / "config.json").is_file()

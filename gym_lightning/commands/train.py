@@ -19,6 +19,8 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 
 - ``--output_dir``: ``trainer.default_root_dir`` (logs, ``checkpoints/``); the final model is exported as a
   Hugging Face folder to ``<output_dir>/hf`` (``model.export_dir``) — HF writes it to ``output_dir`` itself.
+  ``<output_dir>/trainer_state.json`` holds HF's ``log_history`` (loss, learning_rate, epoch, step per optimizer
+  step; eval_loss per validation) and ``<output_dir>/curves.png`` the loss/lr curves (``TrainerStateCallback``).
 - ``--save_steps N``: ``gym_lightning.checkpointing.StepCheckpoint(every_n_steps=N)`` in ``<output_dir>/checkpoints``
   keeping the last ``--save_total_limit`` (all by default, as HF), ``last.ckpt`` linked; ``--save_strategy no``
   turns checkpointing off. ``--resume_from_checkpoint True`` resumes from that ``last.ckpt`` (HF: the newest
@@ -436,7 +438,7 @@ def _trainer_values(args: argparse.Namespace, accumulation: int, clip: float) ->
         values |= {"trainer.max_steps": args.max_steps, "trainer.max_epochs": -1}
     else:
         values |= {"trainer.max_epochs": int(args.num_train_epochs)}
-    return values | _eval_values(args, accumulation) | _checkpoint_values(args)
+    return values | _eval_values(args, accumulation) | _callback_values(args)
 
 
 def _steps(value: float, max_steps: int) -> int:
@@ -466,19 +468,22 @@ def _logger(name: str, output_dir: str, run_name: str | None) -> dict[str, Any]:
     return {"class_path": class_path, "init_args": init_args}
 
 
-def _checkpoint_values(args: argparse.Namespace) -> dict[str, Any]:
+def _callback_values(args: argparse.Namespace) -> dict[str, Any]:
+    output_dir = args.output_dir or "trainer_output"
+    # trainer_state.json (log_history) and curves.png in output_dir, where HF users look (a CurvesCallback).
+    state = {"class_path": "gym_lightning.callbacks.TrainerStateCallback", "init_args": {"output_dir": output_dir}}
     strategy = str(args.save_strategy)
     if strategy == "no":
-        return {"trainer.enable_checkpointing": False}
+        return {"trainer.enable_checkpointing": False, "trainer.callbacks": [state]}
     keep = -1 if args.save_total_limit is None else args.save_total_limit
-    dirpath = str(Path(args.output_dir or "trainer_output") / "checkpoints")
+    dirpath = str(Path(output_dir) / "checkpoints")
     if strategy == "steps":
         init_args = {"dirpath": dirpath, "every_n_steps": _steps(args.save_steps, args.max_steps), "keep_last": keep}
         checkpoint = {"class_path": "gym_lightning.checkpointing.StepCheckpoint", "init_args": init_args}
     else:
         init_args = {"dirpath": dirpath, "every_n_epochs": 1, "save_top_k": keep, "monitor": "step", "mode": "max"}
         checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": init_args}
-    return {"trainer.enable_checkpointing": True, "trainer.callbacks": [checkpoint]}
+    return {"trainer.enable_checkpointing": True, "trainer.callbacks": [checkpoint, state]}
 
 
 def _model_values(args: argparse.Namespace) -> dict[str, Any]:
