@@ -23,10 +23,12 @@ from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
 from gym_lightning.optim import (
+    DecayRule,
     HFSchedulerName,
     OptimizerName,
     SchedulerName,
     build_optimizer,
+    hf_decay_names,
     hf_scheduler,
     lr_multiplier,
     resolve_warmup_steps,
@@ -89,6 +91,8 @@ class CausalLMModule(pl.LightningModule):
             is ``transformers.get_scheduler``'s, the HF Trainer's numbers (warm-up ``step/warmup``, where
             ``scheduler`` warms up as ``(step+1)/(warmup+1)``); replaces ``scheduler`` and ``min_lr_ratio``.
         scheduler_kwargs: Extra arguments of the ``hf_scheduler`` (e.g. ``{"min_lr_rate": 0.1}``).
+        decay_rule: Which parameters ``weight_decay`` applies to: ``ndim`` (2-D and more) or ``hf`` (the HF
+            Trainer's: all but biases and LayerNorm/norm-named weights; ``optim.hf_decay_names``).
         generation: How completions are generated for ``predict`` and the exact-match metric.
         val_exact_match: Also score greedy completions of the validation prompts against their references.
         export_dir: Write a Hugging Face folder here at the end of ``fit``; ``None`` skips the export.
@@ -121,6 +125,7 @@ class CausalLMModule(pl.LightningModule):
         optim: OptimizerName = "adamw_torch",
         hf_scheduler: HFSchedulerName | None = None,
         scheduler_kwargs: dict[str, Any] | None = None,
+        decay_rule: DecayRule = "ndim",
         generation: GenerationArgs = GenerationArgs(),  # noqa: B008 - frozen dataclass, safe as a default
         val_exact_match: bool = False,
         export_dir: str | None = None,
@@ -332,7 +337,8 @@ class CausalLMModule(pl.LightningModule):
     @override
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = weight_decay_groups(self.model.named_parameters(), hp.weight_decay)
+        decay_names = hf_decay_names(self.model) if hp.decay_rule == "hf" else None
+        groups = weight_decay_groups(self.model.named_parameters(), hp.weight_decay, decay_names)
         optimizer = build_optimizer(hp.optim, groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = resolve_warmup_steps(hp.warmup_steps, hp.warmup_ratio, total)

@@ -28,21 +28,37 @@ HFSchedulerName = Literal[
 ]
 
 
+DecayRule = Literal["ndim", "hf"]
+# The HF Trainer's names of parameters without weight decay (Trainer.get_decay_parameter_names, transformers 5).
+HF_NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
+
+
 def weight_decay_groups(
-    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+    weight_decay: float,
+    decay_names: set[str] | None = None,
 ) -> list[dict[str, object]]:
     """Split trainable parameters into a decayed and a non-decayed group.
 
-    Biases and normalisation weights are 1-D, matrices (linear and embedding weights) are 2-D or more: decaying
-    only the latter is the rule of GPT-2/nanoGPT (``configure_optimizers`` in nanoGPT's ``model.py``) and of the
-    Hugging Face Trainer (which excludes biases and ``LayerNorm`` weights).
+    Without ``decay_names``: biases and normalisation weights are 1-D, matrices (linear and embedding weights) are
+    2-D or more; decaying only the latter is the rule of GPT-2/nanoGPT (``configure_optimizers`` in nanoGPT's
+    ``model.py``). With ``decay_names`` (``hf_decay_names``): exactly those are decayed, the HF Trainer's rule.
+    The two agree on Llama/Qwen-style models (their only 1-D parameters are norm weights).
     """
     decay, no_decay = [], []
-    for _, param in named_parameters:
+    for name, param in named_parameters:
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+            decayed = param.ndim >= 2 if decay_names is None else name in decay_names
+            (decay if decayed else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [group for group in groups if group["params"]]
+
+
+def hf_decay_names(model: torch.nn.Module) -> set[str]:
+    """The HF Trainer's decayed parameter names: not in a ``LayerNorm``, not named bias or (layer/rms)norm."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    return set(get_parameter_names(model, [torch.nn.LayerNorm], HF_NO_DECAY_PATTERNS))
 
 
 def resolve_warmup_steps(warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:

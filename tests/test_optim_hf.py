@@ -44,3 +44,21 @@ def test_hf_scheduler_is_transformers_get_scheduler(name: str) -> None:
     assert [a for a, _ in rates] == [b for _, b in rates]
     if name != "constant":
         assert rates[0][0] == 0.0 and rates[1][0] == 0.5  # HF's warm-up: step / warmup_steps
+
+
+def test_hf_decay_rule_follows_names_not_shapes() -> None:
+    from gym_lightning.optim import hf_decay_names, weight_decay_groups
+
+    model = torch.nn.Module()
+    model.proj = torch.nn.Linear(4, 4)
+    model.input_layernorm = torch.nn.Module()
+    model.input_layernorm.weight = torch.nn.Parameter(torch.ones(4))
+    model.ln = torch.nn.LayerNorm(4)
+    model.scale = torch.nn.Parameter(torch.ones(4))  # 1-D but neither bias nor norm: HF decays it
+    names = hf_decay_names(model)
+    assert names == {"proj.weight", "scale"}
+    decayed, plain = weight_decay_groups(model.named_parameters(), 0.1, names)
+    assert sorted(p.ndim for p in decayed["params"]) == [1, 2]  # type: ignore[union-attr]
+    assert len(plain["params"]) == 4  # type: ignore[arg-type]
+    shape_rule, _ = weight_decay_groups(model.named_parameters(), 0.1)
+    assert len(shape_rule["params"]) == 1  # type: ignore[arg-type]

@@ -35,6 +35,7 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 - ``--optim``: ``model.optim``, built as the HF Trainer builds it (``optim.build_optimizer``: ``adamw_torch``,
   ``adamw_torch_fused`` (HF's default), ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor``); the others need packages
   or devices not used here and are refused.
+- ``--weight_decay``: on the HF Trainer's parameters (``model.decay_rule: hf``: not biases, LayerNorm/norm weights).
 - ``--lr_scheduler_type``/``--lr_scheduler_kwargs``: ``model.hf_scheduler``/``model.scheduler_kwargs``, built by
   ``transformers.get_scheduler`` (HF's numbers, warm-up included); ``reduce_lr_on_plateau``/``greedy`` are refused.
 - ``--report_to``: one or more of ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` (``all``: those installed, ``none``:
@@ -501,6 +502,7 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.betas": [args.adam_beta1, args.adam_beta2],
         "model.eps": args.adam_epsilon,
         "model.optim": str(args.optim),
+        "model.decay_rule": "hf",  # no decay on biases and LayerNorm/norm weights, HF's get_decay_parameter_names
         "model.hf_scheduler": str(args.lr_scheduler_type),  # HF's "constant" ignores the warm-up itself
         "model.scheduler_kwargs": _scheduler_kwargs(args.lr_scheduler_kwargs),
         "model.warmup_steps": 0 if warmup < 1 else int(warmup),
