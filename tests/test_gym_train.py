@@ -503,3 +503,14 @@ def test_trainer_state_log_history_is_hf_shaped() -> None:
             {"eval_loss": 1.7, "epoch": 0.5, "step": 2},  # after the step's training entry, as HF logs it
         ],
     }
+
+
+def test_tf32_sets_torch_switches_in_the_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cli, "run_lightning_cli", lambda args: None)
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32
+    try:  # torch's cuBLAS switch is a property of a module proxy: monkeypatch cannot read it back
+        torch.backends.cuda.matmul.allow_tf32 = torch.backends.cudnn.allow_tf32 = False
+        main([*BASE, "--tf32", "True"])
+        assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved

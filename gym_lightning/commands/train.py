@@ -30,7 +30,8 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 - ``--eval_steps N``: validation every N optimizer steps (Lightning counts micro-batches, so
   ``val_check_interval = N x accumulation``); ``--eval_strategy`` defaults to ``steps`` when ``--eval_steps`` is
   given, else ``no`` (as HF).
-- ``--bf16``/``--fp16``: ``bf16-mixed``/``16-mixed`` (HF's flags select mixed precision with fp32 weights).
+- ``--bf16``/``--fp16``: ``bf16-mixed``/``16-mixed`` (HF's flags select mixed precision with fp32 weights);
+  ``--tf32`` sets torch's TF32 switches in each rank's process (``apply_tf32``), as HF does.
 - ``--max_steps > 0`` overrides ``--num_train_epochs`` (as HF); whole epochs only otherwise.
 - ``--optim``: ``model.optim``, built as the HF Trainer builds it (``optim.build_optimizer``: ``adamw_torch``,
   ``adamw_torch_fused`` (HF's default), ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor``); the others need packages
@@ -96,6 +97,7 @@ MAPPED_FIELDS = frozenset(
         "learning_rate",
         "lr_scheduler_type",
         "warmup_steps",
+        "tf32",
         "optim",
         "lr_scheduler_kwargs",
         "weight_decay",
@@ -140,7 +142,6 @@ REFUSAL_REASONS = {
     "optim_args": "the optimizers take --learning_rate, --weight_decay and (AdamW) --adam_beta1/2, --adam_epsilon",
     "average_tokens_across_devices": "gym_lightning always normalises the loss by the tokens of the whole step",
     "load_best_model_at_end": "the final model is the last one; pick a checkpoint from <output_dir>/checkpoints",
-    "tf32": "TF32 is a CUDA matmul mode; set torch.backends.cuda.matmul.allow_tf32 in your own code",
 }
 # The `gym fit` settings that errors name -> the flags that set them here (see flags_for_settings).
 SETTING_FLAGS: dict[str, str] = {
@@ -580,12 +581,26 @@ def _flags_for_settings_in_line(line: str) -> str:
     return _SETTING_PATTERN.sub(annotate, line)
 
 
+def apply_tf32(tf32: bool | None) -> None:
+    """HF's ``--tf32``: TF32 matmuls and convolutions on Ampere+ GPUs (no effect on CPU); ``None`` leaves torch's.
+
+    Set in this process, before the run: every rank runs ``gym train`` itself (a launcher's, or Lightning's
+    re-run of the command line), so each one sets it. Not part of the ``--print_config`` YAML."""
+    if tf32 is None:
+        return
+    import torch
+
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``gym train``."""
     from gym_lightning.cli import run_lightning_cli
 
     args = parse_train_args(list(sys.argv[1:] if argv is None else argv))
     cli_args = to_cli_args(args)
+    apply_tf32(args.tf32)
     if args.print_config:
         cli_args.insert(1, "--print_config")
     with warnings.catch_warnings():
