@@ -271,14 +271,15 @@ def test_print_config_yaml_reproduces_the_run(tmp_path: Path) -> None:
 # same for all six; configs without an optimizer block (the module's torch AdamW and schedule) agree with each
 # other at every step, and so do the offload configs, whose HF-docs optimizer/scheduler blocks make DeepSpeed
 # build DeepSpeedCPUAdam and WarmupDecayLR (its log warm-up starts at lr 0, so their second loss differs from
-# the module-optimizer runs: proof that the JSON's blocks were used). Tolerance 1e-5 relative: fp32, ZeRO-3
+# the module-optimizer runs, which have no warm-up and HF's linear schedule: proof that the JSON's blocks were used;
+# with a warm-up, HF's schedule starts at lr 0 too). Tolerance 1e-5 relative: fp32, ZeRO-3
 # re-partitions parameters; a normalisation bug moves losses by >= 1e-2 (tests/test_strategies_multirank.py).
 DS_DIR = REPO_ROOT / "configs" / "deepspeed"
 MODULE_OPTIMIZER = ["ds_zero1", "ds_zero2", "ds_zero3"]
 JSON_OPTIMIZER = ["ds_zero2_offload", "ds_zero3_offload", "ds_zero_infinity"]
 RUN_FLAGS = [
     *BASE,
-    *("--max_steps", "3", "--gradient_accumulation_steps", "2", "--learning_rate", "3e-3", "--warmup_steps", "1"),
+    *("--max_steps", "3", "--gradient_accumulation_steps", "2", "--learning_rate", "3e-3", "--warmup_steps", "0"),
     *("--max_seq_length", "32", "--logging_steps", "1", "--report_to", "csv", "--save_strategy", "no"),
     *("--accelerator", "cpu", "--devices", "2", "--per_device_train_batch_size", "4"),
 ]
