@@ -403,11 +403,12 @@ def test_unmapped_flags_at_their_default_are_accepted() -> None:
 
 def test_arguments_from_one_yaml_or_json_file(tmp_path: Path) -> None:
     flags = {"model_name_or_path": "tiny-llama", "dataset": "addition", "learning_rate": 1e-4, "bf16": True}
-    flags |= {"report_to": ["csv"], "max_steps": 10, "warmup_steps": 0.1}
+    flags |= {"report_to": ["csv"], "max_steps": 10, "warmup_steps": 0.1, "resume_from_checkpoint": True}
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(flags))
     (tmp_path / "run.json").write_text(json.dumps(flags))
     from_flags = _cli_args(
-        *("--learning_rate", "1e-4", "--bf16", "--report_to", "csv", "--max_steps", "10", "--warmup_steps", "0.1")
+        *("--learning_rate", "1e-4", "--bf16", "--report_to", "csv", "--max_steps", "10", "--warmup_steps", "0.1"),
+        *("--resume_from_checkpoint", "True"),
     )
     for name in ("run.yaml", "run.json"):
         assert to_cli_args(parse_train_args([str(tmp_path / name)]), env={}) == ["fit"] + [

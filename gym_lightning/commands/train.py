@@ -380,7 +380,7 @@ def to_cli_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) 
     if args.resume_from_checkpoint:
         resume = args.resume_from_checkpoint
         # HF: True resumes from the newest checkpoint of output_dir, which StepCheckpoint links as last.ckpt.
-        cli_args.append(f"--ckpt_path={'last' if resume.lower() == 'true' else resume}")
+        cli_args.append(f"--ckpt_path={'last' if str(resume).lower() == 'true' else resume}")
     return cli_args
 
 
