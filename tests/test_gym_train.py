@@ -516,3 +516,11 @@ def test_tf32_sets_torch_switches_in_the_process(monkeypatch: pytest.MonkeyPatch
         assert torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32
     finally:
         torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32 = saved
+
+
+def test_deepspeed_launcher_node_rank_reaches_lightning() -> None:
+    from gym_lightning.commands.train import launcher_node_rank
+
+    assert launcher_node_rank({"CROSS_RANK": "1", "LOCAL_SIZE": "2"}) == {"NODE_RANK": "1"}
+    assert launcher_node_rank({"CROSS_RANK": "1", "NODE_RANK": "1"}) == {}  # already set
+    assert launcher_node_rank({"GROUP_RANK": "0"}) == {}  # torchrun's

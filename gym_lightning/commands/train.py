@@ -48,8 +48,9 @@ Mapping decisions (where Lightning and the HF Trainer differ):
   (``trainer.accumulate_grad_batches (gym train: --gradient_accumulation_steps)``, ``SETTING_FLAGS``).
 - Several processes: under ``torchrun``/``python -m torch.distributed.run``, ``accelerate launch`` (both set
   ``LOCAL_WORLD_SIZE``), the ``deepspeed`` launcher (``LOCAL_SIZE``, and ``--local_rank`` is accepted) and ``srun``
-  (``SLURM_STEP_*``), ``--devices``/``--num_nodes`` come from the environment (``launcher_topology``); without a
-  launcher ``--devices N`` lets Lightning start the ranks.
+  (``SLURM_STEP_*``), ``--devices``/``--num_nodes`` come from the environment (``launcher_topology``; the deepspeed
+  launcher's ``CROSS_RANK`` becomes Lightning's ``NODE_RANK``); without a launcher ``--devices N`` lets Lightning
+  start the ranks.
 """
 
 from __future__ import annotations
@@ -159,6 +160,9 @@ SETTING_FLAGS: dict[str, str] = {
     "model.weight_decay": "--weight_decay",
     "model.warmup_steps": "--warmup_steps",
     "model.warmup_ratio": "--warmup_steps",
+    "model.optim": "--optim",
+    "model.hf_scheduler": "--lr_scheduler_type",
+    "model.scheduler_kwargs": "--lr_scheduler_kwargs",
 }
 _SETTING_PATTERN = re.compile(r"(?<![\w.])(" + "|".join(re.escape(name) for name in SETTING_FLAGS) + r")(?![\w.])")
 
@@ -406,6 +410,15 @@ def launcher_topology(env: Mapping[str, str]) -> tuple[int, int] | None:
     return local, world // local
 
 
+def launcher_node_rank(env: Mapping[str, str]) -> dict[str, str]:
+    """``NODE_RANK`` for Lightning where the launcher names it otherwise: the ``deepspeed`` launcher sets
+    ``CROSS_RANK`` only, and Lightning's environment reads ``NODE_RANK``/``GROUP_RANK`` (else node 0 everywhere,
+    so the second node's ranks would collide with the first's)."""
+    if "CROSS_RANK" in env and "NODE_RANK" not in env and "GROUP_RANK" not in env:
+        return {"NODE_RANK": env["CROSS_RANK"]}
+    return {}
+
+
 def _topology_values(args: argparse.Namespace, env: Mapping[str, str]) -> dict[str, Any]:
     launched = launcher_topology(env)
     devices: int | str | list[int] = _devices(args.devices) if args.devices is not None else "auto"
@@ -601,6 +614,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parse_train_args(list(sys.argv[1:] if argv is None else argv))
     cli_args = to_cli_args(args)
     apply_tf32(args.tf32)
+    os.environ.update(launcher_node_rank(os.environ))
     if args.print_config:
         cli_args.insert(1, "--print_config")
     with warnings.catch_warnings():
@@ -624,6 +638,7 @@ __all__ = [
     "build_parser",
     "flag_problems",
     "flags_for_settings",
+    "launcher_node_rank",
     "launcher_topology",
     "main",
     "parse_train_args",
