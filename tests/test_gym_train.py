@@ -524,3 +524,16 @@ def test_deepspeed_launcher_node_rank_reaches_lightning() -> None:
     assert launcher_node_rank({"CROSS_RANK": "1", "LOCAL_SIZE": "2"}) == {"NODE_RANK": "1"}
     assert launcher_node_rank({"CROSS_RANK": "1", "NODE_RANK": "1"}) == {}  # already set
     assert launcher_node_rank({"GROUP_RANK": "0"}) == {}  # torchrun's
+
+
+def test_report_to_all_is_every_installed_logger_and_a_missing_one_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.util
+
+    from gym_lightning.commands import train
+
+    installed = {"tensorboard"}
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: object() if name in installed else None)
+    loggers = json.loads(_cli_args("--report_to", "all")["trainer.logger"])
+    assert [logger["class_path"].rsplit(".", 1)[1] for logger in loggers] == ["CSVLogger", "TensorBoardLogger"]
+    problems = train.flag_problems(parse_train_args([*BASE, "--report_to", "mlflow"]))
+    assert problems == ["--report_to mlflow: the mlflow package is not installed (pip install mlflow)."]
