@@ -32,15 +32,17 @@ Mapping decisions (where Lightning and the HF Trainer differ):
   given, else ``no`` (as HF).
 - ``--bf16``/``--fp16``: ``bf16-mixed``/``16-mixed`` (HF's flags select mixed precision with fp32 weights);
   ``--tf32`` sets torch's TF32 switches in each rank's process (``apply_tf32``), as HF does.
-- ``--max_steps > 0`` overrides ``--num_train_epochs`` (as HF); whole epochs only otherwise.
+- ``--max_steps > 0`` overrides ``--num_train_epochs`` (as HF); whole epochs only otherwise (a fraction of an epoch
+  needs the loader's length, known only once Lightning builds it; refused with the fix: ``--max_steps``).
 - ``--optim``: ``model.optim``, built as the HF Trainer builds it (``optim.build_optimizer``: ``adamw_torch``,
   ``adamw_torch_fused`` (HF's default), ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor``); the others need packages
   or devices not used here and are refused.
 - ``--weight_decay``: on the HF Trainer's parameters (``model.decay_rule: hf``: not biases, LayerNorm/norm weights).
 - ``--lr_scheduler_type``/``--lr_scheduler_kwargs``: ``model.hf_scheduler``/``model.scheduler_kwargs``, built by
   ``transformers.get_scheduler`` (HF's numbers, warm-up included); ``reduce_lr_on_plateau``/``greedy`` are refused.
-- ``--report_to``: one or more of ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` (``all``: those installed, ``none``:
-  no logger), written under ``<output_dir>/logs``; ``--run_name`` names the run.
+- ``--report_to``: one or more of ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` (``all``: those installed), written
+  under ``<output_dir>/logs``; ``--run_name`` names the run. ``none`` (HF's default: no external service) keeps
+  ``gym fit``'s local CSV + TensorBoard logs, which ``trainer_state.json`` and ``curves.png`` do not need.
 - ``--deepspeed ds.json``: ``trainer.strategy = ZeROStrategy(config=ds.json)`` (stage from the JSON, ``"auto"``
   resolved from these flags). ``--gradient_accumulation_steps`` and ``--max_grad_norm`` left at HF's defaults take
   the JSON's explicit numbers (they are one setting each, see ``strategies/hf_deepspeed_config.py``).
