@@ -20,7 +20,18 @@ from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
-from gym_lightning.optim import SchedulerName, lr_multiplier, resolve_warmup_steps, weight_decay_groups
+from gym_lightning.optim import (
+    DecayRule,
+    HFSchedulerName,
+    OptimizerName,
+    SchedulerName,
+    build_optimizer,
+    hf_decay_names,
+    hf_scheduler,
+    lr_multiplier,
+    resolve_warmup_steps,
+    weight_decay_groups,
+)
 from gym_lightning.strategies.facts import OptimizerFacts
 from gym_lightning.strategies.hf_deepspeed_config import hidden_size_of
 from gym_lightning.tokenizer import load_tokenizer
@@ -66,6 +77,14 @@ class CausalLMModule(pl.LightningModule):
         warmup_steps: Linear warm-up length in optimizer steps; wins over ``warmup_ratio`` when > 0.
         warmup_ratio: Warm-up length as a fraction of the Trainer's total optimizer steps, in [0, 1).
         min_lr_ratio: Final learning rate as a fraction of ``lr``, in [0, 1].
+        optim: The optimizer, by its HF Trainer ``--optim`` name: ``adamw_torch`` (default), ``adamw_torch_fused``,
+            ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor`` (betas/eps apply to AdamW only).
+        hf_scheduler: A ``transformers.SchedulerType`` name (``linear``, ``cosine_with_min_lr``, ...): the schedule
+            is ``transformers.get_scheduler``'s, the HF Trainer's numbers (warm-up ``step/warmup``, where
+            ``scheduler`` warms up as ``(step+1)/(warmup+1)``); replaces ``scheduler`` and ``min_lr_ratio``.
+        scheduler_kwargs: Extra arguments of the ``hf_scheduler`` (e.g. ``{"min_lr_rate": 0.1}``).
+        decay_rule: Which parameters ``weight_decay`` applies to: ``ndim`` (2-D and more) or ``hf`` (the HF
+            Trainer's: all but biases and LayerNorm/norm-named weights; ``optim.hf_decay_names``).
         generation: How completions are generated for ``predict`` and the exact-match metric.
         val_exact_match: Also score greedy completions of the validation prompts against their references.
     """
@@ -89,6 +108,10 @@ class CausalLMModule(pl.LightningModule):
         warmup_steps: int = 0,
         warmup_ratio: float = 0.0,
         min_lr_ratio: float = 0.0,
+        optim: OptimizerName = "adamw_torch",
+        hf_scheduler: HFSchedulerName | None = None,
+        scheduler_kwargs: dict[str, Any] | None = None,
+        decay_rule: DecayRule = "ndim",
         generation: GenerationArgs = GenerationArgs(),  # noqa: B008 - frozen dataclass, safe as a default
         val_exact_match: bool = False,
     ) -> None:
@@ -222,15 +245,20 @@ class CausalLMModule(pl.LightningModule):
     @override
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
-        groups = weight_decay_groups(self.model.named_parameters(), hp.weight_decay)
-        optimizer = torch.optim.AdamW(groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
+        decay_names = hf_decay_names(self.model) if hp.decay_rule == "hf" else None
+        groups = weight_decay_groups(self.model.named_parameters(), hp.weight_decay, decay_names)
+        optimizer = build_optimizer(hp.optim, groups, lr=hp.lr, betas=tuple(hp.betas), eps=hp.eps)
         total = max(1, int(self.trainer.estimated_stepping_batches))
         warmup = resolve_warmup_steps(hp.warmup_steps, hp.warmup_ratio, total)
-        schedule = partial(
-            lr_multiplier, name=hp.scheduler, warmup_steps=warmup, total_steps=total, min_lr_ratio=hp.min_lr_ratio
-        )
-        scheduler = {"scheduler": LambdaLR(optimizer, schedule), "interval": "step"}
-        return {"optimizer": optimizer, "lr_scheduler": scheduler}
+        if hp.hf_scheduler is not None:
+            steps = {"warmup_steps": warmup, "total_steps": total}
+            schedule = hf_scheduler(hp.hf_scheduler, optimizer, **steps, kwargs=hp.scheduler_kwargs)
+        else:
+            multiplier = partial(
+                lr_multiplier, name=hp.scheduler, warmup_steps=warmup, total_steps=total, min_lr_ratio=hp.min_lr_ratio
+            )
+            schedule = LambdaLR(optimizer, multiplier)
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def optimizer_facts(self) -> OptimizerFacts:
         """The optimizer settings a strategy may need (``ProvidesOptimizerFacts``; DeepSpeed's ``"auto"``)."""

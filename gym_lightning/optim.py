@@ -4,28 +4,61 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
-from typing import Literal
+from typing import Any, Literal
 
 import torch
 
 SchedulerName = Literal["cosine", "linear", "constant"]
+# HF Trainer --optim names built here, as Trainer.get_optimizer_cls_and_kwargs builds them (torch's optimizers and
+# transformers' Adafactor; the others need bitsandbytes, torchao, galore, ... or an XLA/NPU device).
+OptimizerName = Literal["adamw_torch", "adamw_torch_fused", "sgd", "adagrad", "rmsprop", "adafactor"]
+# transformers.SchedulerType values that transformers.get_scheduler builds from the step counts alone
+# (reduce_lr_on_plateau and greedy follow a validation metric).
+HFSchedulerName = Literal[
+    "linear",
+    "cosine",
+    "cosine_with_restarts",
+    "polynomial",
+    "constant",
+    "constant_with_warmup",
+    "inverse_sqrt",
+    "cosine_with_min_lr",
+    "cosine_warmup_with_min_lr",
+    "warmup_stable_decay",
+]
+
+
+DecayRule = Literal["ndim", "hf"]
+# The HF Trainer's names of parameters without weight decay (Trainer.get_decay_parameter_names, transformers 5).
+HF_NO_DECAY_PATTERNS = [r"bias", r"layernorm", r"rmsnorm", r"(?:^|\.)norm(?:$|\.)", r"_norm(?:$|\.)"]
 
 
 def weight_decay_groups(
-    named_parameters: Iterable[tuple[str, torch.nn.Parameter]], weight_decay: float
+    named_parameters: Iterable[tuple[str, torch.nn.Parameter]],
+    weight_decay: float,
+    decay_names: set[str] | None = None,
 ) -> list[dict[str, object]]:
     """Split trainable parameters into a decayed and a non-decayed group.
 
-    Biases and normalisation weights are 1-D, matrices (linear and embedding weights) are 2-D or more: decaying
-    only the latter is the rule of GPT-2/nanoGPT (``configure_optimizers`` in nanoGPT's ``model.py``) and of the
-    Hugging Face Trainer (which excludes biases and ``LayerNorm`` weights).
+    Without ``decay_names``: biases and normalisation weights are 1-D, matrices (linear and embedding weights) are
+    2-D or more; decaying only the latter is the rule of GPT-2/nanoGPT (``configure_optimizers`` in nanoGPT's
+    ``model.py``). With ``decay_names`` (``hf_decay_names``): exactly those are decayed, the HF Trainer's rule.
+    The two agree on Llama/Qwen-style models (their only 1-D parameters are norm weights).
     """
     decay, no_decay = [], []
-    for _, param in named_parameters:
+    for name, param in named_parameters:
         if param.requires_grad:
-            (decay if param.ndim >= 2 else no_decay).append(param)
+            decayed = param.ndim >= 2 if decay_names is None else name in decay_names
+            (decay if decayed else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [group for group in groups if group["params"]]
+
+
+def hf_decay_names(model: torch.nn.Module) -> set[str]:
+    """The HF Trainer's decayed parameter names: not in a ``LayerNorm``, not named bias or (layer/rms)norm."""
+    from transformers.trainer_pt_utils import get_parameter_names
+
+    return set(get_parameter_names(model, [torch.nn.LayerNorm], HF_NO_DECAY_PATTERNS))
 
 
 def resolve_warmup_steps(warmup_steps: int, warmup_ratio: float, total_steps: int) -> int:
@@ -46,3 +79,39 @@ def lr_multiplier(step: int, *, name: SchedulerName, warmup_steps: int, total_st
     progress = min(1.0, (step - warmup_steps) / max(1, total_steps - warmup_steps))
     decay = 1.0 - progress if name == "linear" else 0.5 * (1.0 + math.cos(math.pi * progress))
     return min_lr_ratio + (1.0 - min_lr_ratio) * decay
+
+
+def build_optimizer(
+    name: OptimizerName, groups: list[dict[str, object]], *, lr: float, betas: tuple[float, float], eps: float
+) -> torch.optim.Optimizer:
+    """The optimizer the HF Trainer builds for ``--optim name`` (betas/eps are AdamW's only, as there)."""
+    if name in ("adamw_torch", "adamw_torch_fused"):
+        fused = {"fused": True} if name == "adamw_torch_fused" else {}
+        return torch.optim.AdamW(groups, lr=lr, betas=betas, eps=eps, **fused)
+    if name == "adafactor":
+        from transformers.optimization import Adafactor
+
+        # HF's settings for --optim adafactor: the given learning rate, not Adafactor's relative step sizes.
+        return Adafactor(groups, lr=lr, scale_parameter=False, relative_step=False)
+    classes: dict[str, Any] = {"sgd": torch.optim.SGD, "adagrad": torch.optim.Adagrad, "rmsprop": torch.optim.RMSprop}
+    return classes[name](groups, lr=lr)
+
+
+def hf_scheduler(
+    name: HFSchedulerName,
+    optimizer: torch.optim.Optimizer,
+    *,
+    warmup_steps: int,
+    total_steps: int,
+    kwargs: dict[str, Any] | None = None,
+) -> torch.optim.lr_scheduler.LRScheduler:
+    """``transformers.get_scheduler``: the HF Trainer's schedule, its warm-up ``step / warmup_steps`` included."""
+    from transformers import get_scheduler
+
+    return get_scheduler(
+        name,
+        optimizer,
+        num_warmup_steps=warmup_steps,
+        num_training_steps=total_steps,
+        scheduler_specific_kwargs=kwargs,
+    )

@@ -1,6 +1,6 @@
 """Callbacks only (their math lives in ``gym_lightning.metrics``): throughput (tokens/s, TFLOP/s, MFU) and memory
 held per rank; the non-finite loss/gradient guard; the Hugging Face export at the end of ``fit``; a quiet progress
-bar and the loss/lr curves written to ``curves.png``."""
+bar, the loss/lr curves written to ``curves.png`` and an HF-style ``trainer_state.json``."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from gym_lightning.callbacks.memory import MemoryCallback
 from gym_lightning.callbacks.nonfinite import NonFiniteGuard, NonFiniteLossError
 from gym_lightning.callbacks.progress import GymProgressBar
 from gym_lightning.callbacks.throughput import ThroughputCallback
+from gym_lightning.callbacks.trainer_state import TrainerStateCallback
 
 __all__ = [
     "CurvesCallback",
@@ -19,4 +20,5 @@ __all__ = [
     "NonFiniteGuard",
     "NonFiniteLossError",
     "ThroughputCallback",
+    "TrainerStateCallback",
 ]

@@ -1,4 +1,4 @@
-"""DeepSpeed ZeRO stages 1-3 (+ CPU/NVMe offload) on CUDA and on CPU ranks, with Lightning owning accumulation.
+"""DeepSpeed ZeRO stages 0-3 (+ CPU/NVMe offload) on CUDA and on CPU ranks, with Lightning owning accumulation.
 
 Differences from Lightning's ``DeepSpeedStrategy`` and why:
 
@@ -140,9 +140,10 @@ def zero_problems(
             "set zero_optimization.offload_optimizer / offload_param in the config instead."
         )
         return problems
-    if stage not in (1, 2, 3):
+    if stage not in (0, 1, 2, 3):
         problems.append(
-            f"stage={stage!r} is not a ZeRO stage; use 1 (shard optimizer state), 2 (+ gradients) or 3 (+ parameters)."
+            f"stage={stage!r} is not a ZeRO stage; use 0 (no sharding: DeepSpeed's engine as plain data parallelism), "
+            "1 (shard optimizer state), 2 (+ gradients) or 3 (+ parameters)."
         )
     if config_stage is not None and stage != config_stage:
         problems.append(f"stage={stage} disagrees with the config's zero_optimization.stage={config_stage}; keep one.")
@@ -187,7 +188,8 @@ class ZeROStrategy(DeepSpeedStrategy):
     """DeepSpeed ZeRO on CUDA or CPU ranks, for any LightningModule, with Lightning owning gradient accumulation.
 
     Args:
-        stage: ZeRO stage: ``1`` shards optimizer state, ``2`` also gradients, ``3`` also parameters. Default 2,
+        stage: ZeRO stage: ``0`` none (DeepSpeed's engine as data parallelism, HF's ``"stage": 0`` JSONs), ``1``
+            shards optimizer state, ``2`` also gradients, ``3`` also parameters. Default 2,
             or the ``zero_optimization.stage`` of ``config``.
         offload_optimizer: Where optimizer state lives and the optimizer runs: ``"none"`` (on the device),
             ``"cpu"``, ``"nvme"`` (ZeRO-Infinity; needs ``nvme_path`` and Debian's ``libaio-dev``).
@@ -229,7 +231,7 @@ class ZeROStrategy(DeepSpeedStrategy):
 
     def __init__(
         self,
-        stage: Literal[1, 2, 3] | None = None,
+        stage: Literal[0, 1, 2, 3] | None = None,
         offload_optimizer: OffloadDevice = "none",
         offload_parameters: OffloadDevice = "none",
         nvme_path: str | None = None,
