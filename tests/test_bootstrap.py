@@ -60,7 +60,8 @@ def test_up_to_date_venv_is_reused_within_seconds(tmp_path: Path) -> None:
     assert time.monotonic() - start < 10
     assert "reusing" in proc.stdout
     calls = (tmp_path / "calls.log").read_text().splitlines()
-    assert calls == [".venv/bin/python -c import torch, importlib.metadata as m; m.version('gym-lightning')"]  # the only thing it ran: no install
+    # the only thing it ran: no install
+    assert calls == [".venv/bin/python -c import torch, importlib.metadata as m; m.version('gym-lightning')"]
     assert (repo / ".venv" / "bin" / "python").exists()
 
 
