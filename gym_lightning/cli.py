@@ -48,8 +48,16 @@ DEBUG_ENV_VAR = "GYM_DEBUG"
 
 
 class GymCLI(LightningCLI):
-    """LightningCLI whose data module always tokenizes with the model's tokenizer, and whose user errors (an unknown
-    strategy name, an unreadable ``--ckpt_path``) are found before anything is built."""
+    """LightningCLI over ``CausalLMModule``/``CausalLMDataModule`` that:
+
+    - links the data module's tokenizer to the model's (one source of truth);
+    - adds the ``export:`` (``HFExport``) and ``nonfinite:`` (``NonFiniteGuard``) sections as callbacks;
+    - finds user errors before anything is built (an unknown strategy name, an unreadable ``--ckpt_path``);
+    - adopts a DeepSpeed JSON's ``gradient_accumulation_steps`` into ``trainer.accumulate_grad_batches`` before the
+      Trainer exists (the strategy only checks that the two agree);
+    - gives every run TensorBoard + CSV logs, a progress bar without ``v_num``, the learning rate and ``curves.png``
+      (``gym_lightning.quiet.cli_trainer_defaults``).
+    """
 
     @override
     def add_arguments_to_parser(self, parser: LightningArgumentParser) -> None:
