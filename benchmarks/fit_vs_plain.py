@@ -29,7 +29,7 @@ from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
 from torch.optim.lr_scheduler import LambdaLR
 
-from gym_lightning import CausalLMDataModule, CausalLMModule
+from gym_lightning import CausalLMDataModule, CausalLMModule, NonFiniteGuard
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.loss import summed_cross_entropy
 from gym_lightning.models.loading import build_causal_lm
@@ -117,7 +117,8 @@ def fit_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps: i
         enable_model_summary=False,
         log_every_n_steps=50,
         logger=CSVLogger(logdir),
-        callbacks=[clock, TQDMProgressBar(refresh_rate=50)],
+        # NonFiniteGuard: gym fit adds it to every run (it used to live inside CausalLMModule).
+        callbacks=[clock, TQDMProgressBar(refresh_rate=50), NonFiniteGuard()],
     )
     trainer.fit(module, datamodule=dm)
     return clock.t1 - clock.t0

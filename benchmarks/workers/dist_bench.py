@@ -184,6 +184,7 @@ def gym_strategy(run: dict[str, Any]) -> Any:
 
 def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Path) -> float:
     """``Trainer.fit`` of ``CausalLMModule`` on the same batches, set up for speed (no validation, no checkpoints)."""
+    from gym_lightning.callbacks import NonFiniteGuard
     from gym_lightning.module import CausalLMModule
 
     torch.manual_seed(0)
@@ -206,7 +207,7 @@ def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Pa
         log_every_n_steps=50,
         use_distributed_sampler=False,  # each rank already has its own batches
         default_root_dir=str(out),
-        callbacks=[clock],
+        callbacks=[clock, NonFiniteGuard()],  # gym fit adds it to every run (it used to live inside the module)
     )
     trainer.fit(module, datamodule=ReadyBatches(batches, run["batch_size"]))
     return clock.t1 - clock.t0
