@@ -69,4 +69,5 @@ python3 -m venv .venv
 .venv/bin/python -m pip install -q -e ".[test]"
 # Written last: a build that failed half-way has no stamp and is rebuilt by the next run.
 echo "$stamp" >"$stamp_file"
-echo "bootstrap.sh: ready — $(.venv/bin/python -c 'import torch, lightning, deepspeed, transformers; print(f"torch {torch.__version__}, lightning {lightning.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}")')"
+# gym_lightning first: it quiets DeepSpeed's accelerator detection before deepspeed is imported.
+echo "bootstrap.sh: ready — $(.venv/bin/python -c 'import gym_lightning, torch, lightning, deepspeed, transformers; print(f"torch {torch.__version__}, lightning {lightning.__version__}, deepspeed {deepspeed.__version__}, transformers {transformers.__version__}")')"
