@@ -384,7 +384,6 @@ def test_hf_types_that_were_refused_before_now_map() -> None:
         (["--lr_scheduler_type", "reduce_lr_on_plateau"], "reduce_lr_on_plateau: follows a validation metric"),
         (["--report_to", "comet_ml"], "--report_to comet_ml: gym train logs to"),
         (["--logging_steps", "0.1"], "--logging_steps 0.1 is a ratio of the total steps: give --max_steps"),
-        (["--num_train_epochs", "1.5"], "--num_train_epochs 1.5: whole epochs only"),
     ],
 )
 def test_unmapped_flags_are_refused_in_one_line_naming_them(
@@ -537,3 +536,25 @@ def test_report_to_all_is_every_installed_logger_and_a_missing_one_is_refused(mo
     assert [logger["class_path"].rsplit(".", 1)[1] for logger in loggers] == ["CSVLogger", "TensorBoardLogger"]
     problems = train.flag_problems(parse_train_args([*BASE, "--report_to", "mlflow"]))
     assert problems == ["--report_to mlflow: the mlflow package is not installed (pip install mlflow)."]
+
+
+def test_fractional_epochs_train_ceil_of_the_fraction_of_steps_as_hf(tmp_path: Path) -> None:
+    """``--num_train_epochs 1.5`` on 20 records of batch 4 (5 steps an epoch): ceil(7.5) = 8 steps, the HF rule, and
+    the linear schedule ends at 0 at step 8 (the schedule was built for 8 steps, not for 2 whole epochs)."""
+    from gym_lightning.callbacks.epochs import fractional_epoch_steps
+
+    assert fractional_epoch_steps(1.5, 5) == 8 and fractional_epoch_steps(0.01, 5) == 1
+    data = tmp_path / "train.jsonl"
+    data.write_text("".join(json.dumps({"text": f"{i} plus {i} is {2 * i}"}) + "\n" for i in range(20)))
+    out = tmp_path / "run"
+    flags = [
+        "--model_name_or_path", "tiny-llama", "--train_file", str(data), "--output_dir", str(out),
+        "--per_device_train_batch_size", "4", "--num_train_epochs", "1.5", "--learning_rate", "1e-3",
+        "--lr_scheduler_type", "linear", "--logging_steps", "1", "--save_strategy", "no", "--report_to", "none",
+        "--use_cpu", "True", "--devices", "1", "--seed", "0",
+    ]  # fmt: skip
+    cli.main(["train", *flags])
+    state = json.loads((out / "trainer_state.json").read_text())
+    assert state["global_step"] == 8 and state["max_steps"] == 8
+    rates = [entry["learning_rate"] for entry in state["log_history"] if "learning_rate" in entry]
+    assert len(rates) == 8 and rates[-1] == pytest.approx(1e-3 / 8)  # linear: lr x (8 - 7) / 8 at the last step

@@ -5,6 +5,7 @@ bar, the loss/lr curves written to ``curves.png`` and an HF-style ``trainer_stat
 from __future__ import annotations
 
 from gym_lightning.callbacks.curves import CurvesCallback
+from gym_lightning.callbacks.epochs import EpochFraction
 from gym_lightning.callbacks.export import HFExport
 from gym_lightning.callbacks.memory import MemoryCallback
 from gym_lightning.callbacks.nonfinite import NonFiniteGuard, NonFiniteLossError
@@ -14,6 +15,7 @@ from gym_lightning.callbacks.trainer_state import TrainerStateCallback
 
 __all__ = [
     "CurvesCallback",
+    "EpochFraction",
     "GymProgressBar",
     "HFExport",
     "MemoryCallback",

@@ -32,8 +32,9 @@ Mapping decisions (where Lightning and the HF Trainer differ):
   given, else ``no`` (as HF).
 - ``--bf16``/``--fp16``: ``bf16-mixed``/``16-mixed`` (HF's flags select mixed precision with fp32 weights);
   ``--tf32`` sets torch's TF32 switches in each rank's process (``apply_tf32``), as HF does.
-- ``--max_steps > 0`` overrides ``--num_train_epochs`` (as HF); whole epochs only otherwise (a fraction of an epoch
-  needs the loader's length, known only once Lightning builds it; refused with the fix: ``--max_steps``).
+- ``--max_steps > 0`` overrides ``--num_train_epochs`` (as HF). A fraction of an epoch (``1.5``) trains
+  ``ceil(1.5 x steps per epoch)`` optimizer steps, as HF: ``trainer.max_epochs = 2`` and an ``EpochFraction``
+  callback that sets the step count once the DataLoader exists, before the optimizer and schedule are built.
 - ``--optim``: ``model.optim``, built as the HF Trainer builds it (``optim.build_optimizer``: ``adamw_torch``,
   ``adamw_torch_fused`` (HF's default), ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor``); the others need packages
   or devices not used here and are refused.
@@ -317,8 +318,6 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
         problems.append("--dataset and --train_file both choose the training data; pass one.")
     if not args.dataset and not args.train_file:
         problems.append("no training data: pass --train_file data.jsonl (or --dataset addition).")
-    if args.max_steps <= 0 and args.num_train_epochs != int(args.num_train_epochs):
-        problems.append(f"--num_train_epochs {args.num_train_epochs}: whole epochs only; use --max_steps instead.")
     if str(args.optim) not in OPTIMIZERS:
         problems.append(
             f"--optim {args.optim}: not built by gym_lightning (it needs a package or a device not used here); "
@@ -454,7 +453,7 @@ def _trainer_values(args: argparse.Namespace, accumulation: int, clip: float) ->
     if args.max_steps > 0:
         values |= {"trainer.max_steps": args.max_steps, "trainer.max_epochs": -1}
     else:
-        values |= {"trainer.max_epochs": int(args.num_train_epochs)}
+        values |= {"trainer.max_epochs": math.ceil(args.num_train_epochs)}
     return values | _eval_values(args, accumulation) | _callback_values(args)
 
 
@@ -489,9 +488,18 @@ def _callback_values(args: argparse.Namespace) -> dict[str, Any]:
     output_dir = args.output_dir or "trainer_output"
     # trainer_state.json (log_history) and curves.png in output_dir, where HF users look (a CurvesCallback).
     state = {"class_path": "gym_lightning.callbacks.TrainerStateCallback", "init_args": {"output_dir": output_dir}}
+    if args.max_steps <= 0 and args.num_train_epochs != int(args.num_train_epochs):
+        # HF: ceil(epochs x steps per epoch) steps; the steps per epoch are known once the DataLoader exists.
+        fraction = {
+            "class_path": "gym_lightning.callbacks.EpochFraction",
+            "init_args": {"epochs": args.num_train_epochs},
+        }
+        state = [state, fraction]
+    else:
+        state = [state]
     strategy = str(args.save_strategy)
     if strategy == "no":
-        return {"trainer.enable_checkpointing": False, "trainer.callbacks": [state]}
+        return {"trainer.enable_checkpointing": False, "trainer.callbacks": state}
     keep = -1 if args.save_total_limit is None else args.save_total_limit
     dirpath = str(Path(output_dir) / "checkpoints")
     if strategy == "steps":
@@ -500,7 +508,7 @@ def _callback_values(args: argparse.Namespace) -> dict[str, Any]:
     else:
         init_args = {"dirpath": dirpath, "every_n_epochs": 1, "save_top_k": keep, "monitor": "step", "mode": "max"}
         checkpoint = {"class_path": "lightning.pytorch.callbacks.ModelCheckpoint", "init_args": init_args}
-    return {"trainer.enable_checkpointing": True, "trainer.callbacks": [checkpoint, state]}
+    return {"trainer.enable_checkpointing": True, "trainer.callbacks": [checkpoint, *state]}
 
 
 def _model_values(args: argparse.Namespace) -> dict[str, Any]:
