@@ -42,8 +42,12 @@ def refuse_unsafe_pickles(path: str | os.PathLike[str]) -> Iterator[None]:
     try:
         yield
     except pickle.UnpicklingError as err:
-        # A refused GLOBAL means a real pickle that would run code; any other unpickling failure is a broken file.
-        raise (_refusal(path, err) if "GLOBAL" in str(err) else _not_a_checkpoint(path, err)) from err
+        raise _unpickling_error(path, err) from err
+
+
+def _unpickling_error(path: str | os.PathLike[str], err: pickle.UnpicklingError) -> GymUserError:
+    # A refused GLOBAL means a real pickle that would run code; any other unpickling failure is a broken file.
+    return _refusal(path, err) if "GLOBAL" in str(err) else _not_a_checkpoint(path, err)
 
 
 def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu", mmap: bool = False) -> Any:
@@ -60,14 +64,12 @@ def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu", m
     try:
         return torch.load(path, map_location=map_location, weights_only=True, mmap=mmap)
     except pickle.UnpicklingError as err:
-        raise (_refusal(path, err) if "GLOBAL" in str(err) else _not_a_checkpoint(path, err)) from err
+        raise _unpickling_error(path, err) from err
     except RuntimeError as err:
         if mmap and "mmap can only be used" in str(err):  # torch's legacy (non-zip) format cannot be memory-mapped
             return load_weights_only(path, map_location=map_location, mmap=False)
         raise _not_a_checkpoint(path, err) from err
     except (EOFError, KeyError, ValueError, OSError) as err:
-        if isinstance(err, GymUserError):
-            raise
         raise _not_a_checkpoint(path, err) from err
 
 
