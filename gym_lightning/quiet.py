@@ -63,7 +63,8 @@ def silence_deepspeed_cpu_detection() -> None:
 
 
 class _DropLightningTips(logging.Filter):
-    """Drops Lightning's "💡 Tip" advertisements and lets every other record of the logger through."""
+    """Drops Lightning's "💡 Tip" advertisements and its other ``LIGHTNING_NOISE_PREFIXES`` records; lets every other
+    record of the logger through."""
 
     def filter(self, record: logging.LogRecord) -> bool:
         return not str(record.msg).startswith(LIGHTNING_NOISE_PREFIXES)
