@@ -68,7 +68,7 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
     ),
     _FitLoop: ("_load_combined_loader_states", "_data_source"),
     LightningOptimizer: ("_optimizer",),
-    nn.Module: ("_forward_pre_hooks", "_forward_hooks", "_save_to_state_dict"),
+    nn.Module: ("_forward_pre_hooks", "_forward_hooks"),
     RemovableHandle: ("hooks_dict_ref",),
 }
 
@@ -100,6 +100,8 @@ DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_OFFLOAD, "forward_hooks"),
     DeepSpeedMember(_OFFLOAD, "backward_hooks"),
     DeepSpeedMember(_COORDINATOR, "trace_prologue"),
+    # The full shape of a partitioned ZeRO-3 parameter (whose .data is empty), read by the exporter.
+    DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_shape"),
 )
 
 # What metrics/memory.py reads to count the bytes a rank holds (see its docstring for what each one is).
@@ -200,15 +202,14 @@ def hook_handle_target(handle: RemovableHandle) -> dict[int, Any] | None:
     return handle.hooks_dict_ref()
 
 
-def module_own_state_dict(module: nn.Module, prefix: str) -> dict[str, Any]:
-    """``module``'s own parameters and buffers (not its children's), keys prefixed, as ``state_dict`` would."""
-    local: dict[str, Any] = {}
-    module._save_to_state_dict(local, prefix, keep_vars=False)
-    return local
-
-
 # ------------------------------------------------------------------------------------------------------ DeepSpeed
 ZERO3_HOOK_LISTS: tuple[str, ...] = ("forward_hooks", "backward_hooks")
+
+
+def zero3_full_shape(param: torch.Tensor) -> tuple[int, ...] | None:
+    """The full shape of a ZeRO-3 partitioned parameter, ``None`` for any other tensor."""
+    shape = getattr(param, "ds_shape", None)
+    return None if shape is None else tuple(shape)
 
 
 def deepspeed_engine_config(engine: Any) -> Any:
@@ -308,7 +309,6 @@ __all__ = [
     "is_zero_optimizer",
     "load_combined_loader_states",
     "module_forward_hook_dicts",
-    "module_own_state_dict",
     "rank_zero_info",
     "rank_zero_warn",
     "record_checkpoint_saved",
@@ -317,6 +317,7 @@ __all__ = [
     "set_zero3_hook_handles",
     "training_dataloader",
     "wrapped_optimizer",
+    "zero3_full_shape",
     "zero3_hook_handles",
     "zero3_parameter_offload",
     "zero3_trace_compares_with_ne",

@@ -1,90 +1,333 @@
-"""Export a trained model as a Hugging Face folder (``config.json``, ``model.safetensors``, tokenizer files,
-``generation_config.json``) that ``AutoModelForCausalLM.from_pretrained`` loads.
+"""The one exporter: a Hugging Face folder from a live run (``HFExport`` at the end of ``fit``, any strategy) or from
+a checkpoint of any strategy (``gym export``, ``gym_lightning.checkpointing.export``).
 
-The full state dict comes from the strategy when it shards the model (``strategy.full_model_state_dict``, a
-collective that returns the gathered weights on global rank 0), so the same export serves DDP, FSDP and ZeRO.
-LoRA adapters are merged into the base weights on that state dict (``W + scale * B @ A``), leaving the training
-model untouched.
+Both paths describe the model the same way, as an ``ExportSource``: its tensors as ``LazyTensor``s keyed like the
+Hugging Face (or PEFT) model's ``state_dict``, the base model (config, generation config, tied weights; on the meta
+device for a checkpoint), the LoRA config and scale, the tokenizer. ``write_export`` then
+
+- renames PEFT keys to the base model's and merges LoRA (``W + scale * B @ A``) one layer at a time, or keeps only
+  the adapter, under the names and in the files PEFT's ``save_pretrained`` writes (``lora="adapter"``);
+- drops tied weights as ``save_pretrained`` does: the targets of the base model's ``all_tied_weights_keys``;
+- casts to the export dtype: by default (``"source"``) the dtype the source folder's config.json records (what the
+  run started from: a bf16 checkpoint exports as bf16 even if training kept fp32 weights), float32 for presets and
+  random initialisations; adapters keep their own dtype, as PEFT saves them;
+- writes safetensors shard by shard (with an index when there is more than one), so only one shard plus one layer
+  is in memory at a time, then config.json, generation_config.json and the tokenizer with its chat template
+  (adapter_config.json instead of the configs for an adapter), all inside ``atomic_directory``.
+
+In a live run loading a sharded tensor is a collective (FSDP2's ``full_tensor``, ZeRO-3's ``GatheredParameters``), so
+every rank walks the same shard plan and only global rank 0 keeps and writes.
+
+Why not ``save_pretrained(state_dict=...)``: it needs the whole state dict in one process (280 GB in fp32 for a 70B
+model). torch distributed checkpoint's Hugging Face storage writer writes each rank's own slices, but only for DTensor
+state dicts (not ZeRO-3 partitions, nor a checkpoint on disk) and with neither LoRA merging nor a dtype choice; the
+shard loop below is the small part none of them does.
 """
 
 from __future__ import annotations
 
+import copy
+import json
 import re
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
-from transformers import PreTrainedModel, PreTrainedTokenizerBase
+from safetensors.torch import save_file
+from torch import nn
+from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
 from gym_lightning.atomic import atomic_directory
+from gym_lightning.errors import GymUserError
+from gym_lightning.lazy import LazyTensor, full_tensors_of
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
 
+LoRAExport = Literal["merged", "adapter"]
+ExportDType = Literal["source", "float32", "bfloat16", "float16"]
+LORA_EXPORTS: tuple[str, ...] = get_args(LoRAExport)
+EXPORT_DTYPES: tuple[str, ...] = get_args(ExportDType)
+DEFAULT_MAX_SHARD_SIZE = "5GB"  # transformers 4's save_pretrained default: files most hosts and tools accept
+
 _PEFT_PREFIX = "base_model.model."
-_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.[^.]+\.weight$")
+_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.(?P<adapter>[^.]+)\.weight$")
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
-def merge_lora_state_dict(state_dict: dict[str, torch.Tensor], scaling: float) -> dict[str, torch.Tensor]:
-    """Turn a PEFT LoRA model's state dict into the plain base model's, with ``W + scaling * B @ A`` merged in."""
-    plain = {key.removeprefix(_PEFT_PREFIX): value for key, value in state_dict.items()}
-    factors: dict[str, dict[str, torch.Tensor]] = {}
-    merged: dict[str, torch.Tensor] = {}
-    for key, value in plain.items():
-        match = _LORA_KEY.match(key)
-        if match:
-            factors.setdefault(match["module"], {})[match["which"]] = value
-        else:
-            merged[key.replace(".base_layer.", ".")] = value
-    for module, pair in factors.items():
-        weight_key = f"{module}.weight"
-        if weight_key not in merged or set(pair) != {"A", "B"}:
-            raise ValueError(f"Cannot merge LoRA weights of {module!r}: expected lora_A, lora_B and a base weight.")
-        delta = (pair["B"].float() @ pair["A"].float()) * scaling
-        merged[weight_key] = (merged[weight_key].float() + delta).to(merged[weight_key].dtype)
-    return merged
+@dataclass
+class ExportSource:
+    """A model to export, however it is held.
 
-
-def write_hf_folder(
-    model: PreTrainedModel,
-    state_dict: dict[str, torch.Tensor],
-    tokenizer: PreTrainedTokenizerBase | None,
-    output_dir: str | Path,
-) -> Path:
-    """Write ``state_dict`` with ``model``'s config and generation config, and ``tokenizer`` (if any), to
-    ``output_dir``.
-
-    The folder appears complete or not at all (see ``gym_lightning.atomic``).
+    Args:
+        tensors: The model's tensors keyed as the Hugging Face model's (or the PEFT model's) ``state_dict``.
+        base: The Hugging Face model (PEFT's base model for LoRA); may live on the meta device.
+        lora_config: The ``peft.LoraConfig`` of a LoRA run, else ``None``.
+        lora_scaling: The scale to merge adapters with (``alpha / r``), else ``None``.
+        tokenizer: Saved beside the weights when given.
     """
+
+    tensors: dict[str, LazyTensor]
+    base: PreTrainedModel
+    lora_config: Any | None
+    lora_scaling: float | None
+    tokenizer: PreTrainedTokenizerBase | None
+
+
+def parse_size(text: str | int) -> int:
+    """``"2GB"`` -> 2e9 bytes, ``"500MiB"``, ``"1000"`` or ``1000`` (bytes)."""
+    if isinstance(text, int) and not isinstance(text, bool) and text > 0:
+        return text
+    match = _SIZE.match(str(text))
+    unit = match[2].upper() if match else ""
+    if not match or (unit not in _UNITS and unit + "B" not in _UNITS) or float(match[1]) <= 0:
+        raise GymUserError(f"max_shard_size {text!r} is not a size; use e.g. 5GB, 500MB, 800MiB or a byte count.")
+    return max(1, int(float(match[1]) * _UNITS.get(unit, _UNITS.get(unit + "B", 1))))
+
+
+def export_problems(lora: str, dtype: str, max_shard_size: str | int) -> list[str]:
+    """Everything wrong with export settings, for one message."""
+    problems = []
+    if lora not in LORA_EXPORTS:
+        problems.append(f"lora={lora!r} is not one of {LORA_EXPORTS} (merge the adapters, or write a PEFT adapter).")
+    if dtype not in EXPORT_DTYPES:
+        problems.append(f"dtype={dtype!r} is not one of {EXPORT_DTYPES}.")
+    try:
+        parse_size(max_shard_size)
+    except GymUserError as err:
+        problems.append(str(err))
+    return problems
+
+
+# ------------------------------------------------------------------------------------------------ tensor names
+def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
+    """The tensors to write, under the names ``from_pretrained`` (or PEFT, for ``lora="adapter"``) expects."""
+    tensors = source.tensors
+    factors: dict[str, dict[str, LazyTensor]] = {}
+    for key, value in tensors.items():
+        if match := _LORA_KEY.match(key):
+            factors.setdefault(match["module"], {})[match["which"]] = value
+    if factors and lora == "adapter":
+        # PEFT's adapter files name the factors without the adapter name ("...lora_A.weight").
+        return {
+            _LORA_KEY.sub(r"\g<module>.lora_\g<which>.weight", k): v for k, v in tensors.items() if _LORA_KEY.match(k)
+        }
+    if factors and source.lora_scaling is None:
+        raise GymUserError("The model has LoRA adapters but no LoRA scale to merge them with (alpha / r).")
+    out: dict[str, LazyTensor] = {}
+    for key, value in tensors.items():
+        if _LORA_KEY.match(key):
+            continue
+        name = key.removeprefix(_PEFT_PREFIX).replace(".base_layer.", ".")
+        pair = factors.get(key.removesuffix(".base_layer.weight"))
+        if pair is not None and key.endswith(".base_layer.weight"):
+            out[name] = _merged(value, pair, float(source.lora_scaling or 0.0))
+        else:
+            out[name] = value
+    for target, tied_source in tied_weights(source.base).items():
+        if tied_source in out:
+            out.pop(target, None)  # save_pretrained keeps the tie's source only; from_pretrained re-ties
+    return out
+
+
+def _merged(weight: LazyTensor, pair: dict[str, LazyTensor], scaling: float) -> LazyTensor:
+    if set(pair) != {"A", "B"}:
+        raise GymUserError(f"Cannot merge LoRA weights: found only lora_{''.join(pair)} for one layer.")
+
+    def load() -> torch.Tensor:
+        base = weight.load()
+        delta = (pair["B"].load().float() @ pair["A"].load().float()) * scaling
+        return (base.float() + delta).to(base.dtype)
+
+    return LazyTensor(weight.shape, weight.dtype, load)
+
+
+def tied_weights(base: PreTrainedModel) -> dict[str, str]:
+    """``{target: source}`` of the base model's tied weights (``lm_head.weight`` -> the input embeddings)."""
+    return dict(getattr(base, "all_tied_weights_keys", None) or {})
+
+
+# ------------------------------------------------------------------------------------------------ dtype
+def source_dtype(config: PretrainedConfig) -> torch.dtype:
+    """The dtype the model's source folder (or hub repository) records in its config.json; float32 when there is
+    none (presets, random initialisation) or it names no floating dtype.
+
+    Read from the source, not from ``config.dtype``: ``from_pretrained(dtype=float32)`` rewrites the latter, so a
+    bf16 checkpoint trained with fp32 weights would otherwise export as fp32, and a live export and the export of
+    the same run's checkpoint would differ.
+    """
+    name = config.name_or_path
+    value = None
+    if name:
+        try:
+            values, _ = PretrainedConfig.get_config_dict(name)
+            value = values.get("dtype") or values.get("torch_dtype")
+        except (OSError, ValueError):
+            value = None
+    dtype = getattr(torch, value, None) if isinstance(value, str) else None
+    return dtype if isinstance(dtype, torch.dtype) and dtype.is_floating_point else torch.float32
+
+
+def export_dtype(source: ExportSource, dtype: ExportDType, lora: LoRAExport) -> torch.dtype | None:
+    """The dtype to write (``None``: keep each tensor's own, as PEFT does for adapters)."""
+    if dtype != "source":
+        return getattr(torch, dtype)
+    if source.lora_config is not None and lora == "adapter":
+        return None
+    return source_dtype(source.base.config)
+
+
+# ------------------------------------------------------------------------------------------------ writing
+def plan_shards(tensors: dict[str, LazyTensor], max_shard_size: int, dtype: torch.dtype | None) -> list[list[str]]:
+    """Keys grouped in order into shards of at most ``max_shard_size`` bytes (a bigger tensor gets its own)."""
+    shards: list[list[str]] = [[]]
+    size = 0
+    for key, tensor in tensors.items():
+        nbytes = tensor.nbytes(dtype)
+        if shards[-1] and size + nbytes > max_shard_size:
+            shards.append([])
+            size = 0
+        shards[-1].append(key)
+        size += nbytes
+    return [shard for shard in shards if shard]
+
+
+def write_shards(
+    tensors: dict[str, LazyTensor], folder: Path | None, max_shard_size: int, stem: str, dtype: torch.dtype | None
+) -> None:
+    """Write ``<stem>.safetensors``, or ``<stem>-0000i-of-0000n.safetensors`` and their index, one shard in memory at
+    a time. With ``folder=None`` (ranks that do not write) every tensor is still loaded, in the same order, because
+    loading a sharded tensor is a collective."""
+    shards = plan_shards(tensors, max_shard_size, dtype)
+    weight_map: dict[str, str] = {}
+    for index, keys in enumerate(shards, start=1):
+        name = f"{stem}.safetensors" if len(shards) == 1 else f"{stem}-{index:05d}-of-{len(shards):05d}.safetensors"
+        shard = {key: _cast(tensors[key].load(), dtype) for key in keys}
+        if folder is not None:
+            save_file(shard, folder / name, metadata={"format": "pt"})
+        del shard
+        weight_map.update(dict.fromkeys(keys, name))
+    if folder is not None and len(shards) > 1:
+        total = sum(tensor.nbytes(dtype) for tensor in tensors.values())
+        index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
+        (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
+
+
+def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
+    return (tensor if dtype is None else tensor.to(dtype)).contiguous()
+
+
+def write_export(
+    source: ExportSource,
+    output_dir: str | Path,
+    *,
+    writer: bool = True,
+    lora: LoRAExport = "merged",
+    dtype: ExportDType = "source",
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+) -> Path:
+    """Write ``source`` as a Hugging Face folder (or a PEFT adapter folder) at ``output_dir``; see the module
+    docstring. Every rank of a live run calls it (``writer`` only on the one that writes)."""
+    from gym_lightning.errors import raise_if_problems
+
+    raise_if_problems("Export settings", export_problems(lora, dtype, max_shard_size))
+    if lora == "adapter" and source.lora_config is None:
+        raise GymUserError("lora='adapter' exports LoRA adapters, but this model has none; use lora='merged'.")
+    limit, target = parse_size(max_shard_size), export_dtype(source, dtype, lora)
+    tensors = hf_tensors(source, lora)
+    if not writer:
+        write_shards(tensors, None, limit, "", target)
+        return Path(output_dir)
     with atomic_directory(output_dir) as staging:
-        model.save_pretrained(staging, state_dict=state_dict, safe_serialization=True)
-        if tokenizer is not None:
-            tokenizer.save_pretrained(staging)
+        if source.lora_config is not None and lora == "adapter":
+            write_shards(tensors, staging, limit, "adapter_model", target)
+            source.lora_config.save_pretrained(staging)
+        else:
+            write_shards(tensors, staging, limit, "model", target)
+            _write_configs(source.base, staging, target or torch.float32)
+        if source.tokenizer is not None:
+            source.tokenizer.save_pretrained(staging)
     return Path(output_dir)
 
 
-def full_state_dict(trainer: pl.Trainer, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The model's full CPU state dict on global rank 0 (``{}`` elsewhere); a collective under sharding strategies."""
-    gather = getattr(trainer.strategy, "full_model_state_dict", None)
-    if gather is not None:
-        return gather(model)
-    if not trainer.is_global_zero:
-        return {}
-    return {key: value.detach().cpu() for key, value in model.state_dict().items()}
+def _write_configs(base: PreTrainedModel, folder: Path, dtype: torch.dtype) -> None:
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    config = copy.deepcopy(base.config)
+    config.dtype = dtype
+    if not config.architectures and type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__]
+    config.save_pretrained(folder)
+    if getattr(base, "generation_config", None) is not None:
+        base.generation_config.save_pretrained(folder)
+
+
+# ------------------------------------------------------------------------------------------------ live runs
+def lora_scaling(model: nn.Module) -> float | None:
+    """The LoRA scale (``alpha / r``) to merge a peft model's adapters with; ``None`` for a model without adapters.
+
+    Read from the LoRA layers themselves (peft keeps ``scaling`` as ``{adapter: scale}`` on each), so it is right
+    for any LightningModule, whoever built the adapters.
+    """
+    scales = {
+        scale
+        for module in model.modules()
+        if isinstance(getattr(module, "scaling", None), dict)
+        for scale in module.scaling.values()
+    }
+    if len(scales) > 1:
+        raise GymUserError(
+            f"The export merges LoRA adapters with one scale, but the layers use {sorted(scales)} (per-layer "
+            "rank_pattern/alpha_pattern or several adapters); use one r and alpha for every adapted layer."
+        )
+    return scales.pop() if scales else None
+
+
+def live_source(strategy: object, model: nn.Module, tokenizer: PreTrainedTokenizerBase | None) -> ExportSource:
+    """The ``ExportSource`` of a model being trained (a transformers model or a peft ``PeftModel``)."""
+    base = model.get_base_model() if hasattr(model, "get_base_model") else model
+    peft_configs = getattr(model, "peft_config", None) or {}
+    lora_config = next(iter(peft_configs.values()), None) if len(peft_configs) == 1 else None
+    if len(peft_configs) > 1:
+        raise GymUserError(f"The export writes one LoRA adapter; the model has {sorted(peft_configs)}.")
+    tensors = full_tensors_of(strategy, model)
+    return ExportSource(tensors, base, lora_config, lora_scaling(model), tokenizer)
 
 
 def export_from_trainer(
     trainer: pl.Trainer,
-    model: torch.nn.Module,
+    model: nn.Module,
     tokenizer: PreTrainedTokenizerBase | None,
     output_dir: str | Path,
-    lora_scaling: float | None = None,
+    *,
+    lora: LoRAExport = "merged",
+    dtype: ExportDType = "source",
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
 ) -> None:
-    """Gather ``model`` (an HF model or a PEFT LoRA model) and write it as an HF folder from global rank 0."""
-    state_dict = full_state_dict(trainer, model)
-    if trainer.is_global_zero:
-        base = model.get_base_model() if hasattr(model, "get_base_model") else model
-        if lora_scaling is not None:
-            state_dict = merge_lora_state_dict(state_dict, lora_scaling)
-        write_hf_folder(base, state_dict, tokenizer, output_dir)
+    """Export ``model`` (a transformers model or a peft model) as trained under ``trainer``'s strategy: every rank
+    takes part (gathers are collectives), global rank 0 writes."""
+    source = live_source(trainer.strategy, model, tokenizer)
+    writer = trainer.is_global_zero
+    write_export(source, output_dir, writer=writer, lora=lora, dtype=dtype, max_shard_size=max_shard_size)
     trainer.strategy.barrier("gym_lightning_export")
+
+
+__all__ = [
+    "DEFAULT_MAX_SHARD_SIZE",
+    "EXPORT_DTYPES",
+    "LORA_EXPORTS",
+    "ExportDType",
+    "ExportSource",
+    "LoRAExport",
+    "export_from_trainer",
+    "export_problems",
+    "hf_tensors",
+    "live_source",
+    "lora_scaling",
+    "parse_size",
+    "source_dtype",
+    "write_export",
+]

@@ -3,6 +3,8 @@ folders and presets."""
 
 from __future__ import annotations
 
+import json
+import weakref
 from pathlib import Path
 from typing import Any
 
@@ -15,8 +17,10 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from gym_lightning import CausalLMDataModule, CausalLMModule, HFExport, LoRAArgs
 from gym_lightning.atomic import atomic_directory
 from gym_lightning.errors import GymUserError
-from gym_lightning.export import merge_lora_state_dict
+from gym_lightning.export import ExportSource, hf_tensors, write_export
+from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models import build_causal_lm
+from gym_lightning.tokenizer import load_tokenizer
 
 SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64}
 PROBE = torch.tensor([[5, 9, 12, 40, 7, 3, 22, 8]])
@@ -114,16 +118,92 @@ def test_export_without_an_hf_model_fails_before_training(tmp_path: Path) -> Non
     assert module.steps == 0, "trained although the export could never succeed"
 
 
-def test_merge_lora_state_dict_by_hand() -> None:
+def _source(tensors: dict[str, torch.Tensor], scaling: float | None = None, base: Any = None) -> ExportSource:
+    lazy = {key: eager(value) for key, value in tensors.items()}
+    return ExportSource(
+        lazy, base if base is not None else torch.nn.Module(), object() if scaling else None, scaling, None
+    )
+
+
+def test_lora_merges_by_hand_and_adapters_keep_peft_names() -> None:
     state = {
         "base_model.model.proj.base_layer.weight": torch.ones(2, 3),
         "base_model.model.proj.lora_A.default.weight": torch.tensor([[1.0, 0.0, 2.0]]),
         "base_model.model.proj.lora_B.default.weight": torch.tensor([[1.0], [3.0]]),
         "base_model.model.norm.weight": torch.ones(3),
     }
-    merged = merge_lora_state_dict(state, scaling=0.5)
+    merged = {key: value.load() for key, value in hf_tensors(_source(state, scaling=0.5), "merged").items()}
     assert set(merged) == {"proj.weight", "norm.weight"}
     torch.testing.assert_close(merged["proj.weight"], torch.tensor([[1.5, 1.0, 2.0], [2.5, 1.0, 4.0]]))
+    adapter = hf_tensors(_source(state, scaling=0.5), "adapter")
+    assert set(adapter) == {"base_model.model.proj.lora_A.weight", "base_model.model.proj.lora_B.weight"}
+
+
+class CountingTensors:
+    """Lazy tensors that count how many bytes they have handed out and are still alive (weakref finalizers)."""
+
+    def __init__(self, sizes: dict[str, int]) -> None:
+        self.live = self.peak = 0
+        self.tensors = {key: LazyTensor((size,), torch.float32, self._loader(size)) for key, size in sizes.items()}
+
+    def _loader(self, size: int) -> Any:
+        def load() -> torch.Tensor:
+            tensor = torch.ones(size)
+            self.live += tensor.nbytes
+            self.peak = max(self.peak, self.live)
+            weakref.finalize(tensor, self._release, tensor.nbytes)
+            return tensor
+
+        return load
+
+    def _release(self, nbytes: int) -> None:
+        self.live -= nbytes
+
+
+def test_export_holds_one_shard_at_a_time(tmp_path: Path) -> None:
+    sizes = {f"layer{i}.weight": 1000 + 100 * i for i in range(12)}  # 4.0-8.4 kB each, 74.4 kB in all
+    counting = CountingTensors(sizes)
+    base = build_causal_lm("tiny-llama", config_overrides=SMALL)
+    source = ExportSource(counting.tensors, base, None, None, None)
+    out = write_export(source, tmp_path / "hf", max_shard_size=20_000, dtype="float32")
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) == 5 and index["metadata"]["total_size"] == 4 * sum(sizes.values())
+    assert counting.peak <= 20_000, f"{counting.peak} bytes alive at once: more than one shard"
+    assert counting.live == 0
+    files = sorted(p.name for p in out.glob("model-*.safetensors"))
+    assert files[0] == "model-00001-of-00005.safetensors"
+
+
+def test_export_writes_the_source_dtype_shards_and_drops_tied_weights_like_save_pretrained(tmp_path: Path) -> None:
+    source_dir = tmp_path / "bf16"
+    build_causal_lm("tiny-llama", config_overrides=SMALL).to(torch.bfloat16).save_pretrained(source_dir)
+    load_tokenizer(None).save_pretrained(source_dir)
+    module = CausalLMModule(str(source_dir), torch_dtype="float32", lr=1e-2)
+    fit_briefly(module, tmp_path, HFExport(output_dir=str(tmp_path / "hf"), max_shard_size="40kB"))
+    assert next(module.model.parameters()).dtype == torch.float32, "trained in fp32"
+    out = tmp_path / "hf"
+    assert json.loads((out / "config.json").read_text())["dtype"] == "bfloat16"
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 1
+    assert "lm_head.weight" not in index["weight_map"], "tied to the embeddings: save_pretrained stores it once"
+    reloaded = AutoModelForCausalLM.from_pretrained(out)
+    assert next(reloaded.parameters()).dtype == torch.bfloat16
+    torch.testing.assert_close(reloaded.lm_head.weight, reloaded.model.embed_tokens.weight)
+    expected = {k: v.to(torch.bfloat16) for k, v in module.model.state_dict().items()}
+    for key, value in reloaded.state_dict().items():
+        assert torch.equal(value, expected[key]), key
+
+
+def test_export_settings_are_checked_together() -> None:
+    pattern = r"(?s)HFExport \(3 problem\(s\)\):.*lora='both'.*dtype='fp8'.*max_shard_size 'big'"
+    with pytest.raises(GymUserError, match=pattern):
+        HFExport(output_dir="out", lora="both", dtype="fp8", max_shard_size="big")  # type: ignore[arg-type]
+
+
+def test_adapter_export_of_a_model_without_adapters_fails_before_training(tmp_path: Path) -> None:
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL)
+    with pytest.raises(GymUserError, match=r"lora=.adapter.*has none"):
+        fit_briefly(module, tmp_path, HFExport(output_dir=str(tmp_path / "hf"), lora="adapter"))
 
 
 def test_atomic_directory_keeps_the_old_folder_on_failure(tmp_path: Path) -> None:

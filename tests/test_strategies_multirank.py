@@ -14,6 +14,7 @@ accumulation count, a missing world-size factor, unsynchronised gradients) chang
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
@@ -192,13 +193,20 @@ def causal_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
         # 3 micro-batches per epoch and accumulate 2: windows of 2 and 1 (a partial window at each epoch end).
         phases += [
             {"name": f"{name}/full", "max_epochs": 2, "strategy": name},
-            {"name": f"{name}/part", "max_epochs": 1, "strategy": name, "save_dir": f"{name}-ckpt"},
+            {
+                "name": f"{name}/part",
+                "max_epochs": 1,
+                "strategy": name,
+                "save_dir": f"{name}-ckpt",
+                "export": ["merged"],
+            },
             {"name": f"{name}/resume", "max_epochs": 2, "strategy": name, "resume_from": f"{name}-ckpt"},
         ]
     phases += [{"name": f"{name}/full", "max_epochs": 2, "strategy": s} for name, s in CAUSAL_VARIANTS.items()]
     # ZeRO-3 building a preset from its config (no weights) inside zero.Init: HF's initialisation must still run.
     phases.append({"name": "zero3_preset/part", "max_epochs": 1, "strategy": "zero3", "preset": True})
-    for name in [*CAUSAL_STRATEGIES, *CAUSAL_VARIANTS, "zero3_preset"]:
+    phases += _export_phases()
+    for name in [*CAUSAL_STRATEGIES, *CAUSAL_VARIANTS, "zero3_preset", *OFFLOAD_STRATEGIES]:
         (out / name).mkdir()
     # Every run starts from the same saved weights: ZeRO-3 initialises partitions with a different random stream,
     # and from_pretrained under zero.Init is the path real finetuning takes.
@@ -214,7 +222,29 @@ def causal_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     results = run_worker(spec, out, timeout=900)
     (out / "reference").mkdir()
     losses, weights = _reference({**spec, "out": str(out)}, {"name": "reference/full", "max_epochs": 2}, out)
-    return {"out": out, "results": results, "ref_losses": losses, "ref_weights": weights}
+    return {"out": out, "results": results, "ref_losses": losses, "ref_weights": weights, "model_dir": model_dir}
+
+
+OFFLOAD_STRATEGIES = ["zero2_offload", "zero3_offload"]
+EXPORT_STRATEGIES = CAUSAL_STRATEGIES + OFFLOAD_STRATEGIES
+# (strategy, phase, LoRA export): full finetunes export "merged" (there is nothing to merge), LoRA runs both ways.
+EXPORT_CASES = [(name, "part", "merged") for name in EXPORT_STRATEGIES]
+EXPORT_CASES += [(name, "lora", mode) for name in EXPORT_STRATEGIES for mode in ("merged", "adapter")]
+
+
+def _export_phases() -> list[dict[str, Any]]:
+    """One LoRA run per strategy (checkpoint + live export both ways) and the offload variants' full finetunes (the
+    others' "part" phases export already)."""
+    phases = [
+        {"name": f"{name}/lora", "max_epochs": 1, "strategy": name, "lora": True, "save_dir": f"{name}-lora-ckpt",
+         "export": ["merged", "adapter"]}
+        for name in EXPORT_STRATEGIES
+    ]  # fmt: skip
+    phases += [
+        {"name": f"{name}/part", "max_epochs": 1, "strategy": name, "save_dir": f"{name}-ckpt", "export": ["merged"]}
+        for name in OFFLOAD_STRATEGIES
+    ]
+    return phases
 
 
 @pytest.mark.parametrize("name", CAUSAL_STRATEGIES + list(CAUSAL_VARIANTS))
@@ -251,3 +281,81 @@ def test_zero3_from_config_keeps_hugging_face_initialisation(causal_runs: dict[s
     weights = torch.load(causal_runs["out"] / "zero3_preset/part.pt", weights_only=True)
     std = weights["model.embed_tokens.weight"].float().std().item()
     assert 0.01 < std < 0.04, f"embedding std {std:.3f}: HF's initialisation did not run under zero.Init"
+
+
+# ------------------------------------------------------------------------------------------------ export
+def _folder_contents(folder: Path) -> dict[str, Any]:
+    """Every file of an exported folder: safetensors as tensors, JSON as data (transformers' version dropped)."""
+    from safetensors.torch import load_file
+
+    contents: dict[str, Any] = {}
+    for file in sorted(folder.iterdir()):
+        if file.suffix == ".safetensors":
+            contents[file.name] = load_file(file)
+        elif file.suffix == ".json":
+            data = json.loads(file.read_text())
+            contents[file.name] = {k: v for k, v in data.items() if k != "transformers_version"}
+        else:
+            contents[file.name] = file.read_bytes()
+    return contents
+
+
+def _reload(folder: Path, mode: str, model_dir: str) -> torch.nn.Module:
+    from peft import PeftModel
+    from transformers import AutoModelForCausalLM
+
+    if mode == "adapter":
+        return PeftModel.from_pretrained(AutoModelForCausalLM.from_pretrained(model_dir), folder)
+    return AutoModelForCausalLM.from_pretrained(folder)
+
+
+# LoRA's adapter_config.json: the live run's peft config carries runtime fields (inference_mode, ...); these are the
+# ones that decide the model.
+ADAPTER_FIELDS = ("r", "lora_alpha", "lora_dropout", "base_model_name_or_path", "task_type", "peft_type")
+
+
+@pytest.mark.parametrize(("name", "run", "mode"), EXPORT_CASES)
+def test_live_export_equals_checkpoint_export_and_reproduces_the_module(
+    causal_runs: dict[str, Any], name: str, run: str, mode: str, tmp_path: Path
+) -> None:
+    from helpers.strategy_worker import PROBE
+
+    from gym_lightning.checkpointing.export import export_checkpoint
+
+    out = causal_runs["out"]
+    live = out / f"{name}/{run}.export-{mode}"
+    checkpoint = out / (f"{name}-ckpt" if run == "part" else f"{name}-lora-ckpt") / "last.ckpt"
+    offline = export_checkpoint(checkpoint, tmp_path / "hf", lora=mode)
+    live_files, offline_files = _folder_contents(live), _folder_contents(offline)
+    assert live_files.keys() == offline_files.keys()
+    for file, content in live_files.items():
+        if file == "adapter_config.json":
+            assert {k: content[k] for k in ADAPTER_FIELDS} == {k: offline_files[file][k] for k in ADAPTER_FIELDS}
+            assert set(content["target_modules"]) == set(offline_files[file]["target_modules"]) == {"q_proj", "v_proj"}
+        elif file.endswith(".safetensors"):
+            assert content.keys() == offline_files[file].keys(), file
+            for key, tensor in content.items():
+                assert torch.equal(tensor, offline_files[file][key]), f"{file}: {key} differs"
+        else:
+            assert content == offline_files[file], file
+    reloaded = _reload(live, mode, causal_runs["model_dir"]).eval()
+    with torch.no_grad():
+        logits = reloaded(input_ids=torch.tensor(PROBE)).logits
+    expected = torch.load(out / f"{name}/{run}.logits.pt", weights_only=True)
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=1e-5)
+    if run == "lora":  # LoRA's B starts at zero: the adapters must have trained for the export to prove anything
+        _assert_adapters_trained(live_files, mode, Path(causal_runs["model_dir"]))
+
+
+def _assert_adapters_trained(files: dict[str, Any], mode: str, model_dir: Path) -> None:
+    from safetensors.torch import load_file
+
+    if mode == "adapter":
+        assert any(t.abs().max() > 0 for k, t in files["adapter_model.safetensors"].items() if "lora_B" in k)
+        return
+    pretrained = load_file(model_dir / "model.safetensors")
+    merged = files["model.safetensors"]
+    assert not torch.equal(
+        merged["model.layers.0.self_attn.q_proj.weight"], pretrained["model.layers.0.self_attn.q_proj.weight"]
+    )
+    assert torch.equal(merged["model.layers.0.mlp.up_proj.weight"], pretrained["model.layers.0.mlp.up_proj.weight"])

@@ -9,8 +9,15 @@ from lightning.pytorch.callbacks import Callback
 from torch import nn
 from typing_extensions import override
 
-from gym_lightning.errors import GymUserError
-from gym_lightning.export import export_from_trainer
+from gym_lightning.errors import GymUserError, raise_if_problems
+from gym_lightning.export import (
+    DEFAULT_MAX_SHARD_SIZE,
+    ExportDType,
+    LoRAExport,
+    export_from_trainer,
+    export_problems,
+    lora_scaling,
+)
 
 
 def find_hf_model(pl_module: pl.LightningModule) -> nn.Module:
@@ -28,31 +35,12 @@ def find_hf_model(pl_module: pl.LightningModule) -> nn.Module:
     )
 
 
-def lora_scaling(model: nn.Module) -> float | None:
-    """The LoRA scale (``alpha / r``) to merge a peft model's adapters with; ``None`` for a model without adapters.
-
-    Read from the LoRA layers themselves (peft keeps ``scaling`` as ``{adapter: scale}`` on each), so it is right
-    for any LightningModule, whoever built the adapters.
-    """
-    scales = {
-        scale
-        for module in model.modules()
-        if isinstance(getattr(module, "scaling", None), dict)
-        for scale in module.scaling.values()
-    }
-    if len(scales) > 1:
-        raise GymUserError(
-            f"HFExport merges LoRA adapters with one scale, but the layers use {sorted(scales)} (per-layer "
-            "rank_pattern/alpha_pattern or several adapters); use one r and alpha for every adapted layer."
-        )
-    return scales.pop() if scales else None
-
-
 class HFExport(Callback):
-    """At the end of ``fit``, write the trained model as a Hugging Face folder (``config.json``,
-    ``model.safetensors``, ``generation_config.json`` and the tokenizer's files) that
-    ``AutoModelForCausalLM.from_pretrained`` loads. Works under every strategy (the strategy gathers sharded
-    weights, see ``gym_lightning.export``); global rank 0 writes, atomically.
+    """At the end of ``fit``, write the trained model as a Hugging Face folder (``config.json``, sharded
+    safetensors with an index, ``generation_config.json``, the tokenizer and its chat template) that
+    ``AutoModelForCausalLM.from_pretrained`` loads, or a PEFT adapter folder. Works under every strategy: sharded
+    parameters are gathered one tensor at a time and global rank 0 writes shard by shard, atomically (see
+    ``gym_lightning.export``, which ``gym export`` of a checkpoint shares).
 
     What it needs from the LightningModule: the Hugging Face model as ``self.model`` (a transformers
     ``PreTrainedModel``, or a peft ``PeftModel`` whose LoRA adapters are merged into the exported weights), or
@@ -62,17 +50,35 @@ class HFExport(Callback):
 
     Args:
         output_dir: The folder to write (replaced if it exists); ``None`` exports nothing.
+        lora: For a LoRA model, ``"merged"`` (the base weights with the adapters merged in, a plain transformers
+            folder) or ``"adapter"`` (PEFT's ``adapter_model.safetensors`` + ``adapter_config.json``).
+        dtype: ``"source"`` writes the dtype recorded in the config.json of the folder the run started from
+            (float32 for presets), else ``"float32"``, ``"bfloat16"`` or ``"float16"``. Adapters keep their own
+            dtype under ``"source"``.
+        max_shard_size: Largest safetensors file, e.g. ``"5GB"``, ``"500MB"``.
     """
 
-    def __init__(self, output_dir: str | None = None) -> None:
+    def __init__(
+        self,
+        output_dir: str | None = None,
+        lora: LoRAExport = "merged",
+        dtype: ExportDType = "source",
+        max_shard_size: str = DEFAULT_MAX_SHARD_SIZE,
+    ) -> None:
+        problems = export_problems(lora, dtype, max_shard_size)
         if output_dir is not None and (not isinstance(output_dir, str) or not output_dir):
-            raise GymUserError(f"HFExport: output_dir must be a folder path or None, got {output_dir!r}.")
-        self.output_dir = output_dir
+            problems.insert(0, f"output_dir must be a folder path or None, got {output_dir!r}.")
+        raise_if_problems("HFExport", problems)
+        self.output_dir, self.lora, self.dtype, self.max_shard_size = output_dir, lora, dtype, max_shard_size
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        if self.output_dir is not None:
-            lora_scaling(find_hf_model(pl_module))  # raises now rather than after training
+        if self.output_dir is None:
+            return
+        model = find_hf_model(pl_module)  # these raise now rather than after training
+        lora_scaling(model)
+        if self.lora == "adapter" and not hasattr(model, "peft_config"):
+            raise GymUserError("HFExport(lora='adapter') exports LoRA adapters, but the model has none; use 'merged'.")
 
     @override
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -80,7 +86,15 @@ class HFExport(Callback):
             return
         model = find_hf_model(pl_module)
         tokenizer: Any = getattr(pl_module, "tokenizer", None)
-        export_from_trainer(trainer, model, tokenizer, self.output_dir, lora_scaling=lora_scaling(model))
+        export_from_trainer(
+            trainer,
+            model,
+            tokenizer,
+            self.output_dir,
+            lora=self.lora,
+            dtype=self.dtype,
+            max_shard_size=self.max_shard_size,
+        )
 
 
 __all__ = ["HFExport", "find_hf_model", "lora_scaling"]

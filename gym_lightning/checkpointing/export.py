@@ -1,32 +1,28 @@
-"""``python -m gym_lightning export``: any gym_lightning checkpoint to a Hugging Face folder, one shard at a time.
-
-Reads, without a process group and without building the model:
+"""``gym export``'s side of the one exporter (``gym_lightning.export``): any gym_lightning checkpoint as an
+``ExportSource``, read lazily, without a process group and without building the model's weights.
 
 - a single file (DDP, single device, FSDP with ``save_distributed_checkpoint=False``): ``torch.load(mmap=True)``;
 - an FSDP folder (torch distributed checkpoint, ``.metadata`` + ``*.distcp``): each tensor is read on its own;
 - a DeepSpeed folder (``latest`` + ``<tag>/*_model_states.pt``): ZeRO-1/2 from the full module state in the model-
-  states file, ZeRO-3 by re-assembling each parameter from the ranks' fp32 partitions (the layout of DeepSpeed's
-  ``zero_to_fp32.py``), reading the files memory-mapped.
+  states file; ZeRO-3 by re-assembling each trainable parameter from the ranks' fp32 partitions and each frozen one
+  (LoRA's base weights) from the ranks' ``frozen_param_fragments`` (the layouts of DeepSpeed's ``zero_to_fp32.py``),
+  reading the files memory-mapped.
 
-Tensors are materialised shard by shard (``--max_shard_size``) and written as safetensors with an index, so the
-host memory held at once is about one shard (plus one LoRA-merged layer), not the model. Everything is loaded with
-``weights_only=True``. The config comes from the checkpoint's hyper-parameters (model source + overrides), the
-tokenizer from the model's (or the shipped one). The output folder appears complete or not at all.
+Everything is loaded with ``weights_only=True``. The base model (config, generation config, tied weights) is built
+on the meta device from the checkpoint's hyper-parameters (model source + overrides); the tokenizer is the model's
+(or the shipped one). Writing, LoRA merging, dtype and sharding are ``gym_lightning.export.write_export``'s.
 """
 
 from __future__ import annotations
 
-import json
-import re
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any
 
 import torch
-from safetensors.torch import save_file
 
-from gym_lightning.atomic import atomic_directory
 from gym_lightning.checkpointing.safe_load import (
     deepspeed_safe_globals,
     load_lightning_checkpoint,
@@ -34,34 +30,10 @@ from gym_lightning.checkpointing.safe_load import (
     refuse_unsafe_pickles,
 )
 from gym_lightning.errors import GymUserError
+from gym_lightning.export import DEFAULT_MAX_SHARD_SIZE, ExportDType, ExportSource, LoRAExport, write_export
+from gym_lightning.lazy import LazyTensor
 
-LoRAExport = Literal["merged", "adapter"]
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([KMGT]?i?B?)\s*$", re.IGNORECASE)
-_UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
-_UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
-_LORA_KEY = re.compile(r"^(?P<module>.+)\.lora_(?P<which>[AB])\.[^.]+\.weight$")
-
-
-def parse_size(text: str) -> int:
-    """``"2GB"`` -> 2e9 bytes, ``"500MiB"``, ``"1000"`` (bytes)."""
-    match = _SIZE.match(str(text))
-    unit = match[2].upper() if match else ""
-    if not match or (unit not in _UNITS and unit + "B" not in _UNITS):
-        raise GymUserError(f"--max_shard_size {text!r} is not a size; use e.g. 2GB, 500MB, 800MiB or a byte count.")
-    return max(1, int(float(match[1]) * _UNITS.get(unit, _UNITS.get(unit + "B", 1))))
-
-
-@dataclass
-class LazyTensor:
-    """A tensor of the checkpoint that is read only when ``load()`` is called."""
-
-    shape: tuple[int, ...]
-    dtype: torch.dtype
-    load: Callable[[], torch.Tensor]
-
-    @property
-    def nbytes(self) -> int:
-        return int(torch.Size(self.shape).numel()) * torch.empty((), dtype=self.dtype).element_size()
+_MODULE_PREFIX = "model."  # CausalLMModule keeps the Hugging Face (or PEFT) model as ``self.model``
 
 
 @dataclass
@@ -74,7 +46,7 @@ class CheckpointContents:
 
 # ------------------------------------------------------------------------------------------------ readers
 def _from_tensors(state: dict[str, torch.Tensor]) -> dict[str, LazyTensor]:
-    return {k: LazyTensor(tuple(v.shape), v.dtype, lambda v=v: v.clone()) for k, v in state.items()}
+    return {k: LazyTensor(tuple(v.shape), v.dtype, lambda v=v: v) for k, v in state.items()}
 
 
 def read_single_file(path: Path) -> CheckpointContents:
@@ -111,31 +83,62 @@ def _deepspeed_load(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
+def _rank_of(file: Path) -> int:
+    return int(file.name.split("_")[3])  # zero_pp_rank_<r>_mp_rank_00_{model,optim}_states.pt
+
+
 def read_deepspeed_checkpoint(path: Path) -> CheckpointContents:
     tag = (path / "latest").read_text().strip()
     folder = path / tag
     model_files = sorted(folder.glob("*_model_states.pt"))
-    states = _deepspeed_load(next(f for f in model_files if "rank_0_" in f.name or f.name.startswith("mp_rank")))
+    rank_files = sorted((f for f in model_files if f.name.startswith("zero_pp_rank_")), key=_rank_of)
+    states = _deepspeed_load(rank_files[0] if rank_files else model_files[0])
     module = states.pop("module")
     if not any(tensor.numel() == 0 for tensor in module.values()):  # ZeRO-1/2: the module holds the full weights
         return CheckpointContents(_from_tensors(module), states)
-    optim_files = sorted(folder.glob("zero_pp_rank_*_optim_states.pt"), key=lambda f: int(f.name.split("_")[3]))
+    optim_files = sorted(folder.glob("zero_pp_rank_*_optim_states.pt"), key=_rank_of)
     flat = [_deepspeed_load(f)["optimizer_state_dict"]["fp32_flat_groups"] for f in optim_files]
+    # Buffers are whole in the module state; partitioned parameters are empty there and rebuilt below.
+    tensors = _from_tensors({k: v for k, v in module.items() if v.numel() > 0})
+    tensors.update(_zero3_trainable(states["param_shapes"], flat))
+    frozen = [_deepspeed_load(f).get("frozen_param_fragments") or {} for f in rank_files]
+    tensors.update(_zero3_frozen(states.get("frozen_param_shapes") or {}, frozen))
+    for alias, source in states.get("shared_params", {}).items():
+        tensors.setdefault(alias, tensors[source])
+    return CheckpointContents(tensors, states)
+
+
+def _zero3_trainable(param_shapes: list[dict[str, Any]], flat: list[list[torch.Tensor]]) -> dict[str, LazyTensor]:
+    """Trainable parameters from the ranks' flat fp32 groups: each rank holds one padded partition of each."""
     tensors: dict[str, LazyTensor] = {}
-    for group, shapes in enumerate(states["param_shapes"]):
+    for group, shapes in enumerate(param_shapes):
         offset = 0
         for name, shape in shapes.items():
             numel = int(torch.Size(shape).numel())
-            part = -(-numel // len(flat))  # ceil: each rank holds one padded partition of every parameter
+            part = -(-numel // len(flat))  # ceil
 
             def load(group: int = group, offset: int = offset, part: int = part, numel: int = numel, shape=shape):
                 return torch.cat([ranks[group][offset : offset + part] for ranks in flat])[:numel].view(shape)
 
             tensors[name] = LazyTensor(tuple(shape), torch.float32, load)
             offset += part
-    for alias, source in states.get("shared_params", {}).items():
-        tensors.setdefault(alias, tensors[source])
-    return CheckpointContents(tensors, states)
+    return tensors
+
+
+def _zero3_frozen(shapes: dict[str, Any], fragments: list[dict[str, torch.Tensor]]) -> dict[str, LazyTensor]:
+    """Frozen parameters (``requires_grad=False``, e.g. LoRA's base weights) from each rank's fragment of them."""
+    tensors: dict[str, LazyTensor] = {}
+    for name, shape in shapes.items():
+        missing = [rank for rank, parts in enumerate(fragments) if name not in parts]
+        if missing:
+            raise GymUserError(f"The ZeRO-3 checkpoint lacks the frozen parameter {name!r} on ranks {missing}.")
+        numel = int(torch.Size(shape).numel())
+
+        def load(name: str = name, numel: int = numel, shape: Any = shape) -> torch.Tensor:
+            return torch.cat([parts[name].flatten() for parts in fragments])[:numel].view(shape)
+
+        tensors[name] = LazyTensor(tuple(shape), fragments[0][name].dtype, load)
+    return tensors
 
 
 def read_checkpoint(path: str | Path) -> CheckpointContents:
@@ -155,81 +158,19 @@ def read_checkpoint(path: str | Path) -> CheckpointContents:
     )
 
 
-# ------------------------------------------------------------------------------------------------ Hugging Face view
-def hf_tensors(
-    tensors: dict[str, LazyTensor], lora_scaling: float | None, lora: LoRAExport, tied: bool
-) -> dict[str, LazyTensor]:
-    """The module's tensors under Hugging Face names: LoRA merged lazily (``W + s * B @ A``) or adapters only."""
-    plain = {key.removeprefix("model."): value for key, value in tensors.items() if key.startswith("model.")}
-    factors: dict[str, dict[str, LazyTensor]] = {}
-    for key, value in plain.items():
-        if match := _LORA_KEY.match(key):
-            factors.setdefault(match["module"], {})[match["which"]] = value
-    if factors and lora == "adapter":
-        # PEFT's adapter files name the factors without the adapter name ("...lora_A.weight").
-        adapter = {k: v for k, v in plain.items() if _LORA_KEY.match(k)}
-        return {re.sub(r"\.lora_([AB])\.[^.]+\.weight$", r".lora_\1.weight", k): v for k, v in adapter.items()}
-    out: dict[str, LazyTensor] = {}
-    for key, value in plain.items():
-        if _LORA_KEY.match(key):
-            continue
-        name = key.removeprefix("base_model.model.").replace(".base_layer.", ".")
-        pair = factors.get(key.removesuffix(".base_layer.weight"))
-        if pair is not None and key.endswith(".base_layer.weight") and lora_scaling is not None:
-            out[name] = LazyTensor(value.shape, value.dtype, _merged_loader(value, pair, lora_scaling))
-        else:
-            out[name] = value
-    if tied:
-        out.pop("lm_head.weight", None)  # tied to the input embeddings: Hugging Face stores it once
-    return out
-
-
-def _merged_loader(weight: LazyTensor, pair: dict[str, LazyTensor], scaling: float) -> Callable[[], torch.Tensor]:
-    def load() -> torch.Tensor:
-        base = weight.load()
-        delta = (pair["B"].load().float() @ pair["A"].load().float()) * scaling
-        return (base.float() + delta).to(base.dtype)
-
-    return load
-
-
-def plan_shards(tensors: dict[str, LazyTensor], max_shard_size: int) -> list[list[str]]:
-    """Keys grouped in order into shards of at most ``max_shard_size`` bytes (a bigger tensor gets its own)."""
-    shards: list[list[str]] = [[]]
-    size = 0
-    for key, tensor in tensors.items():
-        if shards[-1] and size + tensor.nbytes > max_shard_size:
-            shards.append([])
-            size = 0
-        shards[-1].append(key)
-        size += tensor.nbytes
-    return [shard for shard in shards if shard]
-
-
-def write_safetensors_shards(tensors: dict[str, LazyTensor], folder: Path, max_shard_size: int, stem: str) -> None:
-    """Write ``<stem>.safetensors`` or ``<stem>-0000i-of-0000n.safetensors`` + index, one shard in memory at a time."""
-    shards = plan_shards(tensors, max_shard_size)
-    weight_map: dict[str, str] = {}
-    for index, keys in enumerate(shards, start=1):
-        name = f"{stem}.safetensors" if len(shards) == 1 else f"{stem}-{index:05d}-of-{len(shards):05d}.safetensors"
-        save_file({key: tensors[key].load().contiguous() for key in keys}, folder / name, metadata={"format": "pt"})
-        weight_map.update(dict.fromkeys(keys, name))
-    if len(shards) > 1:
-        total = sum(tensor.nbytes for tensor in tensors.values())
-        index_json = {"metadata": {"total_size": total}, "weight_map": weight_map}
-        (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
-
-
 # ------------------------------------------------------------------------------------------------ export
-def _model_config(hparams: dict[str, Any]) -> Any:
-    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+def _meta_base_model(hparams: dict[str, Any]) -> Any:
+    """The base model on the meta device (no memory): its config, generation config and tied weights."""
+    from transformers import AutoModelForCausalLM, GenerationConfig
 
     from gym_lightning.models.loading import load_model_config
 
     config = load_model_config(hparams["model"], hparams.get("config_overrides"), trust_remote_code=False)
-    if not config.architectures and type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
-        config.architectures = [MODEL_FOR_CAUSAL_LM_MAPPING[type(config)].__name__]
-    return config
+    with torch.device("meta"):
+        base = AutoModelForCausalLM.from_config(config)
+    with contextlib.suppress(OSError, ValueError):  # the source folder's own settings, as in a live run
+        base.generation_config = GenerationConfig.from_pretrained(hparams["model"])
+    return base
 
 
 def _lora_config(hparams: dict[str, Any]) -> Any:
@@ -247,36 +188,41 @@ def _lora_config(hparams: dict[str, Any]) -> Any:
     )
 
 
-def export_checkpoint(
-    checkpoint: str | Path, output_dir: str | Path, max_shard_size: str | int = "2GB", lora: LoRAExport = "merged"
-) -> Path:
-    """Write the model of ``checkpoint`` (any strategy) as a Hugging Face folder; see the module docstring."""
-    from transformers import GenerationConfig
-
+def checkpoint_source(checkpoint: str | Path) -> ExportSource:
+    """The ``ExportSource`` of a ``CausalLMModule`` checkpoint of any strategy."""
     from gym_lightning.module import resolve_tokenizer_source
     from gym_lightning.tokenizer import load_tokenizer
 
-    if lora not in ("merged", "adapter"):
-        raise GymUserError(f"--lora must be 'merged' or 'adapter', got {lora!r}.")
-    limit = max_shard_size if isinstance(max_shard_size, int) else parse_size(max_shard_size)
     contents = read_checkpoint(checkpoint)
     hparams = dict(contents.metadata.get("hyper_parameters") or {})
     if "model" not in hparams:
         raise GymUserError(
             f"{str(checkpoint)!r} has no CausalLMModule hyper-parameters (model source): cannot tell its config."
         )
-    config = _model_config(hparams)
-    scaling = hparams["lora"].scaling if hparams.get("lora") is not None else None
-    tied = bool(getattr(config, "tie_word_embeddings", False))
-    tensors = hf_tensors(contents.tensors, scaling, lora, tied)
+    tensors = {
+        key.removeprefix(_MODULE_PREFIX): value
+        for key, value in contents.tensors.items()
+        if key.startswith(_MODULE_PREFIX)
+    }
+    lora = hparams.get("lora")
     tokenizer = load_tokenizer(resolve_tokenizer_source(hparams["model"], hparams.get("tokenizer")), False)
-    with atomic_directory(output_dir) as staging:
-        if scaling is not None and lora == "adapter":
-            write_safetensors_shards(tensors, staging, limit, "adapter_model")
-            _lora_config(hparams).save_pretrained(staging)
-        else:
-            write_safetensors_shards(tensors, staging, limit, "model")
-            config.save_pretrained(staging)
-            GenerationConfig.from_model_config(config).save_pretrained(staging)
-        tokenizer.save_pretrained(staging)
-    return Path(output_dir)
+    lora_config = _lora_config(hparams) if lora is not None else None
+    scaling = lora.scaling if lora is not None else None
+    return ExportSource(tensors, _meta_base_model(hparams), lora_config, scaling, tokenizer)
+
+
+def export_checkpoint(
+    checkpoint: str | Path,
+    output_dir: str | Path,
+    max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
+    lora: LoRAExport = "merged",
+    dtype: ExportDType = "source",
+) -> Path:
+    """Write the model of ``checkpoint`` (any strategy) as a Hugging Face folder (or a PEFT adapter folder)."""
+    from gym_lightning.errors import raise_if_problems
+    from gym_lightning.export import export_problems
+
+    raise_if_problems("gym export", export_problems(lora, dtype, max_shard_size))
+    return write_export(
+        checkpoint_source(checkpoint), output_dir, lora=lora, dtype=dtype, max_shard_size=max_shard_size
+    )

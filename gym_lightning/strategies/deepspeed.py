@@ -46,14 +46,15 @@ from gym_lightning._compat import (
     _StrategyRegistry,
     init_deepspeed_config_if_needed,
     init_deepspeed_distributed,
-    module_own_state_dict,
     rank_zero_info,
     rank_zero_warn,
     training_dataloader,
+    zero3_full_shape,
 )
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.errors import GymUserError
-from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
+from gym_lightning.lazy import LazyTensor, eager, materialise
+from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
 from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
     load_deepspeed_json,
@@ -462,16 +463,21 @@ class ZeROStrategy(DeepSpeedStrategy):
         return None
 
     # ---------------------------------------------------------------------------------------------------- export
-    def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere; collective under stage 3.
+    def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]:
+        """``model``'s state dict as lazy full CPU tensors (``gym_lightning.lazy``), for the exporter.
 
-        Stage 3 gathers one module's parameters at a time, so peak memory is the largest module, not the model.
+        Under stage 3 each parameter is gathered on its own when loaded (a collective: every rank loads in the same
+        order), so an export holds one parameter at a time, not a module or the model. Stages 1 and 2 keep the
+        whole model on every rank: nothing to gather.
         """
+        state = model.state_dict(keep_vars=True)
         if not self.zero_stage_3:
-            return cpu_state_dict(model) if self.is_global_zero else {}
-        state_dict: dict[str, torch.Tensor] = {}
-        _gather_stage3_state_dict(model, "", state_dict, self.is_global_zero)
-        return state_dict if self.is_global_zero else {}
+            return {key: eager(value) for key, value in state.items()}
+        return {key: _zero3_full_tensor(value) for key, value in state.items()}
+
+    def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
+        """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere; collective under stage 3."""
+        return materialise(self.full_tensors(model), keep=self.is_global_zero)
 
     @classmethod
     @override
@@ -529,17 +535,20 @@ def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
     return HfDeepSpeedConfig(config)
 
 
-def _gather_stage3_state_dict(module: nn.Module, prefix: str, out: dict[str, torch.Tensor], keep: bool) -> None:
-    """Depth-first: gather each module's own partitioned parameters, copy them (rank 0), release them."""
-    import deepspeed
+def _zero3_full_tensor(value: torch.Tensor) -> LazyTensor:
+    """A ZeRO-3 parameter as a ``LazyTensor`` whose load gathers its partitions (a collective); buffers and
+    persistent parameters are whole on every rank already."""
+    shape = zero3_full_shape(value)
+    if shape is None:
+        return eager(value)
 
-    params = list(module.parameters(recurse=False))
-    with deepspeed.zero.GatheredParameters(params, modifier_rank=None, enabled=bool(params)):
-        if keep:
-            local = module_own_state_dict(module, prefix)
-            out.update({key: value.detach().cpu().clone() for key, value in local.items()})
-    for name, child in module.named_children():
-        _gather_stage3_state_dict(child, f"{prefix}{name}.", out, keep)
+    def load() -> torch.Tensor:
+        import deepspeed
+
+        with deepspeed.zero.GatheredParameters([value], modifier_rank=None):
+            return value.detach().cpu().clone()  # the gathered storage is released on exit
+
+    return LazyTensor(tuple(shape), value.dtype, load)
 
 
 class _ZeROStageStrategy(ZeROStrategy):

@@ -27,6 +27,7 @@ from typing_extensions import override
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
+from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
@@ -207,6 +208,11 @@ class GymFSDPStrategy(ModelParallelStrategy):
         state_dict = get_model_state_dict(model, options=options)
         return state_dict if self.is_global_zero else {}
 
+    def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]:
+        """``model``'s state dict as lazy full CPU tensors (``gym_lightning.lazy``), for the exporter: each sharded
+        parameter is all-gathered on its own when loaded (a collective: every rank loads in the same order)."""
+        return {key: _full_tensor(value) for key, value in model.state_dict(keep_vars=True).items()}
+
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects. A sharded folder
@@ -238,6 +244,12 @@ def _fsdp_problems(sharding: str, layer_classes: Any, gradient_compression: str)
     elif gradient_compression not in FSDP_GRADIENT_COMPRESSIONS:
         problems.append(f"gradient_compression={gradient_compression!r} is not one of {FSDP_GRADIENT_COMPRESSIONS}.")
     return problems
+
+
+def _full_tensor(value: torch.Tensor) -> LazyTensor:
+    if not isinstance(value, DTensor):
+        return eager(value)
+    return LazyTensor(tuple(value.shape), value.dtype, lambda: value.detach().full_tensor().cpu())
 
 
 def _shard_unit(module: nn.Module, kwargs: dict[str, Any]) -> None:

@@ -138,12 +138,16 @@ class TokenData(pl.LightningDataModule):
         )
 
 
-def causal_module(spec: dict[str, Any], preset: bool = False) -> pl.LightningModule:
+def causal_module(spec: dict[str, Any], preset: bool = False, lora: bool = False) -> pl.LightningModule:
+    from gym_lightning.lora import LoRAArgs
     from gym_lightning.module import CausalLMModule
 
     if spec.get("model_dir") and not preset:
         # Same initial weights everywhere (ZeRO-3's init draws random numbers differently).
-        return CausalLMModule(model=spec["model_dir"], lr=spec.get("lr", 3e-3), scheduler="constant")
+        adapters = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
+        # A larger step for adapters: LoRA's B starts at zero, and the export checks need it to have moved.
+        lr = spec.get("lr", 3e-3) * (10 if lora else 1)
+        return CausalLMModule(model=spec["model_dir"], lr=lr, scheduler="constant", lora=adapters)
     return CausalLMModule(
         model="tiny-llama", config_overrides=TINY_OVERRIDES, lr=spec.get("lr", 3e-3), scheduler="constant"
     )
@@ -235,11 +239,28 @@ def shard_report(trainer: pl.Trainer, module: pl.LightningModule) -> dict[str, A
     return {"local_numel": local, "full_numel": full}
 
 
+PROBE = [[5, 9, 12, 40, 7, 3, 22, 8, 17, 2]]
+
+
+def export_callbacks(phase: dict[str, Any], out: Path) -> list[Callback]:
+    """``HFExport`` at the end of fit, one per LoRA mode the phase asks for, into ``<out>/<name>.export-<mode>``."""
+    from gym_lightning.callbacks.export import HFExport
+
+    return [HFExport(output_dir=str(out / f"{phase['name']}.export-{mode}"), lora=mode) for mode in phase["export"]]
+
+
+def probe_logits(module: pl.LightningModule) -> torch.Tensor:
+    """The trained model's logits on a fixed input; every rank runs it (a collective under sharding)."""
+    module.model.eval()
+    with torch.no_grad():
+        return module.model(input_ids=torch.tensor(PROBE)).logits.float().cpu()
+
+
 def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[str, Any]:
     pl.seed_everything(spec.get("seed", 7), workers=True)
     is_causal = spec["model"] == "causal"
     module = (
-        causal_module(spec, phase.get("preset", False))
+        causal_module(spec, phase.get("preset", False), phase.get("lora", False))
         if is_causal
         else ClassifierMLP(optimizer=phase.get("optimizer", "adamw"), metric_in_step=phase.get("metric_in_step", False))
     )
@@ -249,6 +270,8 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     callbacks: list[Callback] = [recorder, tracer]
     if phase.get("save_dir"):
         callbacks.append(ModelCheckpoint(dirpath=out / phase["save_dir"], save_last=True, save_top_k=0))
+    if phase.get("export"):
+        callbacks += export_callbacks(phase, out)
     trainer = pl.Trainer(
         accelerator=spec.get("accelerator", "cpu"),
         devices=spec.get("devices", 2),
@@ -272,8 +295,11 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     target = module.model if is_causal else module.net
     gather = getattr(trainer.strategy, "full_model_state_dict", None)
     state = gather(target) if gather is not None else target.state_dict()
+    logits = probe_logits(module) if phase.get("export") else None
     if trainer.is_global_zero:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, out / f"{phase['name']}.pt")
+        if logits is not None:
+            torch.save(logits, out / f"{phase['name']}.logits.pt")
     report = shard_report(trainer, module)
     trainer.strategy.barrier()
     return {"losses": recorder.losses, "global_step": trainer.global_step, "zero3_trace": tracer.modes, **report}
