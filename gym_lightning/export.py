@@ -11,9 +11,10 @@ device for a checkpoint), the LoRA config and scale, the tokenizer. ``write_expo
 - casts to the export dtype: by default (``"source"``) the dtype the source folder's config.json records (what the
   run started from: a bf16 checkpoint exports as bf16 even if training kept fp32 weights), float32 for presets and
   random initialisations; adapters keep their own dtype, as PEFT saves them;
-- writes safetensors shard by shard (with an index when there is more than one), so only one shard plus one layer
-  is in memory at a time, then config.json, generation_config.json and the tokenizer with its chat template
-  (adapter_config.json instead of the configs for an adapter), all inside ``atomic_directory``.
+- streams safetensors files (with an index when there is more than one) tensor by tensor, so one tensor (as
+  gathered and as cast) is in memory at a time, not a shard nor the model; then writes config.json,
+  generation_config.json and the tokenizer with its chat template (adapter_config.json instead of the configs for
+  an adapter), all inside ``atomic_directory``.
 
 In a live run loading a sharded tensor is a collective (FSDP2's ``full_tensor``, ZeRO-3's ``GatheredParameters``), so
 every rank walks the same shard plan and only global rank 0 keeps and writes.
@@ -28,13 +29,14 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
+import struct
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import torch
-from safetensors.torch import save_file
 from torch import nn
 from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerBase
 
@@ -198,17 +200,18 @@ def plan_shards(tensors: dict[str, LazyTensor], max_shard_size: int, dtype: torc
 def write_shards(
     tensors: dict[str, LazyTensor], folder: Path | None, max_shard_size: int, stem: str, dtype: torch.dtype | None
 ) -> None:
-    """Write ``<stem>.safetensors``, or ``<stem>-0000i-of-0000n.safetensors`` and their index, one shard in memory at
-    a time. With ``folder=None`` (ranks that do not write) every tensor is still loaded, in the same order, because
-    loading a sharded tensor is a collective."""
+    """Write ``<stem>.safetensors``, or ``<stem>-0000i-of-0000n.safetensors`` and their index, one tensor in memory
+    at a time. With ``folder=None`` (ranks that do not write) every tensor is still loaded, in the same order,
+    because loading a sharded tensor is a collective."""
     shards = plan_shards(tensors, max_shard_size, dtype)
     weight_map: dict[str, str] = {}
     for index, keys in enumerate(shards, start=1):
         name = f"{stem}.safetensors" if len(shards) == 1 else f"{stem}-{index:05d}-of-{len(shards):05d}.safetensors"
-        shard = {key: _cast(tensors[key].load(), dtype) for key in keys}
-        if folder is not None:
-            save_file(shard, folder / name, metadata={"format": "pt"})
-        del shard
+        if folder is None:
+            for key in keys:
+                tensors[key].load()
+        else:
+            _stream_safetensors({key: tensors[key] for key in keys}, folder / name, dtype)
         weight_map.update(dict.fromkeys(keys, name))
     if folder is not None and len(shards) > 1:
         total = sum(tensor.nbytes(dtype) for tensor in tensors.values())
@@ -216,8 +219,46 @@ def write_shards(
         (folder / f"{stem}.safetensors.index.json").write_text(json.dumps(index_json, indent=2))
 
 
-def _cast(tensor: torch.Tensor, dtype: torch.dtype | None) -> torch.Tensor:
-    return (tensor if dtype is None else tensor.to(dtype)).contiguous()
+# The safetensors format (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header length,
+# a JSON header {name: {dtype, shape, data_offsets}} padded to 8 bytes, then the raw little-endian bytes. It is
+# written by hand, tensor by tensor, because ``safetensors.torch.save_file`` serialises the whole shard into one
+# buffer first: measured +191 MiB (one 200 MB shard held twice) on the 271M model of docs/benchmarks.md.
+_SAFETENSORS_DTYPES = {
+    torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
+    torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
+}  # fmt: skip
+
+
+def _safetensors_header(tensors: dict[str, LazyTensor], dtype: torch.dtype | None) -> bytes:
+    entries: dict[str, Any] = {"__metadata__": {"format": "pt"}}
+    offset = 0
+    for key, tensor in tensors.items():
+        stored = dtype or tensor.dtype
+        if stored not in _SAFETENSORS_DTYPES:
+            raise GymUserError(f"Cannot export {key!r}: safetensors has no dtype for {stored}.")
+        end = offset + tensor.nbytes(dtype)
+        entries[key] = {
+            "dtype": _SAFETENSORS_DTYPES[stored],
+            "shape": list(tensor.shape),
+            "data_offsets": [offset, end],
+        }
+        offset = end
+    header = json.dumps(entries, separators=(",", ":")).encode()
+    header += b" " * (-len(header) % 8)
+    return struct.pack("<Q", len(header)) + header
+
+
+def _stream_safetensors(tensors: dict[str, LazyTensor], path: Path, dtype: torch.dtype | None) -> None:
+    with open(path, "wb") as file:
+        file.write(_safetensors_header(tensors, dtype))
+        for key, lazy in tensors.items():
+            tensor = lazy.load().to(dtype or lazy.dtype).contiguous()
+            if tuple(tensor.shape) != tuple(lazy.shape):
+                raise RuntimeError(f"{key}: loaded shape {tuple(tensor.shape)}, expected {lazy.shape}")
+            file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))
+            del tensor
+        file.flush()
+        os.fsync(file.fileno())
 
 
 def write_export(

@@ -225,7 +225,7 @@ def causal_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     return {"out": out, "results": results, "ref_losses": losses, "ref_weights": weights, "model_dir": model_dir}
 
 
-OFFLOAD_STRATEGIES = ["zero2_offload", "zero3_offload"]
+OFFLOAD_STRATEGIES = ["zero2_offload", "zero3_offload"] + (["zero_infinity"] if NVME else [])
 EXPORT_STRATEGIES = CAUSAL_STRATEGIES + OFFLOAD_STRATEGIES
 # (strategy, phase, LoRA export): full finetunes export "merged" (there is nothing to merge), LoRA runs both ways.
 EXPORT_CASES = [(name, "part", "merged") for name in EXPORT_STRATEGIES]
