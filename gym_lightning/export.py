@@ -252,7 +252,7 @@ def _stream_safetensors(tensors: dict[str, LazyTensor], path: Path, dtype: torch
     with open(path, "wb") as file:
         file.write(_safetensors_header(tensors, dtype))
         for key, lazy in tensors.items():
-            tensor = lazy.load().to(dtype or lazy.dtype).contiguous()
+            tensor = lazy.load_cast(dtype or lazy.dtype).contiguous()
             if tuple(tensor.shape) != tuple(lazy.shape):
                 raise RuntimeError(f"{key}: loaded shape {tuple(tensor.shape)}, expected {lazy.shape}")
             file.write(memoryview(tensor.reshape(-1).view(torch.uint8).numpy()))

@@ -28,11 +28,18 @@ class LazyTensor:
         shape: Its full (unsharded) shape.
         dtype: Its dtype as stored.
         load: Returns the full tensor; may be a collective (then every rank must call it, in the same order).
+        load_as: Returns the full tensor cast to a dtype, where that saves a copy (e.g. casting inside a gather
+            instead of copying out and then casting); ``None``: ``load()`` then cast.
     """
 
     shape: tuple[int, ...]
     dtype: torch.dtype
     load: Callable[[], torch.Tensor]
+    load_as: Callable[[torch.dtype], torch.Tensor] | None = None
+
+    def load_cast(self, dtype: torch.dtype) -> torch.Tensor:
+        """The full tensor as ``dtype`` (a collective where ``load`` is one)."""
+        return self.load_as(dtype) if self.load_as is not None else self.load().to(dtype)
 
     def nbytes(self, dtype: torch.dtype | None = None) -> int:
         """Its size in bytes, stored as ``dtype`` (default: its own)."""

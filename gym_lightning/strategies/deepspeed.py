@@ -542,13 +542,14 @@ def _zero3_full_tensor(value: torch.Tensor) -> LazyTensor:
     if shape is None:
         return eager(value)
 
-    def load() -> torch.Tensor:
+    def load_as(dtype: torch.dtype) -> torch.Tensor:
         import deepspeed
 
+        # Copied out (the gathered storage is released on exit) and cast in one step: one copy, not two.
         with deepspeed.zero.GatheredParameters([value], modifier_rank=None):
-            return value.detach().cpu().clone()  # the gathered storage is released on exit
+            return value.detach().to(device="cpu", dtype=dtype, copy=True)
 
-    return LazyTensor(tuple(shape), value.dtype, load)
+    return LazyTensor(tuple(shape), value.dtype, lambda: load_as(value.dtype), load_as)
 
 
 class _ZeROStageStrategy(ZeROStrategy):
