@@ -553,17 +553,28 @@ def document(report: Report) -> str:
         f"are gym_lightning / peer (targets: >= {TARGET} for the wrappers, DDP efficiency >= {DDP_TARGET})."
     )
     parts += ["", "## Machine", "", machine_section(report)]
-    titles = {
-        "fit": "1. `Trainer.fit` vs a plain PyTorch loop (1 process)",
-        "strategies": "2-3. ZeRO, FSDP (and DDP) strategies vs their plain loops (2 ranks)",
-        "ddp": "4. DDP scaling on this machine",
-        "memory": "5. Per-rank memory: measured vs the planner",
-        "gpu": "GPU: Qwen3-1.7B shape on 1 x H200 vs Lightning's built-in strategies",
-    }
-    for key, title in titles.items():
+    for key, title in TITLES.items():
         if key in s:
             parts += ["", f"## {title}", "", s[key]]
     return "\n".join(parts) + "\n"
+
+
+TITLES = {
+    "fit": "1. `Trainer.fit` vs a plain PyTorch loop (1 process)",
+    "strategies": "2-3. ZeRO, FSDP (and DDP) strategies vs their plain loops (2 ranks)",
+    "ddp": "4. DDP scaling on this machine",
+    "memory": "5. Per-rank memory: measured vs the planner",
+    "gpu": "GPU: Qwen3-1.7B shape on 1 x H200 vs Lightning's built-in strategies",
+}
+
+
+def other_sections(previous: str) -> str:
+    """The ``## `` sections of the previous document that other scripts wrote (quickstart reliability, export
+    memory, ...), kept as they were: this script replaces only its own."""
+    own = {"Machine", *TITLES.values()}
+    chunks = previous.split("\n## ")[1:]
+    kept = [chunk for chunk in chunks if chunk.split("\n", 1)[0].strip() not in own]
+    return "".join("\n## " + chunk.rstrip("\n") + "\n" for chunk in kept)
 
 
 def run_sections(report: Report, sections: list[str], gpu_results: Path) -> None:
@@ -606,7 +617,8 @@ def main(argv: list[str] | None = None) -> None:
     run_sections(report, args.sections, args.gpu_results)
     report.seconds, report.load_after = time.perf_counter() - start, os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    args.out.write_text(document(report))
+    previous = args.out.read_text() if args.out.exists() else ""
+    args.out.write_text(document(report) + other_sections(previous))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

@@ -36,7 +36,9 @@ def gpu_bench() -> ModuleType:
     return _load(BENCH / "workers" / "gpu_bench.py")
 
 
-@pytest.mark.parametrize("script", ["run.py", "workers/gpu_bench.py", "fit_vs_plain.py", "strategies_table.py"])
+@pytest.mark.parametrize(
+    "script", ["run.py", "workers/gpu_bench.py", "fit_vs_plain.py", "strategies_table.py", "export_peak.py"]
+)
 def test_entry_point_help(script: str) -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120, check=False
@@ -142,3 +144,18 @@ def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
     assert runs[2]["ds_config"]["train_micro_batch_size_per_gpu"] == 16
     ddp = run_py.ddp_runs(settings)
     assert {(r["name"], r["batch_size"]) for r in ddp} >= {("h256_l4_b4", 4), ("h256_l4_b16", 16)}
+
+
+def test_run_py_keeps_the_sections_other_scripts_wrote(run_py: ModuleType) -> None:
+    previous = "# Benchmarks\n\n## Machine\n\nold\n\n## 4. DDP scaling on this machine\n\nold\n\n## Export peak memory\n\nkept\n"
+    assert run_py.other_sections(previous) == "\n## Export peak memory\n\nkept\n"
+
+
+def test_export_peak_table_flags_a_peak_over_the_bound() -> None:
+    export_peak = _load(BENCH / "export_peak.py")
+    args = type("Args", (), {"max_shard_size": "200MB", "hidden": 8, "layers": 1, "vocab": 16, "argv": []})()
+    run = {"seconds": 1.0, "RssAnon_MiB": 100.0, "RssFile_MiB": 0.0}
+    results = {"zero3": {"live": [run, {**run, "RssAnon_MiB": 900.0}], "offline": run, "shards": 1}}
+    table = export_peak.render(results, {"params": 10**6, "largest_numel": 32_000 * 1024}, args)
+    assert "| zero3 | live (end of fit) | 0 | 100 | 0.53 | 0 | 1.0 | yes |" in table
+    assert "| zero3 | live (end of fit) | 1 | 900 | 4.80 | 0 | 1.0 | NO |" in table
