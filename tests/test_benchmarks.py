@@ -147,7 +147,8 @@ def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
 
 
 def test_run_py_keeps_the_sections_other_scripts_wrote(run_py: ModuleType) -> None:
-    previous = "# Benchmarks\n\n## Machine\n\nold\n\n## 4. DDP scaling on this machine\n\nold\n\n## Export peak memory\n\nkept\n"
+    previous = "# Benchmarks\n\n## Machine\n\nold\n\n## 4. DDP scaling on this machine\n\nold\n"
+    previous += "\n## Export peak memory\n\nkept\n"
     assert run_py.other_sections(previous) == "\n## Export peak memory\n\nkept\n"
 
 
