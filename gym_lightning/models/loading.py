@@ -7,6 +7,10 @@ device, ...), which is why the module calls it from ``configure_model``.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -25,6 +29,55 @@ _WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+
+
+# Set by ``deferred_weights()``: build on the meta device and record where the weights come from instead.
+_DEFERRED: ContextVar[bool] = ContextVar("gym_lightning_deferred_weights", default=False)
+DEFERRED_ATTRIBUTE = "gym_deferred_weights"
+
+
+@dataclass(frozen=True)
+class DeferredWeights:
+    """Where the weights of a model built on the meta device come from, once a strategy has given it storage.
+
+    Args:
+        folder: Local folder whose ``*.safetensors`` files hold the weights; ``None`` for a random initialisation.
+        config: The model config (a random initialisation rebuilds the model from it).
+        options: The ``from_config`` keyword arguments of the build (dtype, attention implementation, ...).
+        rng_state: The CPU random generator state when the model was built: a random initialisation draws from it,
+            so it equals what an eager build at that point would have drawn, whatever the strategy or rank count.
+    """
+
+    folder: str | None
+    config: PretrainedConfig
+    options: dict[str, Any]
+    rng_state: torch.Tensor
+
+
+@contextmanager
+def deferred_weights() -> Iterator[None]:
+    """Inside, ``build_causal_lm`` builds on the meta device (no storage) and attaches a ``DeferredWeights`` record.
+
+    A sharding strategy uses this as its construction context: it shards the empty model, gives each rank storage
+    for its own shards only and then fills them from the record (``deferred_weights_of``).
+    """
+    token = _DEFERRED.set(True)
+    try:
+        yield
+    finally:
+        _DEFERRED.reset(token)
+
+
+def deferred_weights_of(model: torch.nn.Module) -> DeferredWeights | None:
+    """The ``DeferredWeights`` record of a model built inside ``deferred_weights()``, else ``None``."""
+    # vars(), not getattr: wrappers such as peft's PeftModel forward unknown attributes to the model they wrap.
+    return vars(model).get(DEFERRED_ATTRIBUTE)
+
+
+def safetensors_files(source: str) -> list[Path]:
+    """The ``*.safetensors`` weight files of a local folder (empty for anything else)."""
+    folder = Path(source)
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
 
 
 def _offline_hint(source: str) -> str:
@@ -97,7 +150,10 @@ def build_causal_lm(
         options["dtype"] = _torch_dtype(dtype)
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
-    if is_preset(source) or not pretrained:
+    random_init = is_preset(source) or not pretrained
+    if _DEFERRED.get() and (random_init or safetensors_files(source)):
+        return _build_on_meta(None if random_init else source, config, options)
+    if random_init:
         return AutoModelForCausalLM.from_config(config, **options)
     if not _has_weights(source):
         raise GymUserError(
@@ -108,3 +164,15 @@ def build_causal_lm(
         return AutoModelForCausalLM.from_pretrained(source, config=config, **options)
     except OSError as err:
         raise GymUserError(_offline_hint(source)) from err
+
+
+def _build_on_meta(folder: str | None, config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
+    """The model with all parameters and buffers on the meta device, and a ``DeferredWeights`` record attached."""
+    if folder is not None and options.get("dtype", "auto") == "auto":
+        # As from_pretrained's dtype="auto" (transformers 5's default): the dtype the checkpoint was saved in.
+        options = {**options, "dtype": config.dtype or torch.get_default_dtype()}
+    record = DeferredWeights(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, **options)
+    setattr(model, DEFERRED_ATTRIBUTE, record)
+    return model
