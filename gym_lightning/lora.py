@@ -5,7 +5,6 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-
 from transformers import PreTrainedModel
 
 from gym_lightning.errors import GymUserError

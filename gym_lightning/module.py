@@ -18,13 +18,7 @@ from gym_lightning.errors import raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora, materialize_adapters
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
-from gym_lightning.models.loading import (
-    AttnImplementation,
-    DType,
-    build_causal_lm,
-    deferred_weights_of,
-    load_model_config,
-)
+from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
 from gym_lightning.optim import (
     DecayRule,
@@ -157,7 +151,7 @@ class CausalLMModule(pl.LightningModule):
             return
         # A strategy's construction context may build the model on the meta device (sharded loading): the
         # adapters then get their storage and initial values here, the base weights once the strategy has sharded it.
-        deferred = deferred_weights_of(model) is not None
+        deferred = any(p.is_meta for p in model.parameters())
         self.model = apply_lora(model, self.lora)
         if deferred:
             materialize_adapters(self.model)

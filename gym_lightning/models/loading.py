@@ -33,19 +33,21 @@ _WEIGHT_FILES = (
 
 # Set by ``deferred_weights()``: build on the meta device and record where the weights come from instead.
 _DEFERRED: ContextVar[bool] = ContextVar("gym_lightning_deferred_weights", default=False)
-DEFERRED_ATTRIBUTE = "gym_deferred_weights"
+# Set by ``recorded_random_init()``: build as usual, and record what a random initialisation was drawn from.
+_RECORD_RANDOM_INIT: ContextVar[bool] = ContextVar("gym_lightning_recorded_random_init", default=False)
+WEIGHTS_SOURCE_ATTRIBUTE = "gym_weights_source"
 
 
 @dataclass(frozen=True)
-class DeferredWeights:
-    """Where the weights of a model built on the meta device come from, once a strategy has given it storage.
+class WeightsSource:
+    """Where the initial weights of a model come from, for a strategy that fills (or refills) them after sharding.
 
     Args:
         folder: Local folder whose ``*.safetensors`` files hold the weights; ``None`` for a random initialisation.
-        config: The model config (a random initialisation rebuilds the model from it).
+        config: The model config (a random initialisation is rebuilt from it: ``reference_state_dict``).
         options: The ``from_config`` keyword arguments of the build (dtype, attention implementation, ...).
         rng_state: The CPU random generator state when the model was built: a random initialisation draws from it,
-            so it equals what an eager build at that point would have drawn, whatever the strategy or rank count.
+            so it equals what one process building the model at that point draws, whatever the strategy or ranks.
     """
 
     folder: str | None
@@ -56,10 +58,10 @@ class DeferredWeights:
 
 @contextmanager
 def deferred_weights() -> Iterator[None]:
-    """Inside, ``build_causal_lm`` builds on the meta device (no storage) and attaches a ``DeferredWeights`` record.
+    """Inside, ``build_causal_lm`` builds on the meta device (no storage) and attaches a ``WeightsSource``.
 
     A sharding strategy uses this as its construction context: it shards the empty model, gives each rank storage
-    for its own shards only and then fills them from the record (``deferred_weights_of``).
+    for its own shards only and then fills them from the record (``models.materialize``).
     """
     token = _DEFERRED.set(True)
     try:
@@ -68,10 +70,35 @@ def deferred_weights() -> Iterator[None]:
         _DEFERRED.reset(token)
 
 
-def deferred_weights_of(model: torch.nn.Module) -> DeferredWeights | None:
-    """The ``DeferredWeights`` record of a model built inside ``deferred_weights()``, else ``None``."""
+@contextmanager
+def recorded_random_init() -> Iterator[None]:
+    """Inside, a randomly initialised ``build_causal_lm`` model carries a ``WeightsSource`` (``folder=None``).
+
+    For strategies whose construction context draws random numbers differently from one process (DeepSpeed's
+    ``zero.Init`` initialises on rank 0 after skipping torch's default initialisation): they replace the weights by
+    ``reference_state_dict``'s, so that the initial weights depend on the seed only.
+    """
+    token = _RECORD_RANDOM_INIT.set(True)
+    try:
+        yield
+    finally:
+        _RECORD_RANDOM_INIT.reset(token)
+
+
+def weights_source_of(model: torch.nn.Module) -> WeightsSource | None:
+    """The ``WeightsSource`` attached to ``model`` by ``build_causal_lm`` (see the contexts above), else ``None``."""
     # vars(), not getattr: wrappers such as peft's PeftModel forward unknown attributes to the model they wrap.
-    return vars(model).get(DEFERRED_ATTRIBUTE)
+    return vars(model).get(WEIGHTS_SOURCE_ATTRIBUTE)
+
+
+def reference_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
+    """The random initialisation of ``source`` as one CPU process draws it (the caller's generator is left as is).
+
+    Holds the whole model: strategies call it on one rank and scatter or copy from there.
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.set_rng_state(source.rng_state)
+        return AutoModelForCausalLM.from_config(source.config, **source.options).state_dict()
 
 
 def safetensors_files(source: str) -> list[Path]:
@@ -154,7 +181,11 @@ def build_causal_lm(
     if _DEFERRED.get() and (random_init or safetensors_files(source)):
         return _build_on_meta(None if random_init else source, config, options)
     if random_init:
-        return AutoModelForCausalLM.from_config(config, **options)
+        record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
+        model = AutoModelForCausalLM.from_config(config, **options)
+        if _RECORD_RANDOM_INIT.get():
+            setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
+        return model
     if not _has_weights(source):
         raise GymUserError(
             f"The folder {source!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}). "
@@ -167,12 +198,12 @@ def build_causal_lm(
 
 
 def _build_on_meta(folder: str | None, config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
-    """The model with all parameters and buffers on the meta device, and a ``DeferredWeights`` record attached."""
+    """The model with all parameters and buffers on the meta device, and its ``WeightsSource`` attached."""
     if folder is not None and options.get("dtype", "auto") == "auto":
         # As from_pretrained's dtype="auto" (transformers 5's default): the dtype the checkpoint was saved in.
         options = {**options, "dtype": config.dtype or torch.get_default_dtype()}
-    record = DeferredWeights(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
+    record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
     with torch.device("meta"):
         model = AutoModelForCausalLM.from_config(config, **options)
-    setattr(model, DEFERRED_ATTRIBUTE, record)
+    setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
     return model

@@ -21,10 +21,15 @@ from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.tensor import DTensor, distribute_tensor
-from transformers import AutoModelForCausalLM, PreTrainedModel
+from transformers import PreTrainedModel
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.loading import DEFERRED_ATTRIBUTE, DeferredWeights, deferred_weights_of
+from gym_lightning.models.loading import (
+    WEIGHTS_SOURCE_ATTRIBUTE,
+    WeightsSource,
+    reference_state_dict,
+    weights_source_of,
+)
 
 # peft's LoRA wrapper inserts ``base_layer`` into the name of the weight it adapts; the checkpoint has the original.
 _WRAPPER_INFIXES = (".base_layer.",)
@@ -56,9 +61,11 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     """
     if not has_meta_tensors(module):
         return
-    deferred = [(model, record) for model in module.modules() if (record := deferred_weights_of(model)) is not None]
+    deferred = [(model, record) for model in module.modules() if (record := weights_source_of(model)) is not None]
     if not deferred:
-        raise RuntimeError("The module has tensors on the meta device but no deferred_weights() record to fill them.")
+        raise RuntimeError(
+            "The module has tensors on the meta device but no WeightsSource (deferred_weights()) to fill them."
+        )
     pending = {id(model): _meta_state_keys(model) for model, _ in deferred}
     kept = {name: local_tensor(t).clone() for name, t in _named_tensors(module) if not local_tensor(t).is_meta}
     module.to_empty(device=device)
@@ -66,8 +73,9 @@ def materialize(module: nn.Module, device: torch.device) -> None:
         if name in kept:
             local_tensor(tensor).copy_(kept[name])
     for model, record in deferred:
+        model.tie_weights()  # to_empty gives each module its own new tensor unless the parameter is swapped in place
         _fill(model, record, pending[id(model)])
-        delattr(model, DEFERRED_ATTRIBUTE)
+        delattr(model, WEIGHTS_SOURCE_ATTRIBUTE)
 
 
 def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
@@ -78,7 +86,7 @@ def _meta_state_keys(model: nn.Module) -> list[str]:
     return [key for key, t in model.state_dict(keep_vars=True).items() if local_tensor(t).is_meta]
 
 
-def _fill(model: PreTrainedModel, record: DeferredWeights, keys: list[str]) -> None:
+def _fill(model: PreTrainedModel, record: WeightsSource, keys: list[str]) -> None:
     state = model.state_dict(keep_vars=True)
     if record.folder is not None:
         _read_checkpoint(record.folder, {key: state[key] for key in keys})
@@ -117,15 +125,12 @@ def _tied_groups(targets: dict[str, torch.Tensor]) -> list[list[str]]:
     return list(groups.values())
 
 
-def _scatter_random_init(record: DeferredWeights, targets: dict[str, torch.Tensor]) -> None:
+def _scatter_random_init(record: WeightsSource, targets: dict[str, torch.Tensor]) -> None:
     """Rank 0 draws the model as one process would (same random state), then scatters it tensor by tensor."""
     rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
     reference: dict[str, torch.Tensor] = {}
     if rank == 0:
-        # fork_rng: drawing the reference must not move rank 0's generator away from the other ranks'.
-        with torch.random.fork_rng(devices=[]):
-            torch.set_rng_state(record.rng_state)
-            reference = AutoModelForCausalLM.from_config(record.config, **record.options).state_dict()
+        reference = reference_state_dict(record)
     for group in _tied_groups(targets):
         target = targets[group[0]]
         full = reference.pop(checkpoint_key(group[0])) if rank == 0 else torch.empty(target.shape)
