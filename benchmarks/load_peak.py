@@ -9,6 +9,7 @@ memory so far (``getrusage``), and rank 0 prints one line per rank.
 
     python benchmarks/load_peak.py                                # gym_fsdp, folder under the system temp dir
     python benchmarks/load_peak.py --strategy zero3 --folder /data/llama250m
+    python benchmarks/load_peak.py --torch-dtype float32          # fp32 weights whatever the strategy does
 
 Run it on an otherwise idle machine: resident memory does not depend on load, but the run takes longer.
 """
@@ -79,6 +80,7 @@ def main() -> None:
     parser.add_argument("--folder", type=Path, default=DEFAULT_FOLDER)
     parser.add_argument("--strategy", default="gym_fsdp")
     parser.add_argument("--precision", default="bf16-mixed")
+    parser.add_argument("--torch-dtype", default=None, help="CausalLMModule(torch_dtype=...); default: transformers'")
     parser.add_argument("--write-only", action="store_true", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.write_only:
@@ -87,7 +89,7 @@ def main() -> None:
     if "LOCAL_RANK" not in os.environ and not (args.folder / "config.json").exists():
         subprocess.run([sys.executable, __file__, "--write-only", "--folder", str(args.folder)], check=True)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    module = CausalLMModule(model=str(args.folder), lr=1e-4)
+    module = CausalLMModule(model=str(args.folder), torch_dtype=args.torch_dtype, lr=1e-4)
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=2,

@@ -61,8 +61,9 @@ def materialize_adapters(model: torch.nn.Module) -> None:
     """Give LoRA adapters of a model built on the meta device CPU storage and peft's own initialisation.
 
     peft moves new adapters to the device of the layer they adapt, so on a meta-device base model (sharded loading,
-    ``models.loading.deferred_weights``) they lose their values. They are small: every rank draws them here from the
-    same seeded generator (identical on all ranks), and sharding then keeps them (``models.materialize``).
+    ``strategies.construction.deferred_weights``) they lose their values. They are small: every rank draws them
+    here from the same seeded generator (identical on all ranks), and sharding then keeps them
+    (``strategies.materialize``).
     """
     from peft.tuners.lora import LoraLayer
 

@@ -14,14 +14,14 @@ from helpers.strategy_worker import TINY_OVERRIDES
 from safetensors.torch import load_file, save_file
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.loading import (
-    build_causal_lm,
+from gym_lightning.models.loading import build_causal_lm
+from gym_lightning.strategies.construction import (
     deferred_weights,
     recorded_random_init,
     reference_state_dict,
     weights_source_of,
 )
-from gym_lightning.models.materialize import has_meta_tensors, materialize
+from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 
 BF16_MIXED_STRATEGIES = ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3", "zero2_offload"]
 # The module itself holds the fp32 master weights (DeepSpeed's engine keeps bf16 module weights and fp32 partitions).

@@ -1,16 +1,13 @@
 """Resolve a model reference (preset, local folder or hub name) into a ``transformers`` causal LM.
 
 Resolution order: a built-in preset name, then an existing local folder, then a Hugging Face Hub name. Nothing
-here knows about parallelism: strategies wrap the call in their own construction context (``zero.Init``, meta
-device, ...), which is why the module calls it from ``configure_model``.
+here knows about parallelism: strategies wrap the call in their own construction context (``zero.Init``, or the
+meta-device build of ``strategies.construction.deferred_weights``), which is why the module calls it from
+``configure_model``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
-from contextvars import ContextVar
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -19,6 +16,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.presets import PRESETS, is_preset, preset_config
+from gym_lightning.strategies.construction import (
+    WEIGHTS_SOURCE_ATTRIBUTE,
+    WeightsSource,
+    building_on_meta,
+    recording_random_init,
+)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
@@ -29,76 +32,6 @@ _WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
-
-
-# Set by ``deferred_weights()``: build on the meta device and record where the weights come from instead.
-_DEFERRED: ContextVar[bool] = ContextVar("gym_lightning_deferred_weights", default=False)
-# Set by ``recorded_random_init()``: build as usual, and record what a random initialisation was drawn from.
-_RECORD_RANDOM_INIT: ContextVar[bool] = ContextVar("gym_lightning_recorded_random_init", default=False)
-WEIGHTS_SOURCE_ATTRIBUTE = "gym_weights_source"
-
-
-@dataclass(frozen=True)
-class WeightsSource:
-    """Where the initial weights of a model come from, for a strategy that fills (or refills) them after sharding.
-
-    Args:
-        folder: Local folder whose ``*.safetensors`` files hold the weights; ``None`` for a random initialisation.
-        config: The model config (a random initialisation is rebuilt from it: ``reference_state_dict``).
-        options: The ``from_config`` keyword arguments of the build (dtype, attention implementation, ...).
-        rng_state: The CPU random generator state when the model was built: a random initialisation draws from it,
-            so it equals what one process building the model at that point draws, whatever the strategy or ranks.
-    """
-
-    folder: str | None
-    config: PretrainedConfig
-    options: dict[str, Any]
-    rng_state: torch.Tensor
-
-
-@contextmanager
-def deferred_weights() -> Iterator[None]:
-    """Inside, ``build_causal_lm`` builds on the meta device (no storage) and attaches a ``WeightsSource``.
-
-    A sharding strategy uses this as its construction context: it shards the empty model, gives each rank storage
-    for its own shards only and then fills them from the record (``models.materialize``).
-    """
-    token = _DEFERRED.set(True)
-    try:
-        yield
-    finally:
-        _DEFERRED.reset(token)
-
-
-@contextmanager
-def recorded_random_init() -> Iterator[None]:
-    """Inside, a randomly initialised ``build_causal_lm`` model carries a ``WeightsSource`` (``folder=None``).
-
-    For strategies whose construction context draws random numbers differently from one process (DeepSpeed's
-    ``zero.Init`` initialises on rank 0 after skipping torch's default initialisation): they replace the weights by
-    ``reference_state_dict``'s, so that the initial weights depend on the seed only.
-    """
-    token = _RECORD_RANDOM_INIT.set(True)
-    try:
-        yield
-    finally:
-        _RECORD_RANDOM_INIT.reset(token)
-
-
-def weights_source_of(model: torch.nn.Module) -> WeightsSource | None:
-    """The ``WeightsSource`` attached to ``model`` by ``build_causal_lm`` (see the contexts above), else ``None``."""
-    # vars(), not getattr: wrappers such as peft's PeftModel forward unknown attributes to the model they wrap.
-    return vars(model).get(WEIGHTS_SOURCE_ATTRIBUTE)
-
-
-def reference_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
-    """The random initialisation of ``source`` as one CPU process draws it (the caller's generator is left as is).
-
-    Holds the whole model: strategies call it on one rank and scatter or copy from there.
-    """
-    with torch.random.fork_rng(devices=[]):
-        torch.set_rng_state(source.rng_state)
-        return AutoModelForCausalLM.from_config(source.config, **source.options).state_dict()
 
 
 def safetensors_files(source: str) -> list[Path]:
@@ -178,12 +111,12 @@ def build_causal_lm(
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
     random_init = is_preset(source) or not pretrained
-    if _DEFERRED.get() and (random_init or safetensors_files(source)):
+    if building_on_meta() and (random_init or safetensors_files(source)):
         return _build_on_meta(None if random_init else source, config, options)
     if random_init:
         record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
         model = AutoModelForCausalLM.from_config(config, **options)
-        if _RECORD_RANDOM_INIT.get():
+        if recording_random_init():
             setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
         return model
     if not _has_weights(source):

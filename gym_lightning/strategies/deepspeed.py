@@ -56,15 +56,14 @@ from gym_lightning._compat import (
 )
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.loading import (
+from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
+from gym_lightning.strategies.construction import (
     WEIGHTS_SOURCE_ATTRIBUTE,
     WeightsSource,
     recorded_random_init,
     reference_state_dict,
     weights_source_of,
 )
-from gym_lightning.models.materialize import checkpoint_key
-from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
 from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
     load_deepspeed_json,
@@ -72,6 +71,7 @@ from gym_lightning.strategies.hf_deepspeed_config import (
     training_facts,
     zero_plus_plus_problems,
 )
+from gym_lightning.strategies.materialize import checkpoint_key
 from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid
 
 OffloadDevice = Literal["none", "cpu", "nvme"]

@@ -28,9 +28,9 @@ from typing_extensions import override
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.loading import deferred_weights
-from gym_lightning.models.materialize import has_meta_tensors, materialize
 from gym_lightning.strategies._common import configure_cpu_threads, fp32_trainable_parameters, raise_if_problems
+from gym_lightning.strategies.construction import deferred_weights
+from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
 SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
@@ -147,7 +147,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
     @override
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
         # Models built by gym_lightning.models.build_causal_lm in configure_model are created on the meta device;
-        # setup() shards them, then each rank materialises and loads only its own shards (models/materialize.py).
+        # setup() shards them, then each rank materialises and loads only its own shards (strategies/materialize.py).
         with deferred_weights(), super().tensor_init_context(empty_init):
             yield
 

@@ -1,7 +1,7 @@
 """Give a sharded model that was built on the meta device its storage and its weights, one rank shard at a time.
 
 The torchtitan recipe (meta device -> ``fully_shard`` -> ``to_empty`` -> initialise or load) for Hugging Face
-models built inside ``models.loading.deferred_weights()``:
+models built inside ``strategies.construction.deferred_weights()``:
 
 - pretrained weights are read with torch distributed checkpoint's ``HuggingFaceStorageReader``: every rank reads
   only the slices of the ``*.safetensors`` tensors that its shards hold (safetensors slices are memory-mapped), so no
@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import PreTrainedModel
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.loading import (
+from gym_lightning.strategies.construction import (
     WEIGHTS_SOURCE_ATTRIBUTE,
     WeightsSource,
     reference_state_dict,
