@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
 from transformers import PreTrainedModel
 
 from gym_lightning.errors import GymUserError
@@ -54,3 +55,23 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
         task_type="CAUSAL_LM",
     )
     return get_peft_model(model, config)
+
+
+def materialize_adapters(model: torch.nn.Module) -> None:
+    """Give LoRA adapters of a model built on the meta device CPU storage and peft's own initialisation.
+
+    peft moves new adapters to the device of the layer they adapt, so on a meta-device base model (sharded loading,
+    ``strategies.construction.deferred_weights``) they lose their values. They are small: every rank draws them
+    here from the same seeded generator (identical on all ranks), and sharding then keeps them
+    (``strategies.materialize``).
+    """
+    from peft.tuners.lora import LoraLayer
+
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        for adapter in module.lora_A:
+            for part in (module.lora_A[adapter], module.lora_B[adapter]):
+                if any(p.is_meta for p in part.parameters()):
+                    part.to_empty(device="cpu")
+            module.reset_lora_parameters(adapter, init_lora_weights=True)

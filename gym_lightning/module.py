@@ -16,7 +16,7 @@ from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.errors import raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
-from gym_lightning.lora import LoRAArgs, apply_lora
+from gym_lightning.lora import LoRAArgs, apply_lora, materialize_adapters
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
@@ -146,7 +146,15 @@ class CausalLMModule(pl.LightningModule):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         model.train()  # from_pretrained returns a model in eval mode; Lightning switches modes per stage from here
-        self.model = apply_lora(model, self.lora) if self.lora is not None else model
+        if self.lora is None:
+            self.model = model
+            return
+        # A strategy's construction context may build the model on the meta device (sharded loading): the
+        # adapters then get their storage and initial values here, the base weights once the strategy has sharded it.
+        deferred = any(p.is_meta for p in model.parameters())
+        self.model = apply_lora(model, self.lora)
+        if deferred:
+            materialize_adapters(self.model)
 
     @override
     def setup(self, stage: str) -> None:

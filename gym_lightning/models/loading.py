@@ -1,8 +1,9 @@
 """Resolve a model reference (preset, local folder or hub name) into a ``transformers`` causal LM.
 
 Resolution order: a built-in preset name, then an existing local folder, then a Hugging Face Hub name. Nothing
-here knows about parallelism: strategies wrap the call in their own construction context (``zero.Init``, meta
-device, ...), which is why the module calls it from ``configure_model``.
+here knows about parallelism: strategies wrap the call in their own construction context (``zero.Init``, or the
+meta-device build of ``strategies.construction.deferred_weights``), which is why the module calls it from
+``configure_model``.
 """
 
 from __future__ import annotations
@@ -15,6 +16,12 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.presets import PRESETS, is_preset, preset_config
+from gym_lightning.strategies.construction import (
+    WEIGHTS_SOURCE_ATTRIBUTE,
+    WeightsSource,
+    building_on_meta,
+    recording_random_init,
+)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
@@ -25,6 +32,12 @@ _WEIGHT_FILES = (
     "pytorch_model.bin",
     "pytorch_model.bin.index.json",
 )
+
+
+def safetensors_files(source: str) -> list[Path]:
+    """The ``*.safetensors`` weight files of a local folder (empty for anything else)."""
+    folder = Path(source)
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
 
 
 def _offline_hint(source: str) -> str:
@@ -97,8 +110,15 @@ def build_causal_lm(
         options["dtype"] = _torch_dtype(dtype)
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
-    if is_preset(source) or not pretrained:
-        return AutoModelForCausalLM.from_config(config, **options)
+    random_init = is_preset(source) or not pretrained
+    if building_on_meta() and (random_init or safetensors_files(source)):
+        return _build_on_meta(None if random_init else source, config, options)
+    if random_init:
+        record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
+        model = AutoModelForCausalLM.from_config(config, **options)
+        if recording_random_init():
+            setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
+        return model
     if not _has_weights(source):
         raise GymUserError(
             f"The folder {source!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}). "
@@ -108,3 +128,15 @@ def build_causal_lm(
         return AutoModelForCausalLM.from_pretrained(source, config=config, **options)
     except OSError as err:
         raise GymUserError(_offline_hint(source)) from err
+
+
+def _build_on_meta(folder: str | None, config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
+    """The model with all parameters and buffers on the meta device, and its ``WeightsSource`` attached."""
+    if folder is not None and options.get("dtype", "auto") == "auto":
+        # As from_pretrained's dtype="auto" (transformers 5's default): the dtype the checkpoint was saved in.
+        options = {**options, "dtype": config.dtype or torch.get_default_dtype()}
+    record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
+    with torch.device("meta"):
+        model = AutoModelForCausalLM.from_config(config, **options)
+    setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
+    return model

@@ -41,6 +41,25 @@ def configure_cpu_threads(device: torch.device, local_processes: int) -> None:
         torch.set_num_threads(threads)
 
 
+# Precisions whose optimizer updates fp32 master weights and computes in half precision (autocast / FSDP's policy).
+MIXED_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed")
+
+
+def fp32_trainable_parameters(module: torch.nn.Module, precision: str) -> None:
+    """Under a mixed precision, make every trainable floating-point parameter fp32 (in place, ties kept).
+
+    transformers 5 loads a checkpoint in the dtype it was saved in (``dtype="auto"``), so a bf16 folder would train
+    bf16 weights with bf16 AdamW states and lose updates below bf16's resolution (~0.4% of a weight). Mixed
+    precision means fp32 master weights and optimizer state; ``bf16-true`` remains the explicit choice of bf16
+    weights. Frozen parameters (e.g. the base model under LoRA) keep their dtype. Free on the meta device.
+    """
+    if str(precision) not in MIXED_PRECISIONS:
+        return
+    for param in module.parameters():
+        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
+            param.data = param.data.float()
+
+
 def raise_if_problems(strategy_name: str, problems: Iterable[str]) -> None:
     """Raise one ``GymUserError`` listing every configuration problem of a strategy (each with its fix)."""
     errors.raise_if_problems(f"Invalid {strategy_name} configuration", problems)

@@ -9,6 +9,7 @@ from typing import Any, Literal
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
@@ -18,7 +19,12 @@ from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
-from gym_lightning.strategies._common import configure_cpu_threads, cpu_state_dict, raise_if_problems
+from gym_lightning.strategies._common import (
+    configure_cpu_threads,
+    cpu_state_dict,
+    fp32_trainable_parameters,
+    raise_if_problems,
+)
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
 
 GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
@@ -111,6 +117,12 @@ class GymDDPStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         configure_cpu_threads(self.root_device, self.num_processes)
         super().setup_environment()
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        if self.model is not None:  # fp32 master weights under bf16-mixed, whatever dtype the checkpoint had
+            fp32_trainable_parameters(self.model, str(self.precision_plugin.precision))
+        super().setup(trainer)
 
     @override
     def _register_ddp_hooks(self) -> None:

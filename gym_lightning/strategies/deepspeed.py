@@ -14,7 +14,10 @@ Differences from Lightning's ``DeepSpeedStrategy`` and why:
   results match a single-process run with the same torch optimizer. ``cpu_optimizer="deepspeed"`` switches Adam/AdamW
   to DeepSpeed's fused ``DeepSpeedCPUAdam`` (same update rule, faster, different rounding order).
 - ZeRO-3: the model is built inside ``deepspeed.zero.Init`` with the Hugging Face DeepSpeed integration active,
-  so no rank ever holds the full model and HF still initialises (or loads) the weights correctly.
+  so no rank ever holds the full model and HF still initialises (or loads) the weights correctly. A random
+  initialisation drawn that way differs from one process's (HF skips torch's default initialisation under
+  ``zero.Init`` and initialises on rank 0 only), so it is replaced by rank 0's ordinary CPU build from the same seed:
+  the initial weights depend on the seed only, not on the strategy or the number of ranks.
 - ZeRO-3 with torchmetrics: DeepSpeed's hooks are removed from parameter-free metric modules, whose overloaded
   ``!=`` otherwise invalidates ZeRO-3's prefetch trace on every step (strategies/zero3_trace.py).
 """
@@ -26,7 +29,7 @@ import logging
 import os
 import tempfile
 from collections.abc import Generator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from datetime import timedelta
 from pathlib import Path
 from typing import Any, Literal
@@ -55,6 +58,13 @@ from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_wei
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager, materialise
 from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
+from gym_lightning.strategies.construction import (
+    WEIGHTS_SOURCE_ATTRIBUTE,
+    WeightsSource,
+    recorded_random_init,
+    reference_state_dict,
+    weights_source_of,
+)
 from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
     load_deepspeed_json,
@@ -62,6 +72,7 @@ from gym_lightning.strategies.hf_deepspeed_config import (
     training_facts,
     zero_plus_plus_problems,
 )
+from gym_lightning.strategies.materialize import checkpoint_key
 from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -392,6 +403,7 @@ class ZeROStrategy(DeepSpeedStrategy):
     ) -> tuple[Any, Optimizer]:
         import deepspeed
 
+        self._replace_zero3_random_init(model)
         # Under stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
         self.config = cap_bucket_sizes(self.config, sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
         engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
@@ -412,6 +424,7 @@ class ZeROStrategy(DeepSpeedStrategy):
     def _initialize_deepspeed_inference(self, model: nn.Module) -> None:
         import deepspeed
 
+        self._replace_zero3_random_init(model)
         inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
         for key in ("fp16", "bf16"):
             if key in self.config:
@@ -435,8 +448,33 @@ class ZeROStrategy(DeepSpeedStrategy):
         init_deepspeed_config_if_needed(self)
         if self.zero_stage_3 and self._hf_deepspeed_config is None:
             self._hf_deepspeed_config = _activate_hf_deepspeed(self.config)
-        with super().model_sharded_context():
+        with recorded_random_init() if self.zero_stage_3 else nullcontext(), super().model_sharded_context():
             yield
+
+    def _replace_zero3_random_init(self, model: nn.Module) -> None:
+        """Overwrite randomly initialised models built under ``zero.Init`` by one process's draw from the same seed
+        (rank 0 builds it on CPU, then each module is gathered, overwritten on rank 0 and re-partitioned).
+
+        Rank 0 holds the whole model once for this; a pretrained model is loaded partition-wise and never is.
+        """
+        for hf_model in list(model.modules()):
+            source = weights_source_of(hf_model)
+            if source is None or source.folder is not None:
+                continue
+            reference = self._reference_without_zero_init(source) if self.is_global_zero else {}
+            _overwrite_stage3(hf_model, "", reference, self.is_global_zero)
+            delattr(hf_model, WEIGHTS_SOURCE_ATTRIBUTE)
+
+    def _reference_without_zero_init(self, source: WeightsSource) -> dict[str, torch.Tensor]:
+        from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+        # With the HF integration active, from_config would build under zero.Init again (a collective on one rank).
+        unset_hf_deepspeed_config()
+        try:
+            return reference_state_dict(source)
+        finally:
+            if self._hf_deepspeed_config is not None:
+                set_hf_deepspeed_config(self._hf_deepspeed_config)
 
     @override
     def teardown(self) -> None:
@@ -550,6 +588,22 @@ def _zero3_full_tensor(value: torch.Tensor) -> LazyTensor:
             return value.detach().to(device="cpu", dtype=dtype, copy=True)
 
     return LazyTensor(tuple(shape), value.dtype, lambda: load_as(value.dtype), load_as)
+
+
+def _overwrite_stage3(module: nn.Module, prefix: str, reference: dict[str, torch.Tensor], is_source: bool) -> None:
+    """Depth-first: gather each module's own parameters, copy ``reference``'s values in on the source rank (0),
+    re-partition them (``GatheredParameters`` with ``modifier_rank=0`` broadcasts the change)."""
+    import deepspeed
+
+    params = list(module.named_parameters(recurse=False))
+    with deepspeed.zero.GatheredParameters([p for _, p in params], modifier_rank=0, enabled=bool(params)):
+        if is_source:
+            for name, param in params:
+                value = reference.get(checkpoint_key(prefix + name))
+                if value is not None:  # parameters added after the build (LoRA adapters) keep their values
+                    param.data.copy_(value)
+    for name, child in module.named_children():
+        _overwrite_stage3(child, f"{prefix}{name}.", reference, is_source)
 
 
 class _ZeROStageStrategy(ZeROStrategy):

@@ -8,7 +8,8 @@ then one unit per top-level child of the LightningModule, so model code knows no
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Generator, Iterable
+from contextlib import contextmanager
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -28,7 +29,9 @@ from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, ran
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
+from gym_lightning.strategies._common import configure_cpu_threads, fp32_trainable_parameters, raise_if_problems
+from gym_lightning.strategies.construction import deferred_weights
+from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
 SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
@@ -141,14 +144,25 @@ class GymFSDPStrategy(ModelParallelStrategy):
         super().setup_environment()
         self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
 
+    @contextmanager
+    @override
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # Models built by gym_lightning.models.build_causal_lm in configure_model are created on the meta device;
+        # setup() shards them, then each rank materialises and loads only its own shards (strategies/materialize.py).
+        with deferred_weights(), super().tensor_init_context(empty_init):
+            yield
+
     @override
     def setup(self, trainer: Trainer) -> None:
         if self.model is None or self.accelerator is None:
             raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
-        self.model_to_device()
+        fp32_trainable_parameters(self.model, str(self.precision_plugin.precision))
+        if not has_meta_tensors(self.model):
+            self.model_to_device()  # a meta model gets its storage on the device after sharding, below
         self.shard_module(self.model)
+        materialize(self.model, self.root_device)
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)

@@ -1,0 +1,159 @@
+"""Give a sharded model that was built on the meta device its storage and its weights, one rank shard at a time.
+
+The torchtitan recipe (meta device -> ``fully_shard`` -> ``to_empty`` -> initialise or load) for Hugging Face
+models built inside ``strategies.construction.deferred_weights()``:
+
+- pretrained weights are read with torch distributed checkpoint's ``HuggingFaceStorageReader``: every rank reads
+  only the slices of the ``*.safetensors`` tensors that its shards hold (safetensors slices are memory-mapped), so no
+  rank ever holds more than its shards plus one tensor slice, and the file's dtype is cast to the parameter's;
+- a random initialisation is drawn on global rank 0 by an ordinary CPU build from the random state recorded at build
+  time (the numbers one process would draw with the same seed) and scattered one tensor at a time
+  (``distribute_tensor``): rank 0 holds the full model once, the other ranks their shards plus one tensor;
+- tensors that already had storage before sharding (e.g. LoRA adapters, see ``lora.materialize_adapters``) keep
+  their values, and what the checkpoint does not hold but Hugging Face computes (non-persistent buffers such as the
+  rotary ``inv_freq``) is initialised by the model's own ``initialize_weights``, restricted to those tensors.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.distributed.checkpoint import HuggingFaceStorageReader
+from torch.distributed.checkpoint import load as dcp_load
+from torch.distributed.tensor import DTensor, distribute_tensor
+from transformers import PreTrainedModel
+
+from gym_lightning.errors import GymUserError
+from gym_lightning.strategies.construction import (
+    WEIGHTS_SOURCE_ATTRIBUTE,
+    WeightsSource,
+    reference_state_dict,
+    weights_source_of,
+)
+
+# peft's LoRA wrapper inserts ``base_layer`` into the name of the weight it adapts; the checkpoint has the original.
+_WRAPPER_INFIXES = (".base_layer.",)
+
+
+def checkpoint_key(name: str) -> str:
+    """The checkpoint key of a state dict entry (wrapper modules that insert a name component removed)."""
+    for infix in _WRAPPER_INFIXES:
+        name = name.replace(infix, ".")
+    return name
+
+
+def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
+    """The part of ``tensor`` this rank stores (the local shard of a ``DTensor``)."""
+    return tensor.to_local() if isinstance(tensor, DTensor) else tensor
+
+
+def has_meta_tensors(module: nn.Module) -> bool:
+    """Whether some parameter or buffer of ``module`` has no storage yet (on this rank)."""
+    tensors = [*module.parameters(), *module.buffers()]
+    return any(local_tensor(t).is_meta for t in tensors)
+
+
+@torch.no_grad()
+def materialize(module: nn.Module, device: torch.device) -> None:
+    """Storage on ``device`` for every meta tensor of the (already sharded) ``module``, filled as described above.
+
+    Collective when ``module`` holds a deferred model; a no-op for a module without meta tensors.
+    """
+    if not has_meta_tensors(module):
+        return
+    deferred = [(model, record) for model in module.modules() if (record := weights_source_of(model)) is not None]
+    if not deferred:
+        raise RuntimeError(
+            "The module has tensors on the meta device but no WeightsSource (deferred_weights()) to fill them."
+        )
+    pending = {id(model): _meta_state_keys(model) for model, _ in deferred}
+    kept = {name: local_tensor(t).clone() for name, t in _named_tensors(module) if not local_tensor(t).is_meta}
+    module.to_empty(device=device)
+    for name, tensor in _named_tensors(module):
+        if name in kept:
+            local_tensor(tensor).copy_(kept[name])
+    for model, record in deferred:
+        model.tie_weights()  # to_empty gives each module its own new tensor unless the parameter is swapped in place
+        _fill(model, record, pending[id(model)])
+        delattr(model, WEIGHTS_SOURCE_ATTRIBUTE)
+
+
+def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
+    return [*module.named_parameters(remove_duplicate=False), *module.named_buffers(remove_duplicate=False)]
+
+
+def _meta_state_keys(model: nn.Module) -> list[str]:
+    return [key for key, t in model.state_dict(keep_vars=True).items() if local_tensor(t).is_meta]
+
+
+def _fill(model: PreTrainedModel, record: WeightsSource, keys: list[str]) -> None:
+    state = model.state_dict(keep_vars=True)
+    if record.folder is not None:
+        _read_checkpoint(record.folder, {key: state[key] for key in keys})
+    else:
+        _scatter_random_init(record, {key: state[key] for key in keys})
+    _initialize_the_rest(model, state)
+
+
+def _read_checkpoint(folder: str, targets: dict[str, torch.Tensor]) -> None:
+    """Each rank reads the slices of the safetensors tensors that its shards of ``targets`` hold."""
+    reader = HuggingFaceStorageReader(folder)
+    stored = set(reader.read_metadata().state_dict_metadata)
+    wanted: dict[str, torch.Tensor] = {}
+    missing = []
+    for group in _tied_groups(targets):
+        found = [key for key in group if checkpoint_key(key) in stored]
+        if found:
+            wanted[checkpoint_key(found[0])] = targets[found[0]]
+        else:
+            missing.append(group[0])
+    if missing:
+        raise GymUserError(
+            f"The checkpoint in {folder!r} has no tensor for {', '.join(checkpoint_key(k) for k in missing)}. "
+            "Sharded loading needs every weight in the safetensors files: re-save the model with save_pretrained, "
+            "or set model.pretrained=false to start from a random initialisation."
+        )
+    # In place: DCP copies each slice into the local shard of the (DTensor) parameter, casting to its dtype.
+    dcp_load(wanted, storage_reader=reader)
+
+
+def _tied_groups(targets: dict[str, torch.Tensor]) -> list[list[str]]:
+    """Keys grouped by tensor identity: tied weights (embeddings and LM head) are one tensor under two names."""
+    groups: dict[int, list[str]] = {}
+    for key, tensor in targets.items():
+        groups.setdefault(id(tensor), []).append(key)
+    return list(groups.values())
+
+
+def _scatter_random_init(record: WeightsSource, targets: dict[str, torch.Tensor]) -> None:
+    """Rank 0 draws the model as one process would (same random state), then scatters it tensor by tensor."""
+    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
+    reference: dict[str, torch.Tensor] = {}
+    if rank == 0:
+        reference = reference_state_dict(record)
+    for group in _tied_groups(targets):
+        target = targets[group[0]]
+        full = reference.pop(checkpoint_key(group[0])) if rank == 0 else torch.empty(target.shape)
+        _copy_from_rank0(full.to(device=local_tensor(target).device, dtype=target.dtype), target)
+        for key in group[1:]:
+            reference.pop(checkpoint_key(key), None)
+
+
+def _copy_from_rank0(full: torch.Tensor, target: torch.Tensor) -> None:
+    if isinstance(target, DTensor):
+        shard = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=0)
+        target.to_local().copy_(shard.to_local())
+        return
+    if torch.distributed.is_initialized():
+        torch.distributed.broadcast(full, src=0)
+    target.copy_(full)
+
+
+def _initialize_the_rest(model: PreTrainedModel, state: dict[str, torch.Tensor]) -> None:
+    """Hugging Face's own initialisation for what no state dict holds (non-persistent buffers, e.g. rotary
+    ``inv_freq``): every state dict tensor is marked initialised, so ``initialize_weights`` leaves it alone."""
+    for module in model.modules():
+        module.__dict__.pop("_is_hf_initialized", None)  # set on the meta build, would skip the module entirely
+    for tensor in state.values():
+        tensor._is_hf_initialized = True
+    model.initialize_weights()

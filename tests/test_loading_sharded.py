@@ -1,0 +1,177 @@
+"""Sharded loading (gym_fsdp builds on the meta device and each rank loads only its shards) and fp32 master weights
+under ``bf16-mixed`` for every strategy, on 2 CPU ranks, from a checkpoint saved in bf16."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+from helpers.dist import run_python
+from helpers.strategy_worker import TINY_OVERRIDES
+from safetensors.torch import load_file, save_file
+
+from gym_lightning.errors import GymUserError
+from gym_lightning.models.loading import build_causal_lm
+from gym_lightning.strategies.construction import (
+    deferred_weights,
+    recorded_random_init,
+    reference_state_dict,
+    weights_source_of,
+)
+from gym_lightning.strategies.materialize import has_meta_tensors, materialize
+
+BF16_MIXED_STRATEGIES = ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3", "zero2_offload"]
+# The module itself holds the fp32 master weights (DeepSpeed's engine keeps bf16 module weights and fp32 partitions).
+MODULE_HOLDS_MASTER = {"gym_ddp", "gym_fsdp"}
+
+
+def save_bf16_pretrained(folder: Path) -> Path:
+    """A tiny Llama with HF's initialisation saved in bf16 (config ``dtype: bfloat16``), as most hub models are."""
+    from gym_lightning.tokenizer import load_tokenizer
+
+    torch.manual_seed(0)
+    model = build_causal_lm("tiny-llama", config_overrides=TINY_OVERRIDES).to(torch.bfloat16)
+    model.save_pretrained(folder)
+    load_tokenizer(None).save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="module")
+def bf16_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_bf16_pretrained(tmp_path_factory.mktemp("bf16") / "model")
+
+
+@pytest.fixture(scope="module")
+def runs(bf16_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    out = tmp_path_factory.mktemp("loading")
+    phases: list[dict[str, Any]] = [
+        {"name": f"{name}/bf16", "strategy": name, "precision": "bf16-mixed"} for name in BF16_MIXED_STRATEGIES
+    ]
+    phases += [
+        {"name": "gym_fsdp/lora", "strategy": "gym_fsdp", "lora": True},
+        {"name": "gym_fsdp/random", "strategy": "gym_fsdp", "pretrained": False, "steps": 1},
+        {"name": "gym_ddp/random", "strategy": "gym_ddp", "pretrained": False, "steps": 1},
+        {"name": "zero3/random", "strategy": "zero3", "pretrained": False, "steps": 1},
+    ]
+    for name in {phase["name"].split("/")[0] for phase in phases}:
+        (out / name).mkdir()
+    spec = {"model_dir": str(bf16_folder), "dataset_size": 16, "batch_size": 4, "phases": phases, "out": str(out)}
+    (out / "spec.json").write_text(json.dumps(spec))
+    run_python([str(Path(__file__).parent / "helpers" / "loading_worker.py"), str(out / "spec.json")], timeout=900)
+    return {"out": out, "results": json.loads((out / "results.json").read_text())}
+
+
+def _initial(runs: dict[str, Any], name: str) -> dict[str, torch.Tensor]:
+    return torch.load(runs["out"] / f"{name}.pt", weights_only=True)
+
+
+# ------------------------------------------------------------------------------------------- 2 ranks (slow)
+
+
+@pytest.mark.slow
+def test_fsdp_starts_from_the_checkpoint_upcast_to_fp32(runs: dict[str, Any], bf16_folder: Path) -> None:
+    stored = load_file(bf16_folder / "model.safetensors")
+    initial = _initial(runs, "gym_fsdp/bf16")
+    assert set(stored) <= set(initial) and set(initial) - set(stored) == {"lm_head.weight"}, "tied head is not stored"
+    for key, value in stored.items():
+        assert initial[key].dtype == torch.float32, key
+        torch.testing.assert_close(initial[key], value.float(), rtol=0, atol=0)
+    assert runs["results"]["gym_fsdp/bf16"]["tied"], "the LM head is no longer the embedding matrix"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", BF16_MIXED_STRATEGIES)
+def test_bf16_mixed_trains_fp32_master_weights_from_a_bf16_checkpoint(runs: dict[str, Any], name: str) -> None:
+    result = runs["results"][f"{name}/bf16"]
+    assert result["optimizer"] == {"updated": ["torch.float32"], "state": ["torch.float32"]}
+    if name in MODULE_HOLDS_MASTER:
+        assert result["trainable"] == ["torch.float32"]
+    losses = result["losses"]
+    assert len(losses) == 2 and all(torch.isfinite(torch.tensor(losses))), losses
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("name", ["gym_fsdp", "zero3"])
+def test_random_init_depends_on_the_seed_not_on_the_strategy(runs: dict[str, Any], name: str) -> None:
+    # gym_ddp builds the model eagerly on every rank: what one process draws with the same seed.
+    sharded, ddp = _initial(runs, f"{name}/random"), _initial(runs, "gym_ddp/random")
+    assert sharded.keys() == ddp.keys()
+    for key in ddp:
+        torch.testing.assert_close(sharded[key], ddp[key], rtol=0, atol=0, msg=key)
+    assert runs["results"][f"{name}/random"]["tied"] is not False
+
+
+@pytest.mark.slow
+def test_lora_on_a_sharded_load(runs: dict[str, Any], bf16_folder: Path) -> None:
+    initial = _initial(runs, "gym_fsdp/lora")
+    stored = load_file(bf16_folder / "model.safetensors")
+    base = "base_model.model."
+    for key, value in stored.items():
+        name = base + key.replace("q_proj.", "q_proj.base_layer.").replace("v_proj.", "v_proj.base_layer.")
+        torch.testing.assert_close(initial[name].float(), value.float(), rtol=0, atol=0)
+    lora_a = [v for k, v in initial.items() if "lora_A" in k]
+    lora_b = [v for k, v in initial.items() if "lora_B" in k]
+    assert lora_a and all(v.abs().sum() > 0 for v in lora_a), "adapters A keep peft's random initialisation"
+    assert lora_b and all(v.abs().sum() == 0 for v in lora_b), "adapters B start at zero (no change to the model)"
+    result = runs["results"]["gym_fsdp/lora"]
+    assert result["trainable"] == ["torch.float32"] and len(result["losses"]) == 2
+
+
+# ------------------------------------------------------------------------------------------- one process (fast)
+
+
+def test_deferred_build_allocates_nothing_and_records_the_source(bf16_folder: Path) -> None:
+    with deferred_weights():
+        model = build_causal_lm(str(bf16_folder))
+    assert has_meta_tensors(model) and all(p.is_meta for p in model.parameters())
+    record = weights_source_of(model)
+    assert record is not None and record.folder == str(bf16_folder)
+    assert model.dtype == torch.bfloat16, "dtype 'auto' (transformers' default): the checkpoint's own dtype"
+    assert weights_source_of(build_causal_lm(str(bf16_folder))) is None, "outside the context: an eager load"
+
+
+def test_materialize_without_sharding_equals_from_pretrained(bf16_folder: Path) -> None:
+    with deferred_weights():
+        model = build_causal_lm(str(bf16_folder))
+    materialize(model, torch.device("cpu"))
+    eager = build_causal_lm(str(bf16_folder))
+    assert not has_meta_tensors(model) and weights_source_of(model) is None
+    for (name, value), (_, expected) in zip(
+        [*model.state_dict().items(), *model.named_buffers()],
+        [*eager.state_dict().items(), *eager.named_buffers()],
+        strict=True,
+    ):
+        torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=name)
+    assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_the_recorded_random_init_is_what_one_process_draws() -> None:
+    torch.manual_seed(3)
+    with recorded_random_init():
+        model = build_causal_lm("tiny-llama", config_overrides=TINY_OVERRIDES)
+    after_build = torch.get_rng_state()
+    source = weights_source_of(model)
+    assert source is not None and source.folder is None
+    expected_next = torch.rand(1, generator=torch.Generator().manual_seed(11))
+    torch.manual_seed(11)  # the reference does not depend on the generator's state when it is drawn ...
+    reference = reference_state_dict(source)
+    assert torch.equal(torch.rand(1), expected_next), "... and leaves the caller's generator where it was"
+    for key, value in model.state_dict().items():
+        torch.testing.assert_close(reference[key], value, rtol=0, atol=0, msg=key)
+    assert not torch.equal(after_build, source.rng_state)
+
+
+def test_a_checkpoint_without_a_weight_is_refused_by_name(bf16_folder: Path, tmp_path: Path) -> None:
+    stored = load_file(bf16_folder / "model.safetensors")
+    stored.pop("model.norm.weight")
+    for item in bf16_folder.iterdir():
+        if item.name != "model.safetensors":
+            (tmp_path / item.name).write_bytes(item.read_bytes())
+    save_file(stored, tmp_path / "model.safetensors", metadata={"format": "pt"})
+    with deferred_weights():
+        model = build_causal_lm(str(tmp_path))
+    with pytest.raises(GymUserError, match=r"no tensor for model\.norm\.weight"):
+        materialize(model, torch.device("cpu"))
