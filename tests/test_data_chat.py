@@ -140,4 +140,4 @@ def test_template_without_end_of_turn_token_gets_one_eos():
     messages = [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]
     ((ids, labels),) = chat_labels([(messages, None)], tokenizer, ["r:1"])
     assert ids[-1] == tokenizer.eos_token_id and ids.count(tokenizer.eos_token_id) == 1
-    assert target_runs(ids, labels, tokenizer) == ["hello<|endoftext|>"]
+    assert target_runs(ids, labels, tokenizer) == [" hello", "<|endoftext|>"]  # the newline after it is template text
