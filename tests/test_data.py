@@ -101,9 +101,9 @@ def test_glob_matching_nothing_and_empty_data_set(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(ValueError, match="empty"):
         read_records(str(tmp_path / "empty.jsonl"))
-    (tmp_path / "data.csv").write_text("a,b\n")
+    (tmp_path / "data.xml").write_text("<a/>\n")
     with pytest.raises(ValueError, match="Unsupported data file"):
-        read_records(str(tmp_path / "data.csv"))
+        read_records(str(tmp_path / "data.xml"))
 
 
 # ----------------------------------------------------------------------------------------------------- formats

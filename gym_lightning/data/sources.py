@@ -68,7 +68,7 @@ def read_records(patterns: str | Iterable[str]) -> list[Record]:
     """
     records: list[Record] = []
     for path in expand_paths(patterns):
-        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_text}[path.suffix]
+        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_text}.get(path.suffix, _read_table)
         try:
             records += reader(path)
         except UnicodeDecodeError as err:
@@ -131,6 +131,12 @@ def _read_json(path: Path) -> list[Record]:
         raise GymUserError(f"{path}: a .json data file must hold a list of JSON objects, got {type(value).__name__}.")
     # json does not report element positions; the index is the next best way to point at a record.
     return [Record(_check_object(item, f"{path}[{index}]"), f"{path}[{index}]") for index, item in enumerate(value)]
+
+
+def _read_table(path: Path) -> list[Record]:
+    """Rows of a CSV, Parquet or Arrow file (through its ``datasets`` builder)."""
+    rows = datasets.load_dataset(BUILDERS[path.suffix], data_files=[str(path)], split="train")
+    return [Record(row, f"{path} record {index + 1}") for index, row in enumerate(rows)]
 
 
 def _read_text(path: Path) -> list[Record]:
