@@ -188,6 +188,8 @@ def load_source(
         if builder == "json":
             read_records(files)  # raises the precise file:line error for malformed JSON
         raise GymUserError(f"{label}: could not read the data ({type(error).__name__}: {error}).") from error
+    if builder == "csv":  # CSV cells are text: undo the builder's guess that "12" is an integer
+        dataset = dataset.cast(datasets.Features({name: datasets.Value("string") for name in dataset.column_names}))
     if builder == "text":  # paragraphs keep their trailing newline in the builder; the former reader stripped it
         dataset = dataset.map(lambda row: {"text": row["text"].strip()}).filter(lambda row: bool(row["text"]))
     return dataset, label
