@@ -161,7 +161,7 @@ def test_chat_targets_are_the_assistant_turns(tok):
         else:
             assert label == token
             current.append(token)
-    runs.append(tok.decode(current))
+    runs += [tok.decode(current)] if current else []
     assert runs == ["4<|im_end|>", "6<|im_end|>"]
     # The reference is the last assistant turn; the prompt is everything before it plus the generation prompt.
     assert sample.reference == "6"
@@ -209,7 +209,7 @@ def test_unknown_format_lists_valid_ones():
     valid = "auto, text, alpaca, sharegpt, messages, chat, prompt_completion"
     with pytest.raises(ValueError, match=f"valid formats are: {valid}"):
         resolve_format("oasst", [Record({"text": "a"}, "r:1")])
-    assert FORMATS == tuple(valid.split(", "))
+    assert tuple(valid.split(", ")) == FORMATS
     assert resolve_format("chat", [Record({"text": "a"}, "r:1")]) == "messages"  # the former name is an alias
 
 

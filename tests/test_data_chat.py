@@ -18,8 +18,16 @@ SPECIAL = {
     "llama3": ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
     "qwen25": [],
     "qwen3": [],
-    "mistral": ["<s>", "</s>", "[INST]", "[/INST]", "[TOOL_CALLS]", "[AVAILABLE_TOOLS]", "[/AVAILABLE_TOOLS]"]
-    + ["[TOOL_RESULTS]", "[/TOOL_RESULTS]"],
+    "mistral": [
+        "<s>",
+        "</s>",
+        "[INST]",
+        "[/INST]",
+        "[TOOL_CALLS]",
+        "[AVAILABLE_TOOLS]",
+        "[/AVAILABLE_TOOLS]",
+        "[TOOL_RESULTS]",
+    ],
     "gemma": ["<bos>", "<start_of_turn>", "<end_of_turn>"],
     "chatml_generation": [],
 }
@@ -119,12 +127,14 @@ def test_sharegpt_record_renders_like_the_same_openai_messages():
         ],
     }
     messages, tools = conversation(Record(sharegpt, "r:1"), "sharegpt")
-    assert tools == TOOLS
+    assert tools == TOOLS and messages[2]["tool_calls"] == [CALL]
     sample = tokenize_record(Record(sharegpt, "r:1"), "sharegpt", tokenizer, 4096)
     expected = tokenize_record(Record({"messages": MESSAGES, "tools": TOOLS}, "r:2"), "messages", tokenizer, 4096)
     assert (sample.input_ids, sample.labels) == (expected.input_ids, expected.labels)
     assert target_runs(sample.input_ids, sample.labels, tokenizer) == EXPECTED["qwen25"]
-    assert sample.reference == "You are welcome." and sample.prompt.endswith("Thanks!<|im_end|>\n<|im_start|>assistant\n")
+    assert sample.reference == "You are welcome." and sample.prompt.endswith(
+        "Thanks!<|im_end|>\n<|im_start|>assistant\n"
+    )
 
 
 def test_generation_markers_are_the_template_own_mask():

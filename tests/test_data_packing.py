@@ -62,13 +62,13 @@ def test_loss_of_a_packed_batch_equals_the_loss_of_the_documents_unpacked(tmp_pa
         packed_loss = summed_cross_entropy(logits, batch["labels"])
         # Unpacked: each document alone; its first label masked as packing does.
         alone = sum(
-            summed_cross_entropy(
-                model(input_ids=torch.tensor([doc])).logits, torch.tensor([[IGNORE_INDEX, *doc[1:]]])
-            )
+            summed_cross_entropy(model(input_ids=torch.tensor([doc])).logits, torch.tensor([[IGNORE_INDEX, *doc[1:]]]))
             for doc in DOCS
         )
         # Packing without the restarting positions (one position range per row) does differ: the test can fail.
         plain = torch.arange(batch["input_ids"].shape[1]).expand_as(batch["input_ids"])
-        leaky = summed_cross_entropy(model(input_ids=batch["input_ids"], position_ids=plain, use_cache=False).logits, batch["labels"])
+        leaky = summed_cross_entropy(
+            model(input_ids=batch["input_ids"], position_ids=plain, use_cache=False).logits, batch["labels"]
+        )
     torch.testing.assert_close(packed_loss, alone, rtol=1e-5, atol=1e-5)
     assert not torch.allclose(leaky, alone, rtol=1e-3)

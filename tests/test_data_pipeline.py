@@ -32,7 +32,10 @@ def test_alpaca_system_and_history_are_rendered_and_every_output_trained():
         {"system": "Be terse.", "history": [["Say a.", "a"]], "instruction": "Say b.", "output": "b"}, "r:1"
     )
     sample = tokenize_record(record, "alpaca", tok, 256)
-    assert sample.prompt == "Be terse.\n\n### Instruction:\nSay a.\n\n### Response:\na\n\n### Instruction:\nSay b.\n\n### Response:\n"
+    assert (
+        sample.prompt
+        == "Be terse.\n\n### Instruction:\nSay a.\n\n### Response:\na\n\n### Instruction:\nSay b.\n\n### Response:\n"
+    )
     targets = tok.decode([label for label in sample.labels if label != IGNORE_INDEX])
     assert targets == "ab<|endoftext|>"
     assert tok.decode(sample.input_ids) == sample.prompt + "b<|endoftext|>"
@@ -45,7 +48,8 @@ def test_file_kinds_column_mapping_and_cache_hit(tmp_path, caplog):
     rows = {}
     for name in ("a.parquet", "b.csv"):
         dm = CausalLMDataModule(
-            train_files=str(tmp_path / name), columns={"instruction": "question", "output": "answer"},
+            train_files=str(tmp_path / name),
+            columns={"instruction": "question", "output": "answer"},
             cache_dir=str(tmp_path / "cache"),
         )
         dm.prepare_data()
@@ -55,15 +59,17 @@ def test_file_kinds_column_mapping_and_cache_hit(tmp_path, caplog):
     entries = [p for p in (tmp_path / "cache").iterdir() if p.is_dir() and p.name != "hf"]
     assert len(entries) == 2  # one per file (different fingerprints)
     again = CausalLMDataModule(
-        train_files=str(tmp_path / "a.parquet"), columns={"instruction": "question", "output": "answer"},
+        train_files=str(tmp_path / "a.parquet"),
+        columns={"instruction": "question", "output": "answer"},
         cache_dir=str(tmp_path / "cache"),
     )
     stamp = {p: (p / "done.json").stat().st_mtime_ns for p in entries}
     assert again.train_dataloader().dataset["input_ids"] == rows["a.parquet"]["input_ids"]
     assert {p: (p / "done.json").stat().st_mtime_ns for p in entries} == stamp  # reused, not rebuilt
     with pytest.raises(ValueError, match="columns maps onto \\['nope'\\]"):
-        CausalLMDataModule(train_files=str(tmp_path / "a.parquet"), columns={"output": "nope"},
-                           cache_dir=str(tmp_path / "cache")).prepare_data()
+        CausalLMDataModule(
+            train_files=str(tmp_path / "a.parquet"), columns={"output": "nope"}, cache_dir=str(tmp_path / "cache")
+        ).prepare_data()
 
 
 def test_mix_with_weights_and_caps(tmp_path):
@@ -109,8 +115,13 @@ def test_two_processes_tokenize_once(tmp_path):
     script.write_text(TOKENIZE_ONCE)
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     procs = [
-        subprocess.Popen([sys.executable, str(script), str(train), str(tmp_path / "cache")], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        subprocess.Popen(
+            [sys.executable, str(script), str(train), str(tmp_path / "cache")],
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         for _ in range(2)
     ]
     outputs = [p.communicate(timeout=300) for p in procs]

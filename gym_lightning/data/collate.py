@@ -79,7 +79,10 @@ def _as_sample(row: TokenizedSample | Mapping[str, Any]) -> TokenizedSample:
     if isinstance(row, TokenizedSample):
         return row
     return TokenizedSample(
-        row["input_ids"], row["labels"], prompt_ids=row.get("prompt_ids"), prompt=row.get("prompt"),
+        row["input_ids"],
+        row["labels"],
+        prompt_ids=row.get("prompt_ids"),
+        prompt=row.get("prompt"),
         reference=row.get("reference"),
     )
 
@@ -90,7 +93,9 @@ def packed_positions(seq_lens: Sequence[int], width: int) -> list[int]:
     return positions + list(range(width - len(positions)))
 
 
-def packed_batch(samples: Sequence[TokenizedSample], seq_lens: Sequence[Sequence[int]], pad_token_id: int) -> dict[str, Any]:
+def packed_batch(
+    samples: Sequence[TokenizedSample], seq_lens: Sequence[Sequence[int]], pad_token_id: int
+) -> dict[str, Any]:
     """A padding-free batch of packed rows (see the module docstring)."""
     width = max(len(s.input_ids) for s in samples)
     lengths = []

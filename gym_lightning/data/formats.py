@@ -140,7 +140,9 @@ def check_fields(record: Record, format: str, for_predict: bool = False) -> None
             f"{', '.join(repr(m) for m in missing)} (it has {present}). Fix the record, map a field onto it with "
             "`columns`, or choose another format."
         )
-    text_fields = [k for k in (*expected, *OPTIONAL_TEXT_FIELDS.get(format, ())) if k not in ("messages", "conversations")]
+    text_fields = [
+        k for k in (*expected, *OPTIONAL_TEXT_FIELDS.get(format, ())) if k not in ("messages", "conversations")
+    ]
     for key in text_fields:
         value = record.data.get(key)
         if value is not None and not isinstance(value, str):
@@ -199,7 +201,9 @@ def _sharegpt_turn(turn: Any, origin: str) -> dict[str, Any]:
         raise GymUserError(f'{origin}: ShareGPT turns must be {{"from": ..., "value": ...}} objects with strings.')
     role = SHAREGPT_ROLES.get(turn["from"])
     if role is None:
-        raise GymUserError(f"{origin}: unknown ShareGPT role {turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}.")
+        raise GymUserError(
+            f"{origin}: unknown ShareGPT role {turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}."
+        )
     if turn["from"] != "function_call":
         return {"role": role, "content": turn["value"]}
     calls = _parse_json(turn["value"], "a function_call value", origin)
@@ -209,7 +213,9 @@ def _sharegpt_turn(turn: Any, origin: str) -> dict[str, Any]:
     return {
         "role": "assistant",
         "content": "",
-        "tool_calls": [{"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls],
+        "tool_calls": [
+            {"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls
+        ],
     }
 
 

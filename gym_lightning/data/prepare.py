@@ -32,19 +32,22 @@ from gym_lightning._compat import rank_zero_info
 from gym_lightning.atomic import atomic_directory
 from gym_lightning.data.formats import (
     TRAIN_FIELDS,
+    _prompt_ids,
     canonical,
     detect_format,
     has_target,
     prompt_text,
     tokenize_examples,
-    _prompt_ids,
 )
 from gym_lightning.data.sources import Record, load_source, source_fingerprint
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
 CACHE_VERSION = 1  # bump when the stored layout or the tokenization rules change
-TOKEN_FEATURES = {"input_ids": datasets.Sequence(datasets.Value("int32")), "labels": datasets.Sequence(datasets.Value("int32"))}
+TOKEN_FEATURES = {
+    "input_ids": datasets.Sequence(datasets.Value("int32")),
+    "labels": datasets.Sequence(datasets.Value("int32")),
+}
 PROMPT_FEATURES = {
     "prompt_ids": datasets.Sequence(datasets.Value("int32")),
     "prompt": datasets.Value("string"),
@@ -92,12 +95,20 @@ class Settings:
 
 def tokenizer_fingerprint(tokenizer: PreTrainedTokenizerBase) -> str:
     """A hash of the vocabulary, merges, special tokens and chat template."""
-    backend = tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else json.dumps(tokenizer.get_vocab(), sort_keys=True)
-    parts = [backend, str(tokenizer.chat_template), json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str)]
+    backend = (
+        tokenizer.backend_tokenizer.to_str() if tokenizer.is_fast else json.dumps(tokenizer.get_vocab(), sort_keys=True)
+    )
+    parts = [
+        backend,
+        str(tokenizer.chat_template),
+        json.dumps(tokenizer.special_tokens_map, sort_keys=True, default=str),
+    ]
     return hashlib.sha256("\x00".join(parts).encode()).hexdigest()
 
 
-def fingerprint(sources: Sequence[DataSource], tokenizer: PreTrainedTokenizerBase, settings: Settings, extra: str) -> str:
+def fingerprint(
+    sources: Sequence[DataSource], tokenizer: PreTrainedTokenizerBase, settings: Settings, extra: str
+) -> str:
     """The cache key (see the module docstring); ``extra`` names bundled or validation data."""
     payload = {
         "version": CACHE_VERSION,
@@ -185,7 +196,11 @@ def tokenize_dataset(
     """Batched, multi-process tokenization; rows left without a target by truncation are dropped (and reported)."""
     features = datasets.Features({**TOKEN_FEATURES, **(PROMPT_FEATURES if with_prompts else {})})
     # Worker processes cost ~1-2 s each to start: only worth it for large sets.
-    num_proc = settings.num_proc if settings.num_proc is not None else (min(os.cpu_count() or 1, 8) if len(dataset) > 50_000 else None)
+    num_proc = (
+        settings.num_proc
+        if settings.num_proc is not None
+        else (min(os.cpu_count() or 1, 8) if len(dataset) > 50_000 else None)
+    )
     tokenized = dataset.map(
         Tokenize(format, tokenizer, settings.max_seq_length, settings.mask_prompt, with_prompts, label),
         batched=True,
@@ -234,7 +249,9 @@ def _pack_chunk(table: pa.Table, local_bounds: np.ndarray) -> pa.RecordBatch:
     )
 
 
-def pack_dataset(dataset: datasets.Dataset, max_seq_length: int, folder: Path, rows_per_chunk: int = 20_000) -> datasets.Dataset:
+def pack_dataset(
+    dataset: datasets.Dataset, max_seq_length: int, folder: Path, rows_per_chunk: int = 20_000
+) -> datasets.Dataset:
     """Pack a tokenized data set into rows of at most ``max_seq_length`` tokens, chunk by chunk (bounded memory),
     into an Arrow file in ``folder``; rows carry ``seq_lens`` (document lengths) for restarting position ids."""
     lengths = np.asarray(dataset.with_format("arrow")["input_ids"].combine_chunks().value_lengths(), dtype=np.int64)
@@ -320,4 +337,3 @@ def split_indices(num_records: int, val_split: float, seed: int) -> tuple[list[i
 def records_to_dataset(records: Sequence[Record]) -> datasets.Dataset:
     """A ``Dataset`` of in-memory records (bundled data)."""
     return datasets.Dataset.from_list([record.data for record in records])
-

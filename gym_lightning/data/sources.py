@@ -14,9 +14,9 @@ from __future__ import annotations
 import glob
 import json
 import re
-from pathlib import Path
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import datasets
@@ -162,9 +162,7 @@ def source_fingerprint(path: str | list[str], split: str, subset: str | None) ->
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in expand_paths(path)]
 
 
-def load_source(
-    path: str | list[str], split: str, subset: str | None, cache_dir: Path
-) -> tuple[datasets.Dataset, str]:
+def load_source(path: str | list[str], split: str, subset: str | None, cache_dir: Path) -> tuple[datasets.Dataset, str]:
     """Load files (through ``datasets.load_dataset``'s builder for their suffix) or a Hub data set; with a label.
 
     Raises:
@@ -177,7 +175,9 @@ def load_source(
     builders = {BUILDERS[f.suffix] for f in files}
     label = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"
     if len(builders) > 1:
-        raise GymUserError(f"{label}: one data set must be files of one kind, got {sorted(builders)}; use one source each.")
+        raise GymUserError(
+            f"{label}: one data set must be files of one kind, got {sorted(builders)}; use one source each."
+        )
     (builder,) = builders
     options = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
