@@ -129,3 +129,22 @@ def test_two_processes_tokenize_once(tmp_path):
     assert [out.strip().splitlines()[-1] for out, _ in outputs] == ["12", "12"]
     logs = "".join(err + out for out, err in outputs)
     assert logs.count("Tokenizing the data into the cache") == 1 and logs.count("Using the tokenized data cached") == 1
+
+
+def test_streaming_resumes_exactly_where_the_checkpoint_was_taken(tmp_path):
+    records = [{"prompt": f"{i}+0=", "completion": str(i)} for i in range(40)]
+    train = write_jsonl(tmp_path / "t.jsonl", records)
+    dm = CausalLMDataModule(train_files=str(train), streaming=True, batch_size=3, cache_dir=str(tmp_path / "c"))
+    loader = dm.train_dataloader()
+    everything = [batch["input_ids"].tolist() for batch in loader]
+    assert sum(len(b) for b in everything) == 40 and dm.val_dataloader() == []
+    iterator = iter(loader)
+    for _ in range(4):
+        next(iterator)
+    state = loader.state_dict()  # as Lightning saves it in a checkpoint, after the 4th batch
+    resumed = CausalLMDataModule(train_files=str(train), streaming=True, batch_size=3, cache_dir=str(tmp_path / "c"))
+    fresh = resumed.train_dataloader()
+    fresh.load_state_dict(state)
+    assert [batch["input_ids"].tolist() for batch in fresh] == everything[4:]
+    with pytest.raises(ValueError, match="streaming: true does not work with packing"):
+        CausalLMDataModule(train_files=str(train), streaming=True, packing=True)

@@ -10,6 +10,7 @@ from typing import Any
 
 import datasets
 import torch
+from datasets.distributed import split_dataset_by_node
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from transformers import PreTrainedTokenizerBase
@@ -31,6 +32,7 @@ from gym_lightning.data.prepare import (
     records_to_dataset,
     resolve_source_format,
     split_indices,
+    stream_dataset,
     tokenize_dataset,
 )
 from gym_lightning.data.sources import read_records, source_fingerprint
@@ -132,6 +134,10 @@ class CausalLMDataModule(LightningDataModule):
         eval_batch_size: Validation/prediction batch size per device; ``None`` means ``batch_size``.
         num_workers: DataLoader worker processes (0 loads in the main process).
         num_proc: Tokenization processes (``None``: up to 8 for sets over 50,000 records, else 1).
+        streaming: Read and tokenize ``train_files``/``sources`` on the fly (``datasets`` streaming), for sets larger
+            than the disk: nothing is cached, rows come in file order (no shuffle: shuffle the files beforehand),
+            each rank reads every world-size-th row, and checkpoints hold the stream's position, so a resume
+            continues exactly. Not with ``packing``, ``val_split``, ``val_files``, ``dataset`` or ``num_workers``.
         cache_dir: Where tokenized data is cached (``None``: ``$GYM_DATA_CACHE`` or ``~/.cache/gym_lightning/data``);
             the location is logged.
         seed: Seed of the training shuffle, of ``val_split`` and of the mix.
@@ -156,6 +162,7 @@ class CausalLMDataModule(LightningDataModule):
         eval_batch_size: int | None = None,
         num_workers: int = 0,
         num_proc: int | None = None,
+        streaming: bool = False,
         cache_dir: str | None = None,
         seed: int = 42,
     ) -> None:
@@ -173,7 +180,7 @@ class CausalLMDataModule(LightningDataModule):
         self.trust_remote_code, self.max_seq_length, self.mask_prompt = trust_remote_code, max_seq_length, mask_prompt
         self.packing, self.batch_size, self.num_workers, self.seed = packing, batch_size, num_workers, seed
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_proc = num_proc
+        self.num_proc, self.streaming = num_proc, streaming
         self.cache_dir = Path(cache_dir or os.environ.get("GYM_DATA_CACHE", DEFAULT_CACHE_DIR)).expanduser()
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._splits: dict[str, datasets.Dataset] | None = None
@@ -200,17 +207,19 @@ class CausalLMDataModule(LightningDataModule):
     @override
     def prepare_data(self) -> None:
         # Lightning calls this on the local rank 0 of every node before any setup: the node's tokenization.
-        if self.dataset is not None or self.train_files or self.sources:
+        if (self.dataset is not None or self.train_files or self.sources) and not self.streaming:
             self._tokenized()
 
     @override
     def setup(self, stage: str) -> None:
-        if stage in ("fit", "validate"):
+        if stage in ("fit", "validate") and not self.streaming:
             self._tokenized()
 
     @override
     def train_dataloader(self) -> DataLoader:
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
+        if self.streaming:
+            return self._stream_loader(accumulate)
         dataset = self._tokenized()["train"]
         return StepTokenDataLoader(
             dataset,
@@ -221,8 +230,23 @@ class CausalLMDataModule(LightningDataModule):
             accumulate_grad_batches=accumulate,
         )
 
+    def _stream_loader(self, accumulate: int) -> DataLoader:
+        streams = [stream_dataset(s, self.tokenizer, self._settings(), self.cache_dir) for s in self._train_sources()]
+        stream = mix(streams, [s.weight for s in self._train_sources()], self.seed)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning gives iterable data sets no distributed sampler: each rank takes its share here.
+            stream = split_dataset_by_node(stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+        return StepTokenDataLoader(
+            stream,
+            batch_size=self.batch_size,
+            collate_fn=Collator(self.tokenizer.pad_token_id),
+            accumulate_grad_batches=accumulate,
+        )
+
     @override
     def val_dataloader(self) -> DataLoader | list:
+        if self.streaming:
+            return []
         splits = self._tokenized()
         if "val" not in splits or len(splits["val"]) == 0:
             return []  # no validation data: Lightning skips validation
@@ -338,6 +362,10 @@ def _config_problems(args: dict) -> list[str]:
     if args["format"] not in FORMATS:
         problems.append(f"format={args['format']!r} is unknown; valid formats are: {', '.join(FORMATS)}.")
     problems += check_sources(args["sources"] or [])
+    if args["streaming"]:
+        clashes = [n for n in ("packing", "val_split", "val_files", "dataset", "num_workers") if args[n]]
+        if clashes:
+            problems.append(f"streaming: true does not work with {', '.join(clashes)}; unset them or stream off.")
     for name, low in (("max_seq_length", 2), ("batch_size", 1), ("eval_batch_size", 1), ("num_workers", 0)):
         value = args[name]
         if value is None and name == "eval_batch_size":

@@ -176,10 +176,11 @@ def rename_columns(dataset: datasets.Dataset, columns: dict[str, str] | None, la
     """Apply a ``{format field: column}`` mapping."""
     if not columns:
         return dataset
-    missing = [column for column in columns.values() if column not in dataset.column_names]
+    names = dataset.column_names or list(next(iter(dataset)))  # a stream may not know its columns before reading
+    missing = [column for column in columns.values() if column not in names]
     if missing:
         raise GymUserError(
-            f"{label}: columns maps onto {missing}, which the data set lacks (it has {dataset.column_names}); fix "
+            f"{label}: columns maps onto {missing}, which the data set lacks (it has {names}); fix "
             "the column names in `columns` ({format field: column of the data set})."
         )
     return dataset.rename_columns({column: field for field, column in columns.items() if column != field})
@@ -337,3 +338,19 @@ def split_indices(num_records: int, val_split: float, seed: int) -> tuple[list[i
 def records_to_dataset(records: Sequence[Record]) -> datasets.Dataset:
     """A ``Dataset`` of in-memory records (bundled data)."""
     return datasets.Dataset.from_list([record.data for record in records])
+
+
+def stream_dataset(
+    source: DataSource, tokenizer: PreTrainedTokenizerBase, settings: Settings, cache_dir: Path
+) -> datasets.IterableDataset:
+    """A source read and tokenized on the fly (``streaming: true``): nothing is cached, rows come in file order."""
+    rows, label = load_source(source.path, source.split, source.subset, cache_dir / "hf", streaming=True)
+    rows = rename_columns(rows, source.columns, label)
+    if source.max_samples is not None:
+        rows = rows.take(source.max_samples)
+    first = next(iter(rows), None)
+    if first is None:
+        raise GymUserError(f"The data set {label} is empty: it holds no records.")
+    format = canonical(source.format) if source.format != "auto" else detect_format(Record(first, f"{label} record 1"))
+    tokenize = Tokenize(format, tokenizer, settings.max_seq_length, settings.mask_prompt, False, label)
+    return rows.map(tokenize, batched=True, batch_size=1000, with_indices=True, remove_columns=list(first))

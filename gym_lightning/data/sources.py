@@ -162,7 +162,9 @@ def source_fingerprint(path: str | list[str], split: str, subset: str | None) ->
     return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in expand_paths(path)]
 
 
-def load_source(path: str | list[str], split: str, subset: str | None, cache_dir: Path) -> tuple[datasets.Dataset, str]:
+def load_source(
+    path: str | list[str], split: str, subset: str | None, cache_dir: Path, streaming: bool = False
+) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
     """Load files (through ``datasets.load_dataset``'s builder for their suffix) or a Hub data set; with a label.
 
     Raises:
@@ -170,7 +172,7 @@ def load_source(path: str | list[str], split: str, subset: str | None, cache_dir
             message names file and line), or a Hub data set cannot be fetched (offline, typo, gated).
     """
     if not _is_files(path):
-        return _load_hub(path, split, subset, cache_dir), path
+        return _load_hub(path, split, subset, cache_dir, streaming), path
     files = expand_paths(path)
     builders = {BUILDERS[f.suffix] for f in files}
     label = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"
@@ -182,22 +184,29 @@ def load_source(path: str | list[str], split: str, subset: str | None, cache_dir
     options = {"sample_by": "paragraph"} if builder == "text" else {}
     try:
         dataset = datasets.load_dataset(
-            builder, data_files=[str(f) for f in files], split="train", cache_dir=str(cache_dir), **options
+            builder,
+            data_files=[str(f) for f in files],
+            split="train",
+            cache_dir=str(cache_dir),
+            streaming=streaming,
+            **options,
         )
     except Exception as error:  # the builders raise many kinds (DatasetGenerationError, ArrowInvalid, ...)
         if builder == "json":
             read_records(files)  # raises the precise file:line error for malformed JSON
         raise GymUserError(f"{label}: could not read the data ({type(error).__name__}: {error}).") from error
-    if builder == "csv":  # CSV cells are text: undo the builder's guess that "12" is an integer
+    if builder == "csv" and dataset.column_names:  # CSV cells are text: undo the builder's guess that "12" is an int
         dataset = dataset.cast(datasets.Features({name: datasets.Value("string") for name in dataset.column_names}))
     if builder == "text":  # paragraphs keep their trailing newline in the builder; the former reader stripped it
         dataset = dataset.map(lambda row: {"text": row["text"].strip()}).filter(lambda row: bool(row["text"]))
     return dataset, label
 
 
-def _load_hub(name: str, split: str, subset: str | None, cache_dir: Path) -> datasets.Dataset:
+def _load_hub(
+    name: str, split: str, subset: str | None, cache_dir: Path, streaming: bool
+) -> datasets.Dataset | datasets.IterableDataset:
     try:
-        return datasets.load_dataset(name, subset, split=split, cache_dir=str(cache_dir))
+        return datasets.load_dataset(name, subset, split=split, cache_dir=str(cache_dir), streaming=streaming)
     except Exception as error:  # ConnectionError, DatasetNotFoundError, FileNotFoundError, ... by hub state
         raise GymUserError(
             f"The data set {name!r} is not a local file and could not be fetched from the Hugging Face Hub (no "
