@@ -330,7 +330,7 @@ def has_target(labels: Sequence[int]) -> bool:
     return bool(np.any(np.asarray(labels[1:]) != IGNORE_INDEX))
 
 
-def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, format: str, max_seq_length: int) -> list[int]:
+def prompt_ids_of(tokenizer: PreTrainedTokenizerBase, prompt: str, format: str, max_seq_length: int) -> list[int]:
     prefix = [] if format in CHAT_FORMATS else special_prefix(tokenizer)
     # Keep the end of an over-long prompt: generation continues from it.
     return (prefix + tokenizer(prompt, add_special_tokens=False)["input_ids"])[-max_seq_length:]
@@ -345,7 +345,7 @@ def tokenize_record(
     sample = TokenizedSample(input_ids, labels)
     if format != "text":
         sample.prompt, sample.reference = prompt_text(record, format, tokenizer)
-        sample.prompt_ids = _prompt_ids(tokenizer, sample.prompt, format, max_seq_length)
+        sample.prompt_ids = prompt_ids_of(tokenizer, sample.prompt, format, max_seq_length)
     return sample
 
 
@@ -356,7 +356,7 @@ def tokenize_prompt(
     format = canonical(format)
     check_fields(record, format, for_predict=True)
     prompt, reference = prompt_text(record, format, tokenizer)
-    ids = _prompt_ids(tokenizer, prompt, format, max_seq_length)
+    ids = prompt_ids_of(tokenizer, prompt, format, max_seq_length)
     return TokenizedSample(list(ids), [IGNORE_INDEX] * len(ids), prompt_ids=ids, prompt=prompt, reference=reference)
 
 

@@ -18,6 +18,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import random
 from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -32,11 +33,12 @@ from gym_lightning._compat import rank_zero_info
 from gym_lightning.atomic import atomic_directory
 from gym_lightning.data.formats import (
     TRAIN_FIELDS,
-    _prompt_ids,
     canonical,
     detect_format,
     has_target,
+    prompt_ids_of,
     prompt_text,
+    report_dropped,
     tokenize_examples,
 )
 from gym_lightning.data.sources import Record, load_source, source_fingerprint
@@ -157,7 +159,7 @@ class Tokenize:
             prompts = [prompt_text(records[i], self.format, self.tokenizer) for i in kept]
             out["prompt"] = [p for p, _ in prompts]
             out["reference"] = [r for _, r in prompts]
-            out["prompt_ids"] = [_prompt_ids(self.tokenizer, p, self.format, self.max_seq_length) for p, _ in prompts]
+            out["prompt_ids"] = [prompt_ids_of(self.tokenizer, p, self.format, self.max_seq_length) for p, _ in prompts]
         return out
 
 
@@ -212,8 +214,6 @@ def tokenize_dataset(
         num_proc=num_proc if num_proc and num_proc > 1 else None,
         desc=f"Tokenizing {label}",
     )
-    from gym_lightning.data.formats import report_dropped
-
     report_dropped(len(dataset), len(tokenized), settings.max_seq_length)
     return tokenized
 
@@ -325,8 +325,6 @@ def mix(parts: Sequence[datasets.Dataset], weights: Sequence[float], seed: int) 
 
 def split_indices(num_records: int, val_split: float, seed: int) -> tuple[list[int], list[int]]:
     """Training and validation row indices: a seeded permutation, as before the ``datasets`` pipeline."""
-    import random
-
     order = list(range(num_records))
     random.Random(seed).shuffle(order)
     num_val = max(1, round(num_records * val_split))
