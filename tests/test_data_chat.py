@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 from pathlib import Path
 
+import datasets
 import pytest
 
 from gym_lightning.data.chat import chat_labels
@@ -151,3 +152,14 @@ def test_template_without_end_of_turn_token_gets_one_eos():
     ((ids, labels),) = chat_labels([(messages, None)], tokenizer, ["r:1"])
     assert ids[-1] == tokenizer.eos_token_id and ids.count(tokenizer.eos_token_id) == 1
     assert target_runs(ids, labels, tokenizer) == [" hello", "<|endoftext|>"]  # the newline after it is template text
+
+
+def test_arrow_null_filled_tool_arguments_render_as_written(tmp_path):
+    """A column of JSON objects becomes one Arrow struct: other records' keys come back as None and are dropped."""
+    first = {"messages": MESSAGES, "tools": TOOLS}
+    other_call = {"type": "function", "function": {"name": "search", "arguments": {"query": "x"}}}
+    second = {"messages": [{"role": "user", "content": "Find x"}, {"role": "assistant", "tool_calls": [other_call]}]}
+    rows = datasets.Dataset.from_list([first, second])
+    assert rows[0]["messages"][2]["tool_calls"][0]["function"]["arguments"] == {"city": "Paris", "query": None}
+    messages, tools = conversation(Record(rows[0], "r:1"), "messages")
+    assert messages[2]["tool_calls"] == [CALL] and tools == TOOLS

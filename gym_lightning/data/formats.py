@@ -219,10 +219,22 @@ def _sharegpt_turn(turn: Any, origin: str) -> dict[str, Any]:
     }
 
 
+def drop_nulls(value: Any) -> Any:
+    """``value`` without null dict entries, recursively. Arrow stores a column of JSON objects as one struct type,
+    so a record loaded through ``datasets`` gets every key any record has, ``None`` where it had none (tool call
+    arguments ``{"city": "Paris"}`` beside ``{"query": "x"}`` come back as ``{"city": "Paris", "query": None}``).
+    A genuine null argument is dropped too; store ``arguments``/``tools`` as JSON strings to keep one."""
+    if isinstance(value, dict):
+        return {key: drop_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [drop_nulls(item) for item in value]
+    return value
+
+
 def conversation(record: Record, format: str) -> tuple[list[dict[str, Any]], list[Any] | None]:
     """The OpenAI-style messages and the tools of a ``messages`` or ``sharegpt`` record (checked)."""
     data = record.data
-    tools = _parse_json(data.get("tools"), "'tools'", record.origin) or None
+    tools = drop_nulls(_parse_json(data.get("tools"), "'tools'", record.origin)) or None
     if format == "sharegpt":
         turns = data["conversations"] if data.get("conversations") is not None else data.get("messages")
         if not isinstance(turns, list) or not turns:
@@ -236,11 +248,12 @@ def conversation(record: Record, format: str) -> tuple[list[dict[str, Any]], lis
         raise GymUserError(
             f'{record.origin}: \'messages\' must be a non-empty list of {{"role": ..., "content": ...}} objects.'
         )
+    messages = drop_nulls(messages)
     for message in messages:
         for call in message.get("tool_calls") or []:
             function = call.get("function", {}) if isinstance(call, dict) else {}
             function["arguments"] = _parse_json(function.get("arguments", {}), "tool call arguments", record.origin)
-    return [{k: v for k, v in m.items() if v is not None} for m in messages], tools
+    return messages, tools
 
 
 def _check_template(tokenizer: PreTrainedTokenizerBase) -> None:
