@@ -165,7 +165,7 @@ class CausalLMModule(pl.LightningModule):
     def _summed_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
         logits = self.model(
             input_ids=batch["input_ids"],
-            attention_mask=batch["attention_mask"],
+            attention_mask=batch.get("attention_mask"),  # None for padding-free packed rows (data.collate)
             position_ids=batch.get("position_ids"),
             use_cache=False,
         ).logits

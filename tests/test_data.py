@@ -30,6 +30,12 @@ from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
 
 
+@pytest.fixture(autouse=True)
+def data_cache(tmp_path, monkeypatch):
+    """Tokenized data goes to a per-test cache (the data module's default is ~/.cache/gym_lightning/data)."""
+    monkeypatch.setenv("GYM_DATA_CACHE", str(tmp_path / "data-cache"))
+
+
 @pytest.fixture(scope="module")
 def tok():
     return load_tokenizer(None)
@@ -101,9 +107,9 @@ def test_glob_matching_nothing_and_empty_data_set(tmp_path):
     (tmp_path / "empty.jsonl").write_text("\n\n")
     with pytest.raises(ValueError, match="empty"):
         read_records(str(tmp_path / "empty.jsonl"))
-    (tmp_path / "data.csv").write_text("a,b\n")
+    (tmp_path / "data.xml").write_text("<a/>\n")
     with pytest.raises(ValueError, match="Unsupported data file"):
-        read_records(str(tmp_path / "data.csv"))
+        read_records(str(tmp_path / "data.xml"))
 
 
 # ----------------------------------------------------------------------------------------------------- formats
@@ -144,8 +150,8 @@ def test_text_format_trains_on_every_token(tok):
 def test_chat_targets_are_the_assistant_turns(tok):
     sample = tokenize_record(Record(CHAT, "r:1"), "chat", tok, 256)
     rendered = tok.apply_chat_template(CHAT["messages"], tokenize=False)
-    assert tok.decode(sample.input_ids) == rendered + "<|endoftext|>"
-    # Contiguous runs of targets: each assistant turn (content + end of turn), then eos.
+    assert tok.decode(sample.input_ids) == rendered  # no eos after the template's end-of-turn token
+    # Contiguous runs of targets: each assistant turn (content + its end-of-turn token).
     runs, current = [], []
     for token, label in zip(sample.input_ids, sample.labels, strict=True):
         if label == IGNORE_INDEX:
@@ -155,8 +161,8 @@ def test_chat_targets_are_the_assistant_turns(tok):
         else:
             assert label == token
             current.append(token)
-    runs.append(tok.decode(current))
-    assert runs == ["4<|im_end|>\n", "6<|im_end|>\n<|endoftext|>"]
+    runs += [tok.decode(current)] if current else []
+    assert runs == ["4<|im_end|>", "6<|im_end|>"]
     # The reference is the last assistant turn; the prompt is everything before it plus the generation prompt.
     assert sample.reference == "6"
     assert sample.prompt == tok.apply_chat_template(CHAT["messages"][:-1], tokenize=False, add_generation_prompt=True)
@@ -181,7 +187,9 @@ def test_bad_messages_name_the_record(tok):
 @pytest.mark.parametrize(
     ("fields", "expected"),
     [
-        ({"messages": []}, "chat"),
+        ({"messages": [{"role": "user", "content": "a"}]}, "messages"),
+        ({"messages": [{"from": "human", "value": "a"}]}, "sharegpt"),
+        ({"conversations": [{"from": "human", "value": "a"}]}, "sharegpt"),
         ({"instruction": "a", "input": "", "output": "b"}, "alpaca"),
         ({"prompt": "a", "completion": "b"}, "prompt_completion"),
         ({"text": "a", "meta": 1}, "text"),
@@ -198,9 +206,11 @@ def test_auto_detection_failure_lists_expected_fields():
 
 
 def test_unknown_format_lists_valid_ones():
-    with pytest.raises(ValueError, match="valid formats are: auto, text, alpaca, chat, prompt_completion"):
-        resolve_format("sharegpt", [Record({"text": "a"}, "r:1")])
-    assert FORMATS == ("auto", "text", "alpaca", "chat", "prompt_completion")
+    valid = "auto, text, alpaca, sharegpt, messages, chat, prompt_completion"
+    with pytest.raises(ValueError, match=f"valid formats are: {valid}"):
+        resolve_format("oasst", [Record({"text": "a"}, "r:1")])
+    assert tuple(valid.split(", ")) == FORMATS
+    assert resolve_format("chat", [Record({"text": "a"}, "r:1")]) == "messages"  # the former name is an alias
 
 
 def test_missing_field_names_record_field_and_expected(tok):
@@ -299,11 +309,11 @@ def test_addition_split_is_fixed_disjoint_and_complete():
 
 def test_all_config_problems_in_one_message():
     with pytest.raises(ValueError) as info:
-        CausalLMDataModule(val_split=1.5, batch_size=0, format="sharegpt", max_seq_length=1, dataset="nope")
+        CausalLMDataModule(val_split=1.5, batch_size=0, format="oasst", max_seq_length=1, dataset="nope")
     message = str(info.value)
-    for expected in ("dataset='nope'", "val_split=1.5", "batch_size=0", "format='sharegpt'", "max_seq_length=1"):
+    for expected in ("dataset='nope'", "val_split=1.5", "batch_size=0", "format='oasst'", "max_seq_length=1"):
         assert expected in message, expected
-    with pytest.raises(ValueError, match="not both"):
+    with pytest.raises(ValueError, match="not dataset and train_files"):
         CausalLMDataModule(dataset="addition", train_files="x.jsonl")
     with pytest.raises(ValueError, match="no data"):
         CausalLMDataModule()
@@ -364,13 +374,13 @@ def test_files_val_split_packing_and_predict(tmp_path):
         predict_files=str(tmp_path / "p*.jsonl"),
     )
     dm.setup("fit")
-    train_rows, val = dm.train_dataloader().dataset.samples, dm.val_dataloader().dataset.samples
-    assert len(val) == 5 and all(s.position_ids is None for s in val)
-    assert len(train_rows) < 15 and all(len(r.input_ids) <= 64 for r in train_rows)
-    assert sum(r.position_ids.count(0) for r in train_rows) == 15
-    val_outputs = {s.reference for s in val}
-    again = CausalLMDataModule(train_files=str(train), val_split=0.25)
-    assert {s.reference for s in again.val_dataloader().dataset.samples} == val_outputs  # seeded split
+    train_rows, val = dm.train_dataloader().dataset, dm.val_dataloader().dataset
+    assert len(val) == 5 and "seq_lens" not in val.column_names
+    assert len(train_rows) < 15 and all(len(ids) <= 64 for ids in train_rows["input_ids"])
+    assert sum(len(lens) for lens in train_rows["seq_lens"]) == 15
+    val_outputs = set(val["reference"])
+    again = CausalLMDataModule(train_files=str(train), val_split=0.25, cache_dir=str(tmp_path / "other"))
+    assert set(again.val_dataloader().dataset["reference"]) == val_outputs  # seeded split
     predict = next(iter(dm.predict_dataloader()))
     assert predict["prompts"][0] == "### Instruction:\nEcho 5.\n\n### Response:\n"
     assert predict["prompt_input_ids"].shape[0] == 2 and "references" not in predict
@@ -386,7 +396,7 @@ def test_no_validation_data_gives_no_val_batches(tmp_path):
 def test_missing_field_in_file_names_file_and_line(tmp_path):
     path = write_jsonl(tmp_path / "t.jsonl", [{"prompt": "a", "completion": "b"}, {"prompt": "c"}])
     dm = CausalLMDataModule(train_files=str(path))
-    with pytest.raises(ValueError, match=r"t\.jsonl:2: the 'prompt_completion' format needs"):
+    with pytest.raises(ValueError, match=r"t\.jsonl record 2: the 'prompt_completion' format needs"):
         dm.setup("fit")
 
 

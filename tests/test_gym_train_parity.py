@@ -51,7 +51,7 @@ def _hf_trainer_log(folder: Path, data: Path, out: Path) -> list[dict[str, float
 
     module = CausalLMDataModule(train_files=[str(data)], format="text", tokenizer=str(folder), max_seq_length=32)
     module.setup("fit")
-    batch = Collator(module.tokenizer.pad_token_id)(module._samples["train"])
+    batch = Collator(module.tokenizer.pad_token_id)(list(module.train_dataloader().dataset))  # rows in file order
     rows = [{key: batch[key][i] for key in batch} for i in range(len(TEXTS))]
     (args,) = HfArgumentParser(TrainingArguments).parse_args_into_dataclasses(
         [*FLAGS, "--output_dir", str(out), "--report_to", "none"]

@@ -1,22 +1,25 @@
-"""Batching: dynamic right padding, left-padded generation prompts, and sequence packing.
+"""Batching: dynamic right padding, left-padded generation prompts, and padding-free packed rows.
 
 Batches follow the shared contract: ``input_ids``, ``attention_mask`` (1 = real token), ``labels`` (``-100`` = not a
 target) and ``position_ids``, all ``[B, T]`` int64 and right-padded to the longest row of the batch. When every
 sample has a prompt, the batch also carries ``prompt_input_ids`` / ``prompt_attention_mask`` LEFT-padded (so that
 ``generate`` appends new tokens right after each prompt), ``prompts`` and, when every sample has one, ``references``.
 
-Packing (``pack_samples``) concatenates whole tokenized samples greedily, in order, into rows of at most
-``max_seq_length`` tokens, so fewer pad tokens are computed. In a packed row ``position_ids`` restart at 0 for
-every document and the label of each document's first token is ``-100``, so no document is trained to predict
-the first token of the next one. Attention isolation is NOT complete: with ``sdpa`` or ``eager`` attention the
-causal mask lets a token attend to earlier documents in the same row; only ``flash_attention_2`` in transformers
-reads the restarting ``position_ids`` as document boundaries (variable-length attention) and isolates documents.
-Padding-free packing changes what a token sees, so keep packing off where this matters (e.g. validation).
+Packed rows (``gym_lightning.data.prepare.pack_dataset``: whole samples concatenated in order, each row's document
+lengths in ``seq_lens``) are padding-free: ``position_ids`` restart at 0 at every document, the label of each
+document's first token is ``-100``, the padding at the end of a shorter row is one more position-restarting segment
+with no targets, and the batch has NO ``attention_mask`` but ``cu_seq_lens`` (int32 cumulative document lengths of
+the flattened batch, flash-attention's varlen boundaries). transformers 5 then keeps documents apart by itself
+(``masking_utils._preprocess_mask_arguments``: with ``attention_mask=None`` and ``position_ids`` given, it calls
+``find_packed_sequence_indices`` and ANDs a same-document mask into the causal mask): ``sdpa``, ``eager`` and
+``flex_attention`` get a block-diagonal causal mask and ``flash_attention_2``/``3`` run variable-length attention from
+the position ids, at any batch size. A model whose attention does not go through ``masking_utils`` would let a
+token attend to earlier documents of its row.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import torch
@@ -52,7 +55,10 @@ class Collator:
         self.pad_token_id = pad_token_id
         self.with_prompts = with_prompts
 
-    def __call__(self, samples: list[TokenizedSample]) -> dict[str, Any]:
+    def __call__(self, rows: list[TokenizedSample | Mapping[str, Any]]) -> dict[str, Any]:
+        samples = [_as_sample(row) for row in rows]
+        if rows and isinstance(rows[0], Mapping) and "seq_lens" in rows[0]:
+            return packed_batch(samples, [row["seq_lens"] for row in rows], self.pad_token_id)
         batch: dict[str, Any] = {
             "input_ids": _pad([s.input_ids for s in samples], self.pad_token_id),
             "attention_mask": _pad([[1] * len(s.input_ids) for s in samples], 0),
@@ -66,6 +72,42 @@ class Collator:
             if all(s.reference is not None for s in samples):
                 batch["references"] = [s.reference for s in samples]
         return batch
+
+
+def _as_sample(row: TokenizedSample | Mapping[str, Any]) -> TokenizedSample:
+    """A ``datasets`` row (dict) as a ``TokenizedSample``."""
+    if isinstance(row, TokenizedSample):
+        return row
+    return TokenizedSample(
+        row["input_ids"],
+        row["labels"],
+        prompt_ids=row.get("prompt_ids"),
+        prompt=row.get("prompt"),
+        reference=row.get("reference"),
+    )
+
+
+def packed_positions(seq_lens: Sequence[int], width: int) -> list[int]:
+    """Position ids of a packed row padded to ``width``: 0..n-1 per document, then 0.. over the padding."""
+    positions = [p for length in seq_lens for p in range(length)]
+    return positions + list(range(width - len(positions)))
+
+
+def packed_batch(
+    samples: Sequence[TokenizedSample], seq_lens: Sequence[Sequence[int]], pad_token_id: int
+) -> dict[str, Any]:
+    """A padding-free batch of packed rows (see the module docstring)."""
+    width = max(len(s.input_ids) for s in samples)
+    lengths = []
+    for row_lens in seq_lens:
+        pad = width - sum(row_lens)
+        lengths += [*row_lens, *([pad] if pad else [])]
+    return {
+        "input_ids": _pad([s.input_ids for s in samples], pad_token_id),
+        "labels": _pad([s.labels for s in samples], IGNORE_INDEX),
+        "position_ids": torch.tensor([packed_positions(lens, width) for lens in seq_lens], dtype=torch.long),
+        "cu_seq_lens": torch.tensor([0, *lengths], dtype=torch.int32).cumsum(0, dtype=torch.int32),
+    }
 
 
 def pack_samples(samples: Sequence[TokenizedSample], max_seq_length: int) -> list[TokenizedSample]:

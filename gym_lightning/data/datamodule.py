@@ -2,37 +2,76 @@
 
 from __future__ import annotations
 
-import random
-from collections.abc import Iterator
-from typing import Literal
+import json
+import os
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import Any
 
+import datasets
 import torch
+from datasets.distributed import split_dataset_by_node
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, RandomSampler
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_info
-from gym_lightning.data.collate import Collator, pack_samples
-from gym_lightning.data.formats import FORMATS, TokenizedSample, resolve_format, tokenize_prompt, tokenize_records
+from gym_lightning.data.collate import Collator
+from gym_lightning.data.formats import FORMATS, FormatName, TokenizedSample, resolve_format, tokenize_prompt
 from gym_lightning.data.loader import StepTokenDataLoader
-from gym_lightning.data.sources import Record, read_records
+from gym_lightning.data.prepare import (
+    DataSource,
+    Settings,
+    build_or_load,
+    check_sources,
+    fingerprint,
+    load_records_dataset,
+    mix,
+    pack_dataset,
+    records_to_dataset,
+    resolve_source_format,
+    split_indices,
+    stream_dataset,
+    tokenize_dataset,
+)
+from gym_lightning.data.sources import read_records, source_fingerprint
 from gym_lightning.data.synthetic import BUNDLED_DATASETS
 from gym_lightning.errors import GymUserError
+from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
+
+DEFAULT_CACHE_DIR = "~/.cache/gym_lightning/data"
 
 
 class SampleDataset(Dataset):
-    """A map-style data set over tokenized samples (a ``Dataset``, so Lightning can attach a distributed sampler)."""
+    """A map-style data set over in-memory samples or rows (a ``Dataset``, so Lightning can attach a sampler)."""
 
-    def __init__(self, samples: list[TokenizedSample]) -> None:
+    def __init__(self, samples: Sequence[TokenizedSample | dict[str, Any]]) -> None:
         self.samples = samples
 
     def __len__(self) -> int:
         return len(self.samples)
 
-    def __getitem__(self, index: int) -> TokenizedSample:
+    def __getitem__(self, index: int) -> TokenizedSample | dict[str, Any]:
         return self.samples[index]
+
+
+class PromptView(Dataset):
+    """The generation prompts of a tokenized validation set (prediction without ``predict_files``)."""
+
+    def __init__(self, rows: datasets.Dataset) -> None:
+        self.rows = rows
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index: int) -> TokenizedSample:
+        row = self.rows[index]
+        ids = row["prompt_ids"]
+        return TokenizedSample(
+            ids, [IGNORE_INDEX] * len(ids), prompt_ids=ids, prompt=row["prompt"], reference=row["reference"]
+        )
 
 
 class EpochShuffleSampler(RandomSampler):
@@ -63,40 +102,57 @@ class EpochShuffleSampler(RandomSampler):
 
 
 class CausalLMDataModule(LightningDataModule):
-    """Tokenized data for causal-LM finetuning: a bundled data set or JSONL/JSON/text files.
+    """Tokenized data for causal-LM finetuning: a bundled data set, files, Hub data sets, or a weighted mix.
+
+    Data is read and tokenized with Hugging Face ``datasets`` once per node and cached (see
+    ``gym_lightning.data.prepare``): ``prepare_data`` (local rank 0) builds the cache, every rank memory-maps it.
 
     Args:
         dataset: Name of a bundled data set (``"addition"``: 2-digit additions with a fixed validation split).
-            Mutually exclusive with ``train_files``.
-        train_files: Training files or glob patterns (``.jsonl``, ``.json`` list of objects, ``.txt`` paragraphs).
+            Mutually exclusive with ``train_files`` and ``sources``.
+        train_files: Training files or glob patterns (``.jsonl``, ``.json``, ``.csv``, ``.parquet``, ``.txt``
+            paragraphs, ``.arrow``) or a Hugging Face Hub data set name (its ``train`` split).
+        sources: Several training data sets mixed with weights and per-set caps (``DataSource``: ``path``,
+            ``format``, ``columns``, ``weight``, ``max_samples``, ``split``, ``subset``). Instead of ``train_files``.
         val_files: Validation files or glob patterns. Replace the bundled data set's validation split if given.
         predict_files: Files with prompts for ``predict`` (records with ``prompt``, alpaca ``instruction``/``input``,
-            chat ``messages`` or ``text``). Without them, ``predict`` uses the validation prompts.
-        val_split: Fraction of the training records held out for validation (a seeded permutation) when there are
-            no ``val_files``; in ``[0, 1)``. Only for ``train_files``.
-        format: Record format: ``"auto"`` (detect from the fields), ``"text"``, ``"alpaca"``, ``"chat"`` or
+            chat ``messages``/``conversations`` or ``text``). Without them, ``predict`` uses the validation prompts.
+        val_split: Fraction of the training records held out for validation (a seeded permutation of each set)
+            when there are no ``val_files``; in ``[0, 1)``. Only for ``train_files``/``sources``.
+        format: Record format of ``train_files`` (and ``val_files``/``predict_files``): ``"auto"`` (detect from the
+            fields), ``"text"``, ``"alpaca"``, ``"sharegpt"``, ``"messages"`` (alias ``"chat"``) or
             ``"prompt_completion"``. See ``gym_lightning.data.formats``.
+        columns: Renames fields of ``train_files``/``val_files`` to the format's names, ``{format field: column}``.
         tokenizer: Local folder or Hugging Face Hub name of the tokenizer; ``None`` uses the shipped tokenizer. The
             CLI links it from the model.
         trust_remote_code: Allow tokenizer code from the Hub to run (only for sources you trust).
         max_seq_length: Maximum tokens per sample (longer samples are cut) and per packed row.
         mask_prompt: Train only on the completion (prompt labels are ``-100``); ``False`` trains on every token.
-        packing: Concatenate training samples into rows of ``max_seq_length`` tokens (see
-            ``gym_lightning.data.collate`` for what attention isolation that gives).
+        packing: Concatenate training samples into rows of ``max_seq_length`` tokens, padding-free: rows carry
+            restarting ``position_ids`` and no ``attention_mask`` (see ``gym_lightning.data.collate``).
         batch_size: Training micro-batch size per device (samples, or packed rows with ``packing``).
         eval_batch_size: Validation/prediction batch size per device; ``None`` means ``batch_size``.
         num_workers: DataLoader worker processes (0 loads in the main process).
-        seed: Seed of the training shuffle and of ``val_split``.
+        num_proc: Tokenization processes (``None``: up to 8 for sets over 50,000 records, else 1).
+        streaming: Read and tokenize ``train_files``/``sources`` on the fly (``datasets`` streaming), for sets larger
+            than the disk: nothing is cached, rows come in file order (no shuffle: shuffle the files beforehand),
+            each rank reads every world-size-th row, and checkpoints hold the stream's position, so a resume
+            continues exactly. Not with ``packing``, ``val_split``, ``val_files``, ``dataset`` or ``num_workers``.
+        cache_dir: Where tokenized data is cached (``None``: ``$GYM_DATA_CACHE`` or ``~/.cache/gym_lightning/data``);
+            the location is logged.
+        seed: Seed of the training shuffle, of ``val_split`` and of the mix.
     """
 
     def __init__(
         self,
         dataset: str | None = None,
         train_files: str | list[str] | None = None,
+        sources: list[DataSource] | None = None,
         val_files: str | list[str] | None = None,
         predict_files: str | list[str] | None = None,
         val_split: float = 0.0,
-        format: Literal["auto", "text", "alpaca", "chat", "prompt_completion"] = "auto",
+        format: FormatName = "auto",
+        columns: dict[str, str] | None = None,
         tokenizer: str | None = None,
         trust_remote_code: bool = False,
         max_seq_length: int = 512,
@@ -105,6 +161,9 @@ class CausalLMDataModule(LightningDataModule):
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
+        num_proc: int | None = None,
+        streaming: bool = False,
+        cache_dir: str | None = None,
         seed: int = 42,
     ) -> None:
         super().__init__()
@@ -115,16 +174,18 @@ class CausalLMDataModule(LightningDataModule):
         # name): it is logged with the module's hyper-parameters, and Lightning refuses to merge a key that both hold
         # with different values (None there, the resolved name here).
         self.save_hyperparameters(ignore=["tokenizer"])
-        self.dataset = dataset
+        self.dataset, self.sources = dataset, list(sources or [])
         self.train_files, self.val_files, self.predict_files = train_files, val_files, predict_files
-        self.val_split, self.format, self.tokenizer_source = val_split, format, tokenizer
+        self.val_split, self.format, self.columns, self.tokenizer_source = val_split, format, columns, tokenizer
         self.trust_remote_code, self.max_seq_length, self.mask_prompt = trust_remote_code, max_seq_length, mask_prompt
         self.packing, self.batch_size, self.num_workers, self.seed = packing, batch_size, num_workers, seed
         self.eval_batch_size = eval_batch_size or batch_size
+        self.num_proc, self.streaming = num_proc, streaming
+        self.cache_dir = Path(cache_dir or os.environ.get("GYM_DATA_CACHE", DEFAULT_CACHE_DIR)).expanduser()
         self._tokenizer: PreTrainedTokenizerBase | None = None
-        self._resolved_format: str | None = None
-        self._records: tuple[list[Record], list[Record]] | None = None
-        self._samples: dict[str, list[TokenizedSample]] = {}
+        self._splits: dict[str, datasets.Dataset] | None = None
+        self._predict: list[TokenizedSample] | None = None
+        self._train_format: str | None = None
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -144,20 +205,22 @@ class CausalLMDataModule(LightningDataModule):
         return len(self.tokenizer)
 
     @override
+    def prepare_data(self) -> None:
+        # Lightning calls this on the local rank 0 of every node before any setup: the node's tokenization.
+        if (self.dataset is not None or self.train_files or self.sources) and not self.streaming:
+            self._tokenized()
+
+    @override
     def setup(self, stage: str) -> None:
-        # Tokenize each split once: Lightning calls setup for every fit/validate/predict (setdefault would evaluate,
-        # i.e. re-tokenize, its argument every time and then discard it).
-        if stage == "fit" and "train" not in self._samples:
-            self._samples["train"] = self._tokenize_train()
-        if stage in ("fit", "validate") and "val" not in self._samples:
-            self._samples["val"] = self._tokenize_val()
-        if stage == "predict" and "predict" not in self._samples:
-            self._samples["predict"] = self._tokenize_predict()
+        if stage in ("fit", "validate") and not self.streaming:
+            self._tokenized()
 
     @override
     def train_dataloader(self) -> DataLoader:
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
-        dataset = SampleDataset(self._stage_samples("train", "fit"))
+        if self.streaming:
+            return self._stream_loader(accumulate)
+        dataset = self._tokenized()["train"]
         return StepTokenDataLoader(
             dataset,
             batch_size=self.batch_size,
@@ -167,97 +230,130 @@ class CausalLMDataModule(LightningDataModule):
             accumulate_grad_batches=accumulate,
         )
 
+    def _stream_loader(self, accumulate: int) -> DataLoader:
+        streams = [stream_dataset(s, self.tokenizer, self._settings(), self.cache_dir) for s in self._train_sources()]
+        stream = mix(streams, [s.weight for s in self._train_sources()], self.seed)
+        if self.trainer is not None and self.trainer.world_size > 1:
+            # Lightning gives iterable data sets no distributed sampler: each rank takes its share here.
+            stream = split_dataset_by_node(stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+        return StepTokenDataLoader(
+            stream,
+            batch_size=self.batch_size,
+            collate_fn=Collator(self.tokenizer.pad_token_id),
+            accumulate_grad_batches=accumulate,
+        )
+
     @override
     def val_dataloader(self) -> DataLoader | list:
-        samples = self._stage_samples("val", "validate")
-        if not samples:
+        if self.streaming:
+            return []
+        splits = self._tokenized()
+        if "val" not in splits or len(splits["val"]) == 0:
             return []  # no validation data: Lightning skips validation
-        return self._eval_loader(samples)
+        return self._eval_loader(splits["val"])
 
     @override
     def predict_dataloader(self) -> DataLoader:
-        return self._eval_loader(self._stage_samples("predict", "predict"))
+        if self.predict_files:
+            if self._predict is None:
+                records = read_records(self.predict_files)
+                format = resolve_format(self.format, records, for_predict=True)
+                self._predict = [tokenize_prompt(r, format, self.tokenizer, self.max_seq_length) for r in records]
+            return self._eval_loader(SampleDataset(self._predict))
+        val = self._tokenized().get("val") if (self.dataset or self.train_files or self.sources) else None
+        if val is None or len(val) == 0:
+            raise GymUserError("There is nothing to predict: set data.predict_files (or have validation data).")
+        rank_zero_info("No data.predict_files: predicting the prompts of the validation data.")
+        return self._eval_loader(PromptView(val))
 
-    def _eval_loader(self, samples: list[TokenizedSample]) -> DataLoader:
+    def _eval_loader(self, dataset: Dataset) -> DataLoader:
         return DataLoader(
-            SampleDataset(samples),
+            dataset,
             batch_size=self.eval_batch_size,
             shuffle=False,
             collate_fn=Collator(self.tokenizer.pad_token_id, with_prompts=True),
             num_workers=self.num_workers,
         )
 
-    def _stage_samples(self, split: str, stage: str) -> list[TokenizedSample]:
-        if split not in self._samples:
-            self.setup(stage)
-        return self._samples[split]
+    def _settings(self) -> Settings:
+        # The seed changes the tokenized data only through val_split and the mix; otherwise (it orders the shuffle,
+        # which happens at load time) it stays out of the fingerprint, so runs with other seeds share the cache.
+        seed = self.seed if self.val_split > 0 or len(self.sources) > 1 else 0
+        return Settings(self.max_seq_length, self.mask_prompt, self.packing, self.val_split, seed, self.num_proc)
 
-    def _split_records(self) -> tuple[list[Record], list[Record]]:
-        """Training and validation records (validation may be empty), read once."""
-        if self._records is None:
-            self._records = self._read_split()
-        return self._records
-
-    def _read_split(self) -> tuple[list[Record], list[Record]]:
-        if self.dataset is not None:
-            bundled = BUNDLED_DATASETS[self.dataset]()
-            return bundled.train, read_records(self.val_files) if self.val_files else bundled.val
+    def _train_sources(self) -> list[DataSource]:
+        if self.sources:
+            return self.sources
         if self.train_files is None:
             raise GymUserError("There is no training data: set data.dataset (e.g. 'addition') or data.train_files.")
-        train = read_records(self.train_files)
-        if self.val_files:
-            return train, read_records(self.val_files)
-        if self.val_split == 0:
-            return train, []
-        order = list(range(len(train)))
-        random.Random(self.seed).shuffle(order)
-        num_val = max(1, round(len(train) * self.val_split))
-        if num_val >= len(train):
-            raise GymUserError(f"val_split={self.val_split} leaves no training record out of {len(train)}; lower it.")
-        return [train[i] for i in sorted(order[num_val:])], [train[i] for i in sorted(order[:num_val])]
+        return [DataSource(self.train_files, format=self.format, columns=self.columns)]
 
-    def _train_format(self) -> str:
-        """The training records' format (``"auto"`` resolved once, from the first training record)."""
-        if self._resolved_format is None:
-            self._resolved_format = resolve_format(self.format, self._split_records()[0])
-        return self._resolved_format
+    def _tokenized(self) -> dict[str, datasets.Dataset]:
+        """The tokenized splits, from the cache (built on first use; see ``gym_lightning.data.prepare``)."""
+        if self._splits is None:
+            sources = [] if self.dataset is not None else self._train_sources()
+            val = source_fingerprint(self.val_files, "train", None) if self.val_files else None
+            extra = json.dumps({"bundled": self.dataset, "val": val, "format": self.format, "columns": self.columns})
+            key = fingerprint(sources, self.tokenizer, self._settings(), extra)
+            self._splits = build_or_load(self.cache_dir, key, self._build)
+            packed = " packed" if self.packing else ""
+            rank_zero_info(f"Training data: {len(self._splits['train'])}{packed} rows (int32, memory-mapped).")
+        return self._splits
 
-    def _tokenize(self, records: list[Record]) -> list[TokenizedSample]:
-        return tokenize_records(records, self._train_format(), self.tokenizer, self.max_seq_length, self.mask_prompt)
+    def _tokenize(self, rows: datasets.Dataset, format: str, with_prompts: bool, label: str) -> datasets.Dataset:
+        return tokenize_dataset(rows, format, self.tokenizer, self._settings(), with_prompts, label)
 
-    def _tokenize_train(self) -> list[TokenizedSample]:
-        samples = self._tokenize(self._split_records()[0])
-        rows = pack_samples(samples, self.max_seq_length) if self.packing else samples
-        packed = f" packed into {len(rows)} rows of up to {self.max_seq_length} tokens" if self.packing else ""
-        rank_zero_info(f"Training data: {len(samples)} samples{packed}.")
-        return rows
-
-    def _tokenize_val(self) -> list[TokenizedSample]:
-        records = self._split_records()[1]
-        return self._tokenize(records) if records else []
-
-    def _tokenize_predict(self) -> list[TokenizedSample]:
-        if self.predict_files:
-            records = read_records(self.predict_files)
-            format = resolve_format(self.format, records, for_predict=True)
+    def _build(self, staging: Path) -> dict[str, datasets.Dataset]:
+        """Read, split, tokenize, mix and pack (runs once per cache entry)."""
+        if self.dataset is not None:
+            bundled = BUNDLED_DATASETS[self.dataset]()
+            train_parts = [self._tokenize(records_to_dataset(bundled.train), "prompt_completion", False, self.dataset)]
+            weights, val_parts = (
+                [1.0],
+                []
+                if self.val_files
+                else [(records_to_dataset(bundled.val), "prompt_completion", f"{self.dataset}[val]")],
+            )
+            self._train_format = "prompt_completion"
         else:
-            records = self._split_records()[1]
-            if not records:
-                raise GymUserError("There is nothing to predict: set data.predict_files (or have validation data).")
-            rank_zero_info("No data.predict_files: predicting the prompts of the validation data.")
-            format = self._train_format()
-        return [tokenize_prompt(r, format, self.tokenizer, self.max_seq_length) for r in records]
+            train_parts, weights, val_parts = self._build_sources()
+        if self.val_files:
+            rows, label = load_records_dataset(DataSource(self.val_files, columns=self.columns), self.cache_dir)
+            val_parts = [
+                (rows, self._train_format or resolve_source_format(DataSource(self.val_files), rows, label), label)
+            ]
+        train = mix(train_parts, weights, self.seed)
+        splits = {"train": pack_dataset(train, self.max_seq_length, staging) if self.packing else train}
+        val = [self._tokenize(rows, format, True, label) for rows, format, label in val_parts]
+        if val:
+            splits["val"] = datasets.concatenate_datasets(val) if len(val) > 1 else val[0]
+        return splits
+
+    def _build_sources(self) -> tuple[list[datasets.Dataset], list[float], list[tuple[datasets.Dataset, str, str]]]:
+        train_parts, weights, val_parts = [], [], []
+        for source in self._train_sources():
+            rows, label = load_records_dataset(source, self.cache_dir)
+            format = resolve_source_format(source, rows, label)
+            self._train_format = self._train_format or format
+            if self.val_split > 0 and not self.val_files:
+                train_index, val_index = split_indices(len(rows), self.val_split, self.seed)
+                val_parts.append((rows.select(val_index), format, f"{label} [val_split]"))
+                rows = rows.select(train_index)
+            train_parts.append(self._tokenize(rows, format, False, label))
+            weights.append(source.weight)
+        return train_parts, weights, val_parts
 
 
 def _config_problems(args: dict) -> list[str]:
     """Every problem of the constructor arguments, so one error can list them all."""
     problems = []
+    chosen = [name for name in ("dataset", "train_files", "sources") if args[name]]
     if args["dataset"] is not None and args["dataset"] not in BUNDLED_DATASETS:
         valid = ", ".join(sorted(BUNDLED_DATASETS))
         problems.append(f"dataset={args['dataset']!r} is not a bundled data set; choose one of: {valid}.")
-    if args["dataset"] is not None and args["train_files"]:
-        problems.append("set either dataset (a bundled data set) or train_files, not both.")
-    if args["dataset"] is None and not args["train_files"] and not args["predict_files"]:
+    if len(chosen) > 1:
+        problems.append(f"set one of dataset (a bundled data set), train_files or sources, not {' and '.join(chosen)}.")
+    if not chosen and not args["predict_files"]:
         problems.append("no data: set dataset (e.g. 'addition') or train_files (or predict_files to only predict).")
     if not 0.0 <= args["val_split"] < 1.0:
         problems.append(f"val_split={args['val_split']} must be in [0, 1) (the fraction of training records held out).")
@@ -265,6 +361,11 @@ def _config_problems(args: dict) -> list[str]:
         problems.append("val_split only applies to train_files without val_files; set it to 0.")
     if args["format"] not in FORMATS:
         problems.append(f"format={args['format']!r} is unknown; valid formats are: {', '.join(FORMATS)}.")
+    problems += check_sources(args["sources"] or [])
+    if args["streaming"]:
+        clashes = [n for n in ("packing", "val_split", "val_files", "dataset", "num_workers") if args[n]]
+        if clashes:
+            problems.append(f"streaming: true does not work with {', '.join(clashes)}; unset them or stream off.")
     for name, low in (("max_seq_length", 2), ("batch_size", 1), ("eval_batch_size", 1), ("num_workers", 0)):
         value = args[name]
         if value is None and name == "eval_batch_size":

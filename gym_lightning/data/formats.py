@@ -1,31 +1,39 @@
-"""Record formats: how a JSON record becomes token ids, labels and (where there is one) a prompt for generation.
+"""Record formats: how a record becomes token ids, labels and (where there is one) a prompt for generation.
 
-Formats (``format=`` of the data module):
+Formats (``format=`` of the data module; ``columns`` renames a data set's fields to these names first):
 
 - ``text``: ``{"text": ...}``; every token is a target (pretraining-style).
-- ``alpaca``: ``{"instruction": ..., "input": ... (optional), "output": ...}``, rendered with the concise template
-  ``"### Instruction:\\n{instruction}\\n\\n### Input:\\n{input}\\n\\n### Response:\\n"`` (the Input block is left out
-  when ``input`` is missing or empty) followed by ``output``; the target is ``output``.
+- ``alpaca``: ``{"instruction", "input" (optional), "output", "system" (optional), "history" (optional)}``,
+  rendered with the concise template ``"### Instruction:\\n{instruction}\\n\\n### Input:\\n{input}\\n\\n###
+  Response:\\n"`` (the Input block is left out when ``input`` is missing or empty) followed by ``output``. ``system``
+  is put first, followed by a blank line; ``history`` is a list of earlier ``[instruction, output]`` pairs, rendered
+  as earlier turns before the current one. Targets: every ``output`` (history turns included) and an eos after each.
 - ``prompt_completion``: ``{"prompt": ..., "completion": ...}``, joined with no separator (put one in the data if
   you want one); the target is ``completion``.
-- ``chat``: ``{"messages": [{"role": ..., "content": ...}, ...]}``, rendered by the tokenizer's chat template; the
-  targets are the assistant turns (their content and the template's end-of-turn text). Assistant spans are found by
-  rendering growing prefixes of the conversation and diffing them, which works with any template whose rendering
-  of a conversation starts with the rendering of its prefixes.
+- ``messages`` (alias ``chat``): OpenAI style ``{"messages": [{"role", "content", "tool_calls" (optional)}, ...],
+  "tools": [...] (optional)}``, rendered by the tokenizer's chat template (``tools`` are passed to it).
+- ``sharegpt``: ``{"conversations": [{"from", "value"}, ...], "system" (optional), "tools" (optional)}`` with roles
+  ``human``/``user``, ``gpt``/``assistant``, ``system``, ``function_call`` (an assistant tool call whose value is the
+  JSON ``{"name", "arguments"}``) and ``observation``/``tool`` (a tool result); converted to ``messages``.
+  ``tools`` may be a JSON string (as in LLaMA-Factory's data sets) or a list.
 - ``auto``: picks one of the above from the fields of the first record and says which (rank-zero info).
 
-In every format the tokenizer's eos token is appended as a target, so that the model learns to stop, and the
-sequence is cut to ``max_seq_length`` tokens. With ``mask_prompt=True`` the labels of all non-target tokens are
-``-100``; with ``False`` every token is a target. Segments are tokenized one by one and concatenated, so that the
-prompt tokens seen in training are exactly the tokens of the prompt given to ``generate``.
+Chat targets are exactly what the assistant says in every turn and its end-of-turn token: see ``chat_labels``.
+Other formats get the tokenizer's eos appended as a target, so that the model learns to stop; chat formats get it
+only when the template ends an assistant turn without a special token (no duplicate eos). Sequences are cut to
+``max_seq_length`` tokens. With ``mask_prompt=True`` the labels of all non-target tokens are ``-100``; with ``False``
+every token is a target. Non-chat segments are tokenized one by one (in one batched call) and concatenated, so that
+the prompt tokens seen in training are exactly the tokens of the prompt given to ``generate``.
 """
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, get_args
 
+import numpy as np
 from transformers import PreTrainedTokenizerBase
 
 from gym_lightning._compat import rank_zero_info, rank_zero_warn
@@ -33,23 +41,33 @@ from gym_lightning.data.sources import Record
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
-FormatName = Literal["auto", "text", "alpaca", "chat", "prompt_completion"]
+FormatName = Literal["auto", "text", "alpaca", "sharegpt", "messages", "chat", "prompt_completion"]
 FORMATS: tuple[str, ...] = get_args(FormatName)
+ALIASES = {"chat": "messages"}
+CHAT_FORMATS = ("messages", "sharegpt")
 # Fields a record must have to train (all of them) and to predict (only the prompt side).
 TRAIN_FIELDS = {
     "text": ("text",),
     "alpaca": ("instruction", "output"),
-    "chat": ("messages",),
+    "sharegpt": ("conversations",),
+    "messages": ("messages",),
     "prompt_completion": ("prompt", "completion"),
 }
-PREDICT_FIELDS = {
-    "text": ("text",),
-    "alpaca": ("instruction",),
-    "chat": ("messages",),
-    "prompt_completion": ("prompt",),
-}
+PREDICT_FIELDS = {**TRAIN_FIELDS, "alpaca": ("instruction",), "prompt_completion": ("prompt",)}
+OPTIONAL_TEXT_FIELDS = {"alpaca": ("input", "system")}
 ALPACA_PROMPT = "### Instruction:\n{instruction}\n\n### Response:\n"
 ALPACA_PROMPT_WITH_INPUT = "### Instruction:\n{instruction}\n\n### Input:\n{input}\n\n### Response:\n"
+SHAREGPT_ROLES = {
+    "human": "user",
+    "user": "user",
+    "gpt": "assistant",
+    "assistant": "assistant",
+    "system": "system",
+    "function_call": "assistant",
+    "observation": "tool",
+    "tool": "tool",
+}
+EOS = None  # a segment whose text is EOS stands for the tokenizer's eos token
 
 
 @dataclass
@@ -57,7 +75,7 @@ class TokenizedSample:
     """One tokenized example.
 
     Attributes:
-        input_ids: Token ids of the whole example (prompt and target, eos included).
+        input_ids: Token ids of the whole example (prompt and target, end-of-turn/eos included).
         labels: Same length as ``input_ids``; ``-100`` marks tokens that are not targets.
         position_ids: Set by packing (restart at 0 per document); ``None`` means ``0..len-1``.
         prompt_ids: Token ids of the prompt to ``generate`` from, when the format has a prompt.
@@ -73,118 +91,194 @@ class TokenizedSample:
     reference: str | None = None
 
 
-# (text, is_target) pieces of an example, in order.
-Segments = list[tuple[str, bool]]
+# (text, is_target) pieces of an example, in order; a text of ``EOS`` is the eos token.
+Segments = list[tuple[str | None, bool]]
+
+
+def canonical(format: str) -> str:
+    """The format name with aliases resolved (``chat`` -> ``messages``)."""
+    return ALIASES.get(format, format)
 
 
 def detect_format(record: Record, for_predict: bool = False) -> str:
-    """The format whose fields ``record`` has, checked in the order chat, alpaca, prompt_completion, text."""
+    """The format whose fields ``record`` has, checked in the order messages, sharegpt, alpaca, prompt_completion,
+    text (a ``messages`` list of ``from``/``value`` turns is ShareGPT)."""
     fields = PREDICT_FIELDS if for_predict else TRAIN_FIELDS
-    for name in ("chat", "alpaca", "prompt_completion", "text"):
-        if all(key in record.data for key in fields[name]):
+    for name in ("messages", "sharegpt", "alpaca", "prompt_completion", "text"):
+        if all(record.data.get(key) is not None for key in fields[name]):
+            turns = record.data.get("messages")
+            if name == "messages" and isinstance(turns, list) and turns and "from" in (turns[0] or {}):
+                return "sharegpt"
             return name
     expected = "; ".join(f"{name}: {', '.join(keys)}" for name, keys in fields.items())
+    present = sorted(key for key, value in record.data.items() if value is not None)
     raise GymUserError(
-        f"{record.origin}: cannot detect the data format from the fields {sorted(record.data)}. Expected the "
-        f"fields of one format ({expected}), or set the format explicitly."
+        f"{record.origin}: cannot detect the data format from the fields {present}. Expected the fields of one "
+        f"format ({expected}); rename fields with `columns` (e.g. {{question: instruction}}) or set the format."
     )
 
 
 def resolve_format(format: str, records: Sequence[Record], for_predict: bool = False) -> str:
-    """Check ``format`` and replace ``"auto"`` by the format detected from the first record."""
+    """Check ``format`` and replace ``"auto"`` by the format detected from the first record; aliases resolved."""
     if format not in FORMATS:
         raise GymUserError(f"Unknown data format {format!r}; valid formats are: {', '.join(FORMATS)}.")
     if format != "auto":
-        return format
+        return canonical(format)
     detected = detect_format(records[0], for_predict)
     rank_zero_info(f"Data format 'auto': detected {detected!r} from the fields of {records[0].origin}.")
     return detected
 
 
 def check_fields(record: Record, format: str, for_predict: bool = False) -> None:
-    """Raise a ``ValueError`` naming the record, the missing field and the expected ones."""
+    """Raise a ``GymUserError`` naming the record, the missing field and the expected ones."""
     expected = (PREDICT_FIELDS if for_predict else TRAIN_FIELDS)[format]
-    missing = [key for key in expected if key not in record.data]
+    missing = [key for key in expected if record.data.get(key) is None]
     if missing:
+        present = sorted(key for key, value in record.data.items() if value is not None)
         raise GymUserError(
             f"{record.origin}: the {format!r} format needs the field(s) {', '.join(expected)}, but this record lacks "
-            f"{', '.join(repr(m) for m in missing)} (it has {sorted(record.data)}). Fix the record or choose another "
-            "format."
+            f"{', '.join(repr(m) for m in missing)} (it has {present}). Fix the record, map a field onto it with "
+            "`columns`, or choose another format."
         )
-    optional = ("input",) if format == "alpaca" else ()
-    text_fields = [key for key in (*expected, *optional) if key in record.data and key != "messages"]
+    text_fields = [
+        k for k in (*expected, *OPTIONAL_TEXT_FIELDS.get(format, ())) if k not in ("messages", "conversations")
+    ]
     for key in text_fields:
-        if not isinstance(record.data[key], str):
-            raise GymUserError(
-                f"{record.origin}: field {key!r} must be a string, got {type(record.data[key]).__name__}."
-            )
+        value = record.data.get(key)
+        if value is not None and not isinstance(value, str):
+            raise GymUserError(f"{record.origin}: field {key!r} must be a string, got {type(value).__name__}.")
 
 
+# ------------------------------------------------------------------------------------------------ plain formats
 def _alpaca_prompt(data: dict[str, Any]) -> str:
     if data.get("input"):
         return ALPACA_PROMPT_WITH_INPUT.format(instruction=data["instruction"], input=data["input"])
     return ALPACA_PROMPT.format(instruction=data["instruction"])
 
 
-def _check_messages(record: Record) -> list[dict[str, str]]:
-    messages = record.data["messages"]
+def _alpaca_context(record: Record) -> str:
+    """System text and earlier turns that precede the current instruction (empty without them)."""
+    data = record.data
+    parts = [f"{data['system']}\n\n"] if data.get("system") else []
+    for turn in data.get("history") or []:
+        if not (isinstance(turn, (list, tuple)) and len(turn) == 2 and all(isinstance(t, str) for t in turn)):
+            raise GymUserError(f"{record.origin}: 'history' must be a list of [instruction, output] string pairs.")
+        parts.append(ALPACA_PROMPT.format(instruction=turn[0]) + turn[1] + "\n\n")
+    return "".join(parts)
+
+
+def _alpaca_segments(record: Record) -> Segments:
+    data = record.data
+    segments: Segments = [(f"{data['system']}\n\n", False)] if data.get("system") else []
+    for instruction, output in data.get("history") or []:
+        segments += [(ALPACA_PROMPT.format(instruction=instruction), False), (output, True), ("\n\n", False)]
+    _alpaca_context(record)  # validates the history
+    return [*segments, (_alpaca_prompt(data), False), (data["output"], True), (EOS, True)]
+
+
+def plain_segments(record: Record, format: str) -> tuple[Segments, str | None]:
+    """The (text, is_target) segments of a non-chat record and its reference completion, if any."""
+    data = record.data
+    if format == "text":
+        return [(data["text"], True), (EOS, True)], None
+    if format == "alpaca":
+        return _alpaca_segments(record), data["output"]
+    return [(data["prompt"], False), (data["completion"], True), (EOS, True)], data["completion"]
+
+
+# ------------------------------------------------------------------------------------------------- chat formats
+def _parse_json(value: Any, what: str, origin: str) -> Any:
+    if not isinstance(value, str):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError as error:
+        raise GymUserError(f"{origin}: {what} is not valid JSON ({error.msg}).") from None
+
+
+def _sharegpt_turn(turn: Any, origin: str) -> dict[str, Any]:
+    if not (isinstance(turn, dict) and isinstance(turn.get("from"), str) and isinstance(turn.get("value"), str)):
+        raise GymUserError(f'{origin}: ShareGPT turns must be {{"from": ..., "value": ...}} objects with strings.')
+    role = SHAREGPT_ROLES.get(turn["from"])
+    if role is None:
+        raise GymUserError(
+            f"{origin}: unknown ShareGPT role {turn['from']!r}; expected one of {sorted(SHAREGPT_ROLES)}."
+        )
+    if turn["from"] != "function_call":
+        return {"role": role, "content": turn["value"]}
+    calls = _parse_json(turn["value"], "a function_call value", origin)
+    calls = calls if isinstance(calls, list) else [calls]
+    if not all(isinstance(c, dict) and "name" in c for c in calls):
+        raise GymUserError(f'{origin}: a function_call value must be {{"name": ..., "arguments": ...}} (JSON).')
+    return {
+        "role": "assistant",
+        "content": "",
+        "tool_calls": [
+            {"type": "function", "function": {"name": c["name"], "arguments": c.get("arguments", {})}} for c in calls
+        ],
+    }
+
+
+def drop_nulls(value: Any) -> Any:
+    """``value`` without null dict entries, recursively. Arrow stores a column of JSON objects as one struct type,
+    so a record loaded through ``datasets`` gets every key any record has, ``None`` where it had none (tool call
+    arguments ``{"city": "Paris"}`` beside ``{"query": "x"}`` come back as ``{"city": "Paris", "query": None}``).
+    A genuine null argument is dropped too; store ``arguments``/``tools`` as JSON strings to keep one."""
+    if isinstance(value, dict):
+        return {key: drop_nulls(item) for key, item in value.items() if item is not None}
+    if isinstance(value, list):
+        return [drop_nulls(item) for item in value]
+    return value
+
+
+def conversation(record: Record, format: str) -> tuple[list[dict[str, Any]], list[Any] | None]:
+    """The OpenAI-style messages and the tools of a ``messages`` or ``sharegpt`` record (checked)."""
+    data = record.data
+    tools = drop_nulls(_parse_json(data.get("tools"), "'tools'", record.origin)) or None
+    if format == "sharegpt":
+        turns = data["conversations"] if data.get("conversations") is not None else data.get("messages")
+        if not isinstance(turns, list) or not turns:
+            raise GymUserError(f"{record.origin}: 'conversations' must be a non-empty list of ShareGPT turns.")
+        system = [{"role": "system", "content": data["system"]}] if data.get("system") else []
+        return system + [_sharegpt_turn(turn, record.origin) for turn in turns], tools
+    messages = data["messages"]
     ok = isinstance(messages, list) and messages
-    ok = ok and all(isinstance(m, dict) and isinstance(m.get("role"), str) and "content" in m for m in messages)
+    ok = ok and all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages)
     if not ok:
         raise GymUserError(
             f'{record.origin}: \'messages\' must be a non-empty list of {{"role": ..., "content": ...}} objects.'
         )
-    return messages
+    messages = drop_nulls(messages)
+    for message in messages:
+        for call in message.get("tool_calls") or []:
+            function = call.get("function", {}) if isinstance(call, dict) else {}
+            function["arguments"] = _parse_json(function.get("arguments", {}), "tool call arguments", record.origin)
+    return messages, tools
 
 
-def _render(tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, str]], generation_prompt: bool) -> str:
-    return tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=generation_prompt)
-
-
-def chat_segments(record: Record, tokenizer: PreTrainedTokenizerBase) -> Segments:
-    """Split a rendered conversation into non-target text and assistant-turn targets by diffing prefix renderings."""
-    messages = _check_messages(record)
-    segments: Segments = []
-    done = ""  # rendering of the messages handled so far
-    for i, message in enumerate(messages):
-        boundaries = [_render(tokenizer, messages[: i + 1], False)]
-        if message["role"] == "assistant":
-            boundaries.insert(0, _render(tokenizer, messages[:i], True))  # prompt header of this turn
-        for is_target, text in zip((False, message["role"] == "assistant"), boundaries, strict=False):
-            if not text.startswith(done):
-                raise GymUserError(
-                    f"{record.origin}: the chat template does not render this conversation as an extension of its "
-                    "first turns, so assistant turns cannot be located; use a template without history rewriting, "
-                    "or the prompt_completion format."
-                )
-            segments.append((text[len(done) :], is_target))
-            done = text
-    return [(text, is_target) for text, is_target in segments if text]
-
-
-def chat_prompt(record: Record, tokenizer: PreTrainedTokenizerBase) -> tuple[str, str | None]:
-    """Prompt (messages before the last assistant turn, with the generation prompt) and that turn as reference."""
-    messages = _check_messages(record)
-    if messages[-1]["role"] == "assistant":
-        return _render(tokenizer, messages[:-1], True), messages[-1]["content"]
-    return _render(tokenizer, messages, True), None
-
-
-def record_segments(record: Record, format: str, tokenizer: PreTrainedTokenizerBase) -> tuple[Segments, str | None]:
-    """The (text, is_target) segments of a training record and its reference completion, if any."""
-    data = record.data
-    if format == "text":
-        return [(data["text"], True)], None
-    if format == "alpaca":
-        return [(_alpaca_prompt(data), False), (data["output"], True)], data["output"]
-    if format == "prompt_completion":
-        return [(data["prompt"], False), (data["completion"], True)], data["completion"]
+def _check_template(tokenizer: PreTrainedTokenizerBase) -> None:
     if tokenizer.chat_template is None:
         raise GymUserError(
-            "The 'chat' format renders conversations with the tokenizer's chat template, but this tokenizer has none; "
-            "use a tokenizer with a chat_template (the shipped one has ChatML) or another format."
+            "The 'messages'/'sharegpt' (chat) formats render conversations with the tokenizer's chat template, but "
+            "this tokenizer has none; use a tokenizer with a chat_template (the shipped one has ChatML) or another "
+            "format."
         )
-    return chat_segments(record, tokenizer), chat_prompt(record, tokenizer)[1]
+
+
+def render(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[Any] | None, generation: bool
+) -> str:
+    """The chat template's rendering of a conversation."""
+    return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, add_generation_prompt=generation)
+
+
+def chat_prompt(
+    tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[Any] | None
+) -> tuple[str, str | None]:
+    """Prompt (messages before the last assistant turn, with the generation prompt) and that turn as reference."""
+    if messages[-1]["role"] == "assistant":
+        return render(tokenizer, messages[:-1], tools, True), messages[-1].get("content") or None
+    return render(tokenizer, messages, tools, True), None
 
 
 def prompt_text(record: Record, format: str, tokenizer: PreTrainedTokenizerBase) -> tuple[str, str | None]:
@@ -193,56 +287,89 @@ def prompt_text(record: Record, format: str, tokenizer: PreTrainedTokenizerBase)
     if format == "text":
         return data["text"], None
     if format == "alpaca":
-        return _alpaca_prompt(data), data.get("output")
+        return _alpaca_context(record) + _alpaca_prompt(data), data.get("output")
     if format == "prompt_completion":
         return data["prompt"], data.get("completion")
-    return chat_prompt(record, tokenizer)
+    _check_template(tokenizer)
+    return chat_prompt(tokenizer, *conversation(record, format))
 
 
+# ------------------------------------------------------------------------------------------------- tokenization
 def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
     """Ids the tokenizer puts before a text (a bos for Llama, nothing for Qwen); chat templates add their own."""
     ids = tokenizer("", add_special_tokens=True)["input_ids"]
     return [i for i in ids if i != tokenizer.eos_token_id]
 
 
-def _encode(tokenizer: PreTrainedTokenizerBase, text: str) -> list[int]:
-    return tokenizer(text, add_special_tokens=False)["input_ids"]
+def tokenize_plain(
+    records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, mask_prompt: bool
+) -> list[tuple[list[int], list[int]]]:
+    """Ids and labels of non-chat records; all segments of all records go through one batched tokenizer call."""
+    all_segments = [plain_segments(record, format)[0] for record in records]
+    texts = [text for segments in all_segments for text, _ in segments if text is not EOS]
+    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
+    prefix = special_prefix(tokenizer)
+    out = []
+    for segments in all_segments:
+        input_ids, labels = list(prefix), [IGNORE_INDEX] * len(prefix)
+        for text, is_target in segments:
+            ids = [tokenizer.eos_token_id] if text is EOS else next(encoded)
+            input_ids += ids
+            labels += ids if (is_target or not mask_prompt) else [IGNORE_INDEX] * len(ids)
+        out.append((input_ids, labels))
+    return out
+
+
+def tokenize_examples(
+    records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool
+) -> list[tuple[list[int], list[int]]]:
+    """Ids and labels (cut to ``max_seq_length``) of training records of one format; fields checked."""
+    for record in records:
+        check_fields(record, format)
+    if format in CHAT_FORMATS:
+        from gym_lightning.data.chat import chat_labels  # chat.py imports this module
+
+        _check_template(tokenizer)
+        pairs = chat_labels([conversation(r, format) for r in records], tokenizer, [r.origin for r in records])
+        if not mask_prompt:
+            pairs = [(ids, list(ids)) for ids, _ in pairs]
+    else:
+        pairs = tokenize_plain(records, format, tokenizer, mask_prompt)
+    return [(ids[:max_seq_length], labels[:max_seq_length]) for ids, labels in pairs]
+
+
+def has_target(labels: Sequence[int]) -> bool:
+    """Whether a sample trains anything (``labels[0]`` never does: token t is predicted from tokens before t)."""
+    return bool(np.any(np.asarray(labels[1:]) != IGNORE_INDEX))
+
+
+def prompt_ids_of(tokenizer: PreTrainedTokenizerBase, prompt: str, format: str, max_seq_length: int) -> list[int]:
+    prefix = [] if format in CHAT_FORMATS else special_prefix(tokenizer)
+    # Keep the end of an over-long prompt: generation continues from it.
+    return (prefix + tokenizer(prompt, add_special_tokens=False)["input_ids"])[-max_seq_length:]
 
 
 def tokenize_record(
     record: Record, format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool = True
 ) -> TokenizedSample:
-    """Token ids and labels of a training/validation record (see the module docstring)."""
-    check_fields(record, format)
-    segments, reference = record_segments(record, format, tokenizer)
-    prefix = [] if format == "chat" else special_prefix(tokenizer)
-    input_ids, labels = list(prefix), [IGNORE_INDEX] * len(prefix)
-    for text, is_target in segments:
-        ids = _encode(tokenizer, text)
-        input_ids += ids
-        labels += ids if (is_target or not mask_prompt) else [IGNORE_INDEX] * len(ids)
-    input_ids.append(tokenizer.eos_token_id)
-    labels.append(tokenizer.eos_token_id)
-    sample = TokenizedSample(input_ids[:max_seq_length], labels[:max_seq_length], reference=reference)
-    if reference is not None:
-        sample.prompt, _ = prompt_text(record, format, tokenizer)
-        sample.prompt_ids = _prompt_ids(tokenizer, sample.prompt, format, max_seq_length)
+    """Token ids and labels of a training/validation record, with its prompt and reference (see the docstring)."""
+    format = canonical(format)
+    ((input_ids, labels),) = tokenize_examples([record], format, tokenizer, max_seq_length, mask_prompt)
+    sample = TokenizedSample(input_ids, labels)
+    if format != "text":
+        sample.prompt, sample.reference = prompt_text(record, format, tokenizer)
+        sample.prompt_ids = prompt_ids_of(tokenizer, sample.prompt, format, max_seq_length)
     return sample
-
-
-def _prompt_ids(tokenizer: PreTrainedTokenizerBase, prompt: str, format: str, max_seq_length: int) -> list[int]:
-    prefix = [] if format == "chat" else special_prefix(tokenizer)
-    # Keep the end of an over-long prompt: generation continues from it.
-    return (prefix + _encode(tokenizer, prompt))[-max_seq_length:]
 
 
 def tokenize_prompt(
     record: Record, format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int
 ) -> TokenizedSample:
     """A prediction sample: only the prompt (``input_ids == prompt_ids``, no targets) and the reference, if any."""
+    format = canonical(format)
     check_fields(record, format, for_predict=True)
     prompt, reference = prompt_text(record, format, tokenizer)
-    ids = _prompt_ids(tokenizer, prompt, format, max_seq_length)
+    ids = prompt_ids_of(tokenizer, prompt, format, max_seq_length)
     return TokenizedSample(list(ids), [IGNORE_INDEX] * len(ids), prompt_ids=ids, prompt=prompt, reference=reference)
 
 
@@ -256,13 +383,17 @@ def tokenize_records(
     """Tokenize training/validation records; drop (and report) those left without any target by truncation."""
     format = resolve_format(format, records)
     samples = [tokenize_record(r, format, tokenizer, max_seq_length, mask_prompt) for r in records]
-    # labels[0] is never a target: the model predicts token t from tokens before t.
-    kept = [s for s in samples if any(label != IGNORE_INDEX for label in s.labels[1:])]
-    if not kept:
+    kept = [s for s in samples if has_target(s.labels)]
+    report_dropped(len(samples), len(kept), max_seq_length)
+    return kept
+
+
+def report_dropped(total: int, kept: int, max_seq_length: int) -> None:
+    """Warn about samples dropped for having no target within ``max_seq_length``; fail when none is left."""
+    if not kept and total:
         raise GymUserError(f"No sample has a target token within max_seq_length={max_seq_length}; raise it.")
-    if len(kept) < len(samples):
+    if kept < total:
         rank_zero_warn(
-            f"Dropped {len(samples) - len(kept)} of {len(samples)} samples that have no target token within "
+            f"Dropped {total - kept} of {total} samples that have no target token within "
             f"max_seq_length={max_seq_length} (their prompts fill it); raise max_seq_length to keep them."
         )
-    return kept

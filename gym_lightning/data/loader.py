@@ -14,11 +14,16 @@ micro-batch of the interrupted epoch. Skipped batches are still read (so that th
 the epoch's first batch, stays the same) but never reach the model. The sampler must give the same order for the
 same epoch (Lightning's ``DistributedSampler`` and ``CausalLMDataModule``'s sampler do, via ``set_epoch``).
 
+A streamed data set (``datasets.IterableDataset``, which has ``state_dict``/``load_state_dict``) keeps its own
+position instead: the state saved is the data set's state right after the last batch handed out, and resuming
+loads it back (``num_workers`` must then be 0, so that the state is the main process's).
+
 It is a plain ``DataLoader`` subclass so that Lightning can still re-create it with a distributed sampler.
 """
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Iterator
 from itertools import islice
 from typing import Any
@@ -70,31 +75,47 @@ class StepTokenDataLoader(DataLoader):
         self.accumulate_grad_batches = accumulate_grad_batches
         self._yielded = 0  # batches handed out in the current pass
         self._skip = 0  # batches the next pass skips (set by load_state_dict)
+        self._position: Any = None  # a streamed data set's state after the last batch handed out
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         skip, self._skip = self._skip, 0
         self._yielded = 0
-        batches = super().__iter__()
+        batches = self._with_positions(super().__iter__())
         index = 0
         while window := list(islice(batches, self.accumulate_grad_batches)):
-            total = torch.stack([count_target_tokens(batch["labels"]) for batch in window]).sum()
-            for batch in window:
+            total = torch.stack([count_target_tokens(batch["labels"]) for batch, _ in window]).sum()
+            for batch, position in window:
                 index += 1
                 if index <= skip:
                     continue
                 batch[STEP_TOKENS_KEY] = total
-                self._yielded = index  # counted before the consumer sees the batch: a checkpoint taken then has it
+                self._yielded, self._position = index, position  # set before the consumer sees the batch
                 yield batch
+
+    def _stateful_dataset(self) -> bool:
+        return callable(getattr(self.dataset, "state_dict", None)) and callable(
+            getattr(self.dataset, "load_state_dict", None)
+        )
+
+    def _with_positions(self, batches: Iterator[dict[str, Any]]) -> Iterator[tuple[dict[str, Any], Any]]:
+        """Each batch with the stateful (streamed) data set's position right after it; the window is read ahead, so
+        the position must be taken per batch, not when a checkpoint asks."""
+        stateful = self._stateful_dataset()
+        for batch in batches:
+            yield batch, (copy.deepcopy(self.dataset.state_dict()) if stateful else None)
 
     def _num_replicas(self) -> int:
         return self.sampler.num_replicas if isinstance(self.sampler, DistributedSampler) else 1
 
     def state_dict(self) -> dict[str, Any]:
         """Position in the current pass, as samples consumed over all ranks (see ``batches_to_skip``)."""
-        return {
+        state = {
             "samples_consumed": self._yielded * int(self.batch_size or 1) * self._num_replicas(),
             "accumulate_grad_batches": self.accumulate_grad_batches,
         }
+        if self._stateful_dataset():
+            state["dataset_state"] = self._position  # a streamed data set: its own position (datasets' state_dict)
+        return state
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Make the next pass start after the saved position."""
@@ -105,4 +126,8 @@ class StepTokenDataLoader(DataLoader):
                 f"{self.accumulate_grad_batches}: the accumulation windows of the interrupted epoch would not line up. "
                 f"Resume with trainer.accumulate_grad_batches={saved}, or from an end-of-epoch checkpoint."
             )
+        if self._stateful_dataset():
+            if state_dict.get("dataset_state") is not None:
+                self.dataset.load_state_dict(state_dict["dataset_state"])
+            return
         self._skip = batches_to_skip(state_dict, int(self.batch_size or 1), self._num_replicas(), len(self))

@@ -19,9 +19,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import datasets
+
 from gym_lightning.errors import GymUserError
 
-SUPPORTED_SUFFIXES = (".jsonl", ".json", ".txt")
+SUPPORTED_SUFFIXES = (".jsonl", ".json", ".txt", ".csv", ".parquet", ".arrow")
+# The ``datasets`` builder of each suffix (``text`` reads one record per paragraph, as ``_read_text`` does).
+BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
 
 
 @dataclass(frozen=True)
@@ -64,7 +68,7 @@ def read_records(patterns: str | Iterable[str]) -> list[Record]:
     """
     records: list[Record] = []
     for path in expand_paths(patterns):
-        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_text}[path.suffix]
+        reader = {".jsonl": _read_jsonl, ".json": _read_json, ".txt": _read_text}.get(path.suffix, _read_table)
         try:
             records += reader(path)
         except UnicodeDecodeError as err:
@@ -129,6 +133,12 @@ def _read_json(path: Path) -> list[Record]:
     return [Record(_check_object(item, f"{path}[{index}]"), f"{path}[{index}]") for index, item in enumerate(value)]
 
 
+def _read_table(path: Path) -> list[Record]:
+    """Rows of a CSV, Parquet or Arrow file (through its ``datasets`` builder)."""
+    rows = datasets.load_dataset(BUILDERS[path.suffix], data_files=[str(path)], split="train")
+    return [Record(row, f"{path} record {index + 1}") for index, row in enumerate(rows)]
+
+
 def _read_text(path: Path) -> list[Record]:
     text = path.read_text(encoding="utf-8")
     records = []
@@ -136,3 +146,70 @@ def _read_text(path: Path) -> list[Record]:
         line = text.count("\n", 0, match.start()) + 1
         records.append(Record({"text": match.group().rstrip()}, f"{path}:{line}"))
     return records
+
+
+def _is_files(path: str | Iterable[str]) -> bool:
+    """Whether ``path`` names files (an existing path, a glob, or several) rather than a Hub data set."""
+    if not isinstance(path, str):
+        return True
+    return glob.has_magic(path) or Path(path).exists() or Path(path).suffix in SUPPORTED_SUFFIXES
+
+
+def source_fingerprint(path: str | list[str], split: str, subset: str | None) -> list[Any]:
+    """What identifies a source's content: each file's path, size and mtime, or a Hub name, split and subset."""
+    if not _is_files(path):
+        return [path, split, subset]
+    return [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in expand_paths(path)]
+
+
+def load_source(
+    path: str | list[str], split: str, subset: str | None, cache_dir: Path, streaming: bool = False
+) -> tuple[datasets.Dataset | datasets.IterableDataset, str]:
+    """Load files (through ``datasets.load_dataset``'s builder for their suffix) or a Hub data set; with a label.
+
+    Raises:
+        GymUserError: no file matches, suffixes are mixed or unsupported, a file is malformed (for JSON/JSONL the
+            message names file and line), or a Hub data set cannot be fetched (offline, typo, gated).
+    """
+    if not _is_files(path):
+        return _load_hub(path, split, subset, cache_dir, streaming), path
+    files = expand_paths(path)
+    builders = {BUILDERS[f.suffix] for f in files}
+    label = str(files[0]) if len(files) == 1 else f"{files[0]} (+{len(files) - 1} files)"
+    if len(builders) > 1:
+        raise GymUserError(
+            f"{label}: one data set must be files of one kind, got {sorted(builders)}; use one source each."
+        )
+    (builder,) = builders
+    options = {"sample_by": "paragraph"} if builder == "text" else {}
+    try:
+        dataset = datasets.load_dataset(
+            builder,
+            data_files=[str(f) for f in files],
+            split="train",
+            cache_dir=str(cache_dir),
+            streaming=streaming,
+            **options,
+        )
+    except Exception as error:  # the builders raise many kinds (DatasetGenerationError, ArrowInvalid, ...)
+        if builder == "json":
+            read_records(files)  # raises the precise file:line error for malformed JSON
+        raise GymUserError(f"{label}: could not read the data ({type(error).__name__}: {error}).") from error
+    if builder == "csv" and dataset.column_names:  # CSV cells are text: undo the builder's guess that "12" is an int
+        dataset = dataset.cast(datasets.Features({name: datasets.Value("string") for name in dataset.column_names}))
+    if builder == "text":  # paragraphs keep their trailing newline in the builder; the former reader stripped it
+        dataset = dataset.map(lambda row: {"text": row["text"].strip()}).filter(lambda row: bool(row["text"]))
+    return dataset, label
+
+
+def _load_hub(
+    name: str, split: str, subset: str | None, cache_dir: Path, streaming: bool
+) -> datasets.Dataset | datasets.IterableDataset:
+    try:
+        return datasets.load_dataset(name, subset, split=split, cache_dir=str(cache_dir), streaming=streaming)
+    except Exception as error:  # ConnectionError, DatasetNotFoundError, FileNotFoundError, ... by hub state
+        raise GymUserError(
+            f"The data set {name!r} is not a local file and could not be fetched from the Hugging Face Hub (no "
+            f"network, a typo, or a gated repository: {type(error).__name__}). Pass local files or globs (.jsonl, "
+            ".json, .csv, .parquet, .txt, .arrow), or run where the Hub is reachable (or the data set is cached)."
+        ) from error

@@ -1,0 +1,133 @@
+"""Data preparation at size: first tokenization, cache hit and per-rank memory growth, on 2 ranks (issue 16).
+
+Generates alpaca records (instruction, input, output of random common words; ~250 tokens each with the shipped
+tokenizer) and multi-turn ShareGPT conversations (system + 3 exchanges) as JSONL, then starts 2 processes at once, as
+the 2 local ranks of a node, each building ``CausalLMDataModule(...)`` and calling ``prepare_data()`` and
+``setup("fit")`` and reading one batch. Reported per rank: wall time and RSS growth from before the data module to
+after the first batch. Run twice: the first preparation, then the cache hit.
+
+``--impl old`` runs the same on the data layer of ``--old-ref`` (git archive into a temporary folder; it has no
+cache and tokenizes on every rank, so only one pass is timed); use a smaller ``--alpaca`` there and extrapolate.
+
+Full size (the issue's targets: growth < 300 MB per rank, cache hit < 5 s, first preparation < 2 min):
+    python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 200000
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import random
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+WORDS_TEXT = (
+    "the of and to in is you that it he was for on are as with his they at be this have from or one had "
+    "by word but not what all were we when your can said there use an each which she do how their if "
+    "will up other about out many then them these so some her would make like him into time has look two "
+    "more write go see number no way could people my than first water been call who oil its now find "
+    "long down day did get come made may part "
+)
+WORDS = WORDS_TEXT.split()
+
+RANK = """
+import json, os, sys, time
+import psutil
+sys.path.insert(0, sys.argv[1])
+from gym_lightning.data.datamodule import CausalLMDataModule
+process = psutil.Process()
+before, start = process.memory_info().rss, time.perf_counter()
+kwargs = dict(train_files=sys.argv[2], max_seq_length=1024, batch_size=8)
+if sys.argv[3] != "old":
+    kwargs["cache_dir"] = sys.argv[3]
+dm = CausalLMDataModule(**kwargs)
+if sys.argv[3] != "old" and os.environ["LOCAL_RANK"] == "0":
+    dm.prepare_data()  # as Lightning: local rank 0 only; the other rank's setup waits on the cache lock
+dm.setup("fit")
+next(iter(dm.train_dataloader()))
+print(json.dumps({"rank": int(os.environ["LOCAL_RANK"]), "seconds": time.perf_counter() - start,
+                  "rss_growth_mb": (process.memory_info().rss - before) / 2**20,
+                  "rows": len(dm.train_dataloader().dataset)}))
+"""
+
+
+def words(rng: random.Random, count: int) -> str:
+    return " ".join(rng.choices(WORDS, k=count))
+
+
+def write_alpaca(path: Path, count: int, seed: int = 0) -> None:
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for _ in range(count):
+            record = {"instruction": words(rng, 15), "input": words(rng, 15), "output": words(rng, 80)}
+            out.write(json.dumps(record) + "\n")
+
+
+def write_sharegpt(path: Path, count: int, seed: int = 1) -> None:
+    rng = random.Random(seed)
+    with path.open("w") as out:
+        for _ in range(count):
+            turns = []
+            for _ in range(3):
+                turns += [{"from": "human", "value": words(rng, 12)}, {"from": "gpt", "value": words(rng, 30)}]
+            out.write(json.dumps({"system": words(rng, 8), "conversations": turns}) + "\n")
+
+
+def run_ranks(code_dir: Path, data: Path, cache: str) -> list[dict]:
+    """Start 2 rank processes at once; their JSON lines."""
+    script = Path(tempfile.mkdtemp()) / "rank.py"
+    script.write_text(RANK)
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(script), str(code_dir), str(data), cache],
+            env={**os.environ, "LOCAL_RANK": str(rank), "TOKENIZERS_PARALLELISM": "false"},
+            stdout=subprocess.PIPE,
+            text=True,
+        )
+        for rank in range(2)
+    ]
+    return [json.loads(p.communicate()[0].strip().splitlines()[-1]) for p in procs]
+
+
+def old_code(ref: str) -> Path:
+    folder = Path(tempfile.mkdtemp())
+    archive = subprocess.run(["git", "archive", ref, "gym_lightning"], cwd=ROOT, capture_output=True, check=True)
+    subprocess.run(["tar", "-x", "-C", str(folder)], input=archive.stdout, check=True)
+    return folder
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--alpaca", type=int, default=1_000_000)
+    parser.add_argument("--sharegpt", type=int, default=200_000)
+    parser.add_argument("--impl", choices=["new", "old"], default="new")
+    parser.add_argument("--old-ref", default="8abc300")
+    parser.add_argument("--workdir", default=None)
+    args = parser.parse_args()
+    work = Path(args.workdir or tempfile.mkdtemp(prefix="data_prep_"))
+    work.mkdir(parents=True, exist_ok=True)
+    code = old_code(args.old_ref) if args.impl == "old" else ROOT
+    results = {}
+    for name, count, writer in (("alpaca", args.alpaca, write_alpaca), ("sharegpt", args.sharegpt, write_sharegpt)):
+        if not count:
+            continue
+        data = work / f"{name}_{count}.jsonl"
+        if not data.exists():
+            writer(data, count)
+        cache = "old" if args.impl == "old" else str(work / "cache")
+        passes = ["first"] if args.impl == "old" else ["first", "cache_hit"]
+        for label in passes:
+            started = time.perf_counter()
+            ranks = run_ranks(code, data, cache)
+            results[f"{name}_{count}_{label}"] = {"wall_s": time.perf_counter() - started, "ranks": ranks}
+            print(json.dumps({f"{name}_{count}_{label}": results[f"{name}_{count}_{label}"]}), flush=True)
+    print(json.dumps({"impl": args.impl, "cpus": os.cpu_count(), "results": results}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
