@@ -39,6 +39,7 @@ from gym_lightning.optim import (
     resolve_warmup_steps,
     weight_decay_groups,
 )
+from gym_lightning.planner.shapes import shape_from_config
 from gym_lightning.strategies.facts import OptimizerFacts
 from gym_lightning.strategies.hf_deepspeed_config import hidden_size_of
 from gym_lightning.tokenizer import load_tokenizer
@@ -84,8 +85,9 @@ class CausalLMModule(pl.LightningModule):
         warmup_steps: Linear warm-up length in optimizer steps; wins over ``warmup_ratio`` when > 0.
         warmup_ratio: Warm-up length as a fraction of the Trainer's total optimizer steps, in [0, 1).
         min_lr_ratio: Final learning rate as a fraction of ``lr``, in [0, 1].
-        optim: The optimizer, by its HF Trainer ``--optim`` name: ``adamw_torch`` (default), ``adamw_torch_fused``,
-            ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor`` (betas/eps apply to AdamW only).
+        optim: The optimizer, by its HF Trainer ``--optim`` name: ``adamw_torch_fused`` (default, as in HF 5: no
+            full-size temporaries in the step; the for-loop AdamW on devices without the fused kernel),
+            ``adamw_torch``, ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor`` (betas/eps apply to AdamW only).
         hf_scheduler: A ``transformers.SchedulerType`` name (``linear``, ``cosine_with_min_lr``, ...): the schedule
             is ``transformers.get_scheduler``'s, the HF Trainer's numbers (warm-up ``step/warmup``, where
             ``scheduler`` warms up as ``(step+1)/(warmup+1)``); replaces ``scheduler`` and ``min_lr_ratio``.
@@ -122,7 +124,7 @@ class CausalLMModule(pl.LightningModule):
         warmup_steps: int = 0,
         warmup_ratio: float = 0.0,
         min_lr_ratio: float = 0.0,
-        optim: OptimizerName = "adamw_torch",
+        optim: OptimizerName = "adamw_torch_fused",
         hf_scheduler: HFSchedulerName | None = None,
         scheduler_kwargs: dict[str, Any] | None = None,
         decay_rule: DecayRule = "ndim",
@@ -322,6 +324,7 @@ class CausalLMModule(pl.LightningModule):
     def optimizer_facts(self) -> OptimizerFacts:
         """The optimizer settings a strategy may need (``ProvidesOptimizerFacts``; DeepSpeed's ``"auto"``)."""
         hp = self.hparams
+        config = self._model_config()
         return OptimizerFacts(
             lr=hp.lr,
             betas=(float(hp.betas[0]), float(hp.betas[1])),
@@ -329,15 +332,24 @@ class CausalLMModule(pl.LightningModule):
             weight_decay=hp.weight_decay,
             warmup_steps=hp.warmup_steps,
             warmup_ratio=hp.warmup_ratio,
-            hidden_size=self._hidden_size(),
+            hidden_size=hidden_size_of(config),
+            layer_numel=layer_numel_of(config, self.model_source),
         )
 
-    def _hidden_size(self) -> int | None:
+    def _model_config(self) -> Any:
         # ZeRO-3 asks before configure_model builds the model (inside zero.Init): read the model config then.
         if self.model is not None and hasattr(self.model, "config"):
-            return hidden_size_of(self.model.config)
+            return self.model.config
         hp = self.hparams
-        return hidden_size_of(load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code))
+        return load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code)
+
+
+def layer_numel_of(model_config: Any, name: str) -> int | None:
+    """Elements of one decoder layer of a Llama/Mistral/Qwen-style config (the planner's shapes), else ``None``."""
+    try:
+        return shape_from_config(model_config.to_dict(), name).layer_params()
+    except GymUserError:
+        return None
 
 
 def _validate(args: dict[str, Any]) -> None:

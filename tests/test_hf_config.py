@@ -273,14 +273,16 @@ def test_the_cli_hook_adopts_on_a_lightning_cli_namespace(tmp_path: Path, flags:
 
 def test_unresolvable_and_unknown_auto_are_reported_together() -> None:
     config = _all_auto()
-    config["zero_optimization"]["stage3_max_live_parameters"] = "auto"
+    config["zero_optimization"]["stage3_max_live_parameters"] = "auto"  # resolvable: needs the layer size
+    config["zero_optimization"]["sub_group_size"] = "auto"  # never resolvable
     with pytest.raises(GymUserError) as info:
         resolve_hf_deepspeed_config(config, TrainingFacts(precision="32-true"))
     message = str(info.value)
     for key in ("train_micro_batch_size_per_gpu", "optimizer.params.lr", "scheduler.params.total_num_steps"):
         assert f'{key}: "auto" needs a value that is not known here' in message
     assert "zero_optimization.reduce_bucket_size" in message and "no hidden_size" in message
-    assert 'zero_optimization.stage3_max_live_parameters: "auto" is only understood' in message
+    assert "zero_optimization.stage3_max_live_parameters" in message and "no layer_numel" in message
+    assert 'zero_optimization.sub_group_size: "auto" is only understood' in message
 
 
 def test_needs_helpers_avoid_costly_facts() -> None:
