@@ -36,7 +36,18 @@ def gpu_bench() -> ModuleType:
     return _load(BENCH / "workers" / "gpu_bench.py")
 
 
-@pytest.mark.parametrize("script", ["run.py", "workers/gpu_bench.py", "fit_vs_plain.py", "strategies_table.py"])
+@pytest.mark.parametrize(
+    "script",
+    [
+        "run.py",
+        "workers/gpu_bench.py",
+        "fit_vs_plain.py",
+        "strategies_table.py",
+        "chunked_loss.py",
+        "optimizer_transients.py",
+        "zero3_phases.py",
+    ],
+)
 def test_entry_point_help(script: str) -> None:
     done = subprocess.run(
         [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120, check=False

@@ -11,13 +11,13 @@ renamed over ``<name>`` (``gym_lightning.atomic.atomic_file``).
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import torch
 from fsspec.implementations.local import LocalFileSystem
 from lightning.fabric.plugins.io.torch_io import TorchCheckpointIO
 from lightning.fabric.utilities.cloud_io import get_filesystem
-from lightning.fabric.utilities.types import _PATH
 from typing_extensions import override
 
 from gym_lightning.atomic import atomic_file
@@ -31,7 +31,9 @@ class PartialFileCheckpointIO(TorchCheckpointIO):
     """
 
     @override
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: _PATH, storage_options: Any | None = None) -> None:
+    def save_checkpoint(
+        self, checkpoint: dict[str, Any], path: str | os.PathLike[str], storage_options: Any | None = None
+    ) -> None:
         if storage_options is not None or not isinstance(get_filesystem(path), LocalFileSystem):
             super().save_checkpoint(checkpoint, path, storage_options)  # raises on storage_options, as Lightning's
             return
