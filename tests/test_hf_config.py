@@ -389,7 +389,9 @@ def test_causal_lm_module_states_its_optimizer_facts() -> None:
     )
     assert isinstance(module, ProvidesOptimizerFacts)
     # Before configure_model (ZeRO-3 resolves the JSON first) the hidden size comes from the model config ...
-    layer = 4 * 48 * 48 + 3 * 48 * 384 + 2 * 48  # q/k/v/o (4 heads, 4 kv heads), the preset's SwiGLU 384, 2 norms
+    # q/k/v/o: 4 heads and 4 kv heads of the preset's head_dim 32 (set from its own width 128, kept by the override),
+    # SwiGLU 384, 2 norms.
+    layer = 4 * 48 * (4 * 32) + 3 * 48 * 384 + 2 * 48
     expected = OptimizerFacts(
         lr=2e-4, betas=(0.8, 0.9), eps=1e-7, weight_decay=0.05, warmup_steps=3, warmup_ratio=0.2, hidden_size=48,
         layer_numel=layer,
