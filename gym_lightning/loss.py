@@ -50,6 +50,11 @@ def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
 CHUNKED_LOSS_MIN_VOCAB = 65_536
 
 
+def use_chunked_loss(setting: str, vocab_size: int) -> bool:
+    """Whether ``loss_chunking=setting`` (``auto``/``on``/``off``) chunks the loss of a ``vocab_size`` model."""
+    return setting == "on" or (setting == "auto" and vocab_size >= CHUNKED_LOSS_MIN_VOCAB)
+
+
 def num_loss_chunks(labels: torch.Tensor, chunk_tokens: int) -> int:
     """How many chunks of at most ``chunk_tokens`` positions the shifted ``[batch, seq]`` labels split into."""
     positions = labels.size(0) * max(0, labels.size(1) - 1)

@@ -19,11 +19,11 @@ from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import (
-    CHUNKED_LOSS_MIN_VOCAB,
     chunked_summed_cross_entropy,
     count_target_tokens,
     num_loss_chunks,
     summed_cross_entropy,
+    use_chunked_loss,
 )
 from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
@@ -209,10 +209,7 @@ class CausalLMModule(pl.LightningModule):
                     "does not. Set loss_chunking to 'auto' or 'off'."
                 )
             vocab = getattr(base.config, "vocab_size", 0) or 0
-            wanted = self.hparams.loss_chunking == "on" or (
-                self.hparams.loss_chunking == "auto" and vocab >= CHUNKED_LOSS_MIN_VOCAB
-            )
-            self._chunked_loss = supported and wanted
+            self._chunked_loss = supported and use_chunked_loss(self.hparams.loss_chunking, vocab)
         return self._chunked_loss
 
     def _start_chunk_count(self, labels: torch.Tensor) -> tuple[torch.Tensor, Any]:

@@ -7,7 +7,14 @@ import torch
 
 from gym_lightning import CausalLMModule
 from gym_lightning.lora import LoRAArgs
-from gym_lightning.loss import IGNORE_INDEX, chunked_summed_cross_entropy, num_loss_chunks, summed_cross_entropy
+from gym_lightning.loss import (
+    CHUNKED_LOSS_MIN_VOCAB,
+    IGNORE_INDEX,
+    chunked_summed_cross_entropy,
+    num_loss_chunks,
+    summed_cross_entropy,
+    use_chunked_loss,
+)
 
 # A vocabulary large enough that a chunk is a small part of it; tiny layers keep the test under a few seconds.
 VOCAB_SHAPE = {"vocab_size": 8192, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
@@ -82,3 +89,5 @@ def test_auto_chunks_large_vocabularies_only() -> None:
     for module in (small, large, off):
         module.configure_model()
     assert [m._loss_is_chunked() for m in (small, large, off)] == [False, True, False]
+    boundary = [use_chunked_loss("auto", CHUNKED_LOSS_MIN_VOCAB - 1), use_chunked_loss("auto", CHUNKED_LOSS_MIN_VOCAB)]
+    assert boundary == [False, True] and use_chunked_loss("on", 10) and not use_chunked_loss("off", 10**6)
