@@ -1,4 +1,4 @@
-"""Atomic writes of whole folders: readers see the old folder or the complete new one, never a half-written one."""
+"""Atomic writes of folders and files: readers see the old one or the complete new one, never a half-written one."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO
 
 
 @contextmanager
@@ -33,3 +34,41 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(target, backup)
     os.replace(staging, target)
     shutil.rmtree(backup, ignore_errors=True)
+
+
+PARTIAL_SUFFIX = ".partial"
+
+
+def fsync_directory(folder: str | os.PathLike[str]) -> None:
+    """Flush ``folder``'s entries (a rename in it) to disk; a no-op where folders cannot be opened (Windows)."""
+    try:
+        descriptor = os.open(folder, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(descriptor)
+    finally:
+        os.close(descriptor)
+
+
+@contextmanager
+def atomic_file(target: str | os.PathLike[str]) -> Iterator[BinaryIO]:
+    """Yield a binary file open at ``<target>.partial`` in ``target``'s folder; on success it replaces ``target``.
+
+    The bytes are written once, where they will live: flushed and fsynced, renamed over ``target`` (atomic on one
+    file system) and the folder fsynced, so after a crash ``target`` is the old file or the complete new one. On
+    error the partial file is removed. Nothing goes through the system temp directory.
+    """
+    target = Path(target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    partial = target.parent / f"{target.name}{PARTIAL_SUFFIX}"
+    try:
+        with open(partial, "wb") as file:
+            yield file
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(partial, target)
+    except BaseException:
+        partial.unlink(missing_ok=True)
+        raise
+    fsync_directory(target.parent)

@@ -10,8 +10,12 @@ https://huggingface.co/blog/gradient_accumulation).
 
 from __future__ import annotations
 
+import math
+
 import torch
 import torch.nn.functional as F
+from torch import nn
+from torch.utils.checkpoint import checkpoint
 
 IGNORE_INDEX = -100
 
@@ -36,3 +40,57 @@ def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Te
         ignore_index=IGNORE_INDEX,
         reduction="sum",
     )
+
+
+# Vocabulary size from which the module computes the loss in chunks by default (``loss_chunking="auto"``): from 64k
+# entries a token's fp32 logits take 256 KiB and the unchunked loss holds about three [tokens, vocab] fp32 buffers
+# (the fp32 logits, log-softmax saved for backward, its gradient): 16 GB for 8k tokens at Qwen3's 151,936 entries.
+# Below it (Llama 2's 32,000, Phi-3's 32,064) the saving is small and the recomputation (one more LM-head matmul in
+# backward) is not worth it. docs/benchmarks.md has the measured figures.
+CHUNKED_LOSS_MIN_VOCAB = 65_536
+
+
+def use_chunked_loss(setting: str, vocab_size: int) -> bool:
+    """Whether ``loss_chunking=setting`` (``auto``/``on``/``off``) chunks the loss of a ``vocab_size`` model."""
+    return setting == "on" or (setting == "auto" and vocab_size >= CHUNKED_LOSS_MIN_VOCAB)
+
+
+def num_loss_chunks(labels: torch.Tensor, chunk_tokens: int) -> int:
+    """How many chunks of at most ``chunk_tokens`` positions the shifted ``[batch, seq]`` labels split into."""
+    positions = labels.size(0) * max(0, labels.size(1) - 1)
+    return max(1, math.ceil(positions / chunk_tokens))
+
+
+def _head_cross_entropy(hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+    logits = lm_head(hidden).float()
+    return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")
+
+
+def chunked_summed_cross_entropy(
+    hidden_states: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, chunk_tokens: int, num_chunks: int = 0
+) -> torch.Tensor:
+    """``summed_cross_entropy(lm_head(hidden_states), labels)`` without ever holding ``[tokens, vocab]`` logits.
+
+    The LM head and the fp32 cross-entropy run on ``chunk_tokens`` positions at a time, each under non-reentrant
+    activation checkpointing: a chunk's logits are freed as soon as its loss is summed and recomputed (one more
+    LM-head matmul) in backward, so at most one chunk's logits exist at any time. ``lm_head`` is called as a module,
+    so the hooks of the strategy that owns its weight still run on every call (ZeRO-3 gathers it, peft's LoRA
+    layers and tied embeddings work unchanged).
+
+    Args:
+        hidden_states: ``[batch, seq, hidden]`` final hidden states (after the last norm), the LM head's input.
+        lm_head: The output projection (``model.get_output_embeddings()``).
+        labels: ``[batch, seq]`` aligned with the inputs; ``-100`` marks non-targets.
+        chunk_tokens: Positions per chunk (>= 1).
+        num_chunks: Call the LM head this many times (empty chunks at the end) when it is more than the positions
+            need: ZeRO-3 gathers the weight on every call, a collective, so every rank must make the same number of
+            calls even when its batch is shorter. ``0``: as many as the positions need.
+    """
+    hidden = hidden_states[:, :-1, :].reshape(-1, hidden_states.size(-1))
+    targets = labels[:, 1:].to(hidden.device).reshape(-1)
+    chunks = max(num_chunks, num_loss_chunks(labels, chunk_tokens))
+    total = hidden.new_zeros((), dtype=torch.float32)
+    for start in range(0, chunks * chunk_tokens, chunk_tokens):
+        part = slice(start, start + chunk_tokens)
+        total = total + checkpoint(_head_cross_entropy, hidden[part], targets[part], lm_head, use_reentrant=False)
+    return total

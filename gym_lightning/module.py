@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import inspect
 from functools import partial
-from typing import Any
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -14,10 +15,16 @@ from typing_extensions import override
 from gym_lightning._compat import rank_zero_warn
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.data.loader import STEP_TOKENS_KEY
-from gym_lightning.errors import raise_if_problems
+from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora, materialize_adapters
-from gym_lightning.loss import count_target_tokens, summed_cross_entropy
+from gym_lightning.loss import (
+    chunked_summed_cross_entropy,
+    count_target_tokens,
+    num_loss_chunks,
+    summed_cross_entropy,
+    use_chunked_loss,
+)
 from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
 from gym_lightning.models.presets import is_preset
 from gym_lightning.optim import (
@@ -32,6 +39,7 @@ from gym_lightning.optim import (
     resolve_warmup_steps,
     weight_decay_groups,
 )
+from gym_lightning.planner.shapes import shape_from_config
 from gym_lightning.strategies.facts import OptimizerFacts
 from gym_lightning.strategies.hf_deepspeed_config import hidden_size_of
 from gym_lightning.tokenizer import load_tokenizer
@@ -77,8 +85,9 @@ class CausalLMModule(pl.LightningModule):
         warmup_steps: Linear warm-up length in optimizer steps; wins over ``warmup_ratio`` when > 0.
         warmup_ratio: Warm-up length as a fraction of the Trainer's total optimizer steps, in [0, 1).
         min_lr_ratio: Final learning rate as a fraction of ``lr``, in [0, 1].
-        optim: The optimizer, by its HF Trainer ``--optim`` name: ``adamw_torch`` (default), ``adamw_torch_fused``,
-            ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor`` (betas/eps apply to AdamW only).
+        optim: The optimizer, by its HF Trainer ``--optim`` name: ``adamw_torch_fused`` (default, as in HF 5: no
+            full-size temporaries in the step; the for-loop AdamW on devices without the fused kernel),
+            ``adamw_torch``, ``sgd``, ``adagrad``, ``rmsprop``, ``adafactor`` (betas/eps apply to AdamW only).
         hf_scheduler: A ``transformers.SchedulerType`` name (``linear``, ``cosine_with_min_lr``, ...): the schedule
             is ``transformers.get_scheduler``'s, the HF Trainer's numbers (warm-up ``step/warmup``, where
             ``scheduler`` warms up as ``(step+1)/(warmup+1)``); replaces ``scheduler`` and ``min_lr_ratio``.
@@ -87,6 +96,13 @@ class CausalLMModule(pl.LightningModule):
             Trainer's: all but biases and LayerNorm/norm-named weights; ``optim.hf_decay_names``).
         generation: How completions are generated for ``predict`` and the exact-match metric.
         val_exact_match: Also score greedy completions of the validation prompts against their references.
+        loss_chunking: Compute the LM head and the cross-entropy ``loss_chunk_tokens`` positions at a time, each
+            chunk's logits recomputed in backward, so the ``[tokens, vocab]`` fp32 logits never exist whole
+            (``gym_lightning.loss.chunked_summed_cross_entropy``; same loss and gradients, one more LM-head matmul
+            per step). ``auto``: for vocabularies of ``loss.CHUNKED_LOSS_MIN_VOCAB`` (65,536) entries or more and
+            models whose forward takes ``logits_to_keep`` (transformers' causal LMs do); ``on``; ``off``.
+        loss_chunk_tokens: Positions per LM-head chunk (>= 1): 1,024 at a 151,936 vocabulary is 0.6 GB of fp32
+            logits per chunk.
     """
 
     def __init__(
@@ -108,12 +124,14 @@ class CausalLMModule(pl.LightningModule):
         warmup_steps: int = 0,
         warmup_ratio: float = 0.0,
         min_lr_ratio: float = 0.0,
-        optim: OptimizerName = "adamw_torch",
+        optim: OptimizerName = "adamw_torch_fused",
         hf_scheduler: HFSchedulerName | None = None,
         scheduler_kwargs: dict[str, Any] | None = None,
         decay_rule: DecayRule = "ndim",
         generation: GenerationArgs = GenerationArgs(),  # noqa: B008 - frozen dataclass, safe as a default
         val_exact_match: bool = False,
+        loss_chunking: Literal["auto", "on", "off"] = "auto",
+        loss_chunk_tokens: int = 1024,
     ) -> None:
         super().__init__()
         _validate(locals())
@@ -127,6 +145,7 @@ class CausalLMModule(pl.LightningModule):
         self.val_loss = MeanMetric()
         self.val_exact_match = MeanMetric()
         self._warned_no_step_tokens = False
+        self._chunked_loss: bool | None = None  # decided on the first step, once the model is built
 
     # ----------------------------------------------------------------------------------------------- building
     @override
@@ -163,13 +182,52 @@ class CausalLMModule(pl.LightningModule):
 
     # ----------------------------------------------------------------------------------------------- training
     def _summed_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
-        logits = self.model(
-            input_ids=batch["input_ids"],
-            attention_mask=batch.get("attention_mask"),  # None for padding-free packed rows (data.collate)
-            position_ids=batch.get("position_ids"),
-            use_cache=False,
-        ).logits
-        return summed_cross_entropy(logits, batch["labels"]), count_target_tokens(batch["labels"])
+        inputs = {
+            "input_ids": batch["input_ids"],
+            "attention_mask": batch.get("attention_mask"),  # None for padding-free packed rows (data.collate)
+            "position_ids": batch.get("position_ids"),
+            "use_cache": False,
+        }
+        labels = batch["labels"]
+        if not self._loss_is_chunked():
+            return summed_cross_entropy(self.model(**inputs).logits, labels), count_target_tokens(labels)
+        chunks, pending = self._start_chunk_count(labels)
+        # The whole model runs (so FSDP's root hooks unshard and keep the head's weight for backward) with no
+        # position kept for the LM head: it returns [batch, 0, vocab] logits and the final hidden states.
+        keep_none = torch.empty(0, dtype=torch.long, device=labels.device)
+        hidden = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=True).hidden_states[-1]
+        if pending is not None:
+            pending.wait()
+        head = self._base_model().get_output_embeddings()
+        loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, int(chunks.item()))
+        return loss, count_target_tokens(labels)
+
+    def _base_model(self) -> torch.nn.Module:
+        """The transformers model (inside a peft wrapper when LoRA is on)."""
+        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
+
+    def _loss_is_chunked(self) -> bool:
+        """Whether the loss runs the LM head in chunks (``loss_chunking``; ``auto``: large vocabularies)."""
+        if self._chunked_loss is None:
+            base = self._base_model()
+            supported = "logits_to_keep" in inspect.signature(base.forward).parameters
+            if self.hparams.loss_chunking == "on" and not supported:
+                raise GymUserError(
+                    f"loss_chunking='on' needs a model whose forward takes logits_to_keep; {type(base).__name__} "
+                    "does not. Set loss_chunking to 'auto' or 'off'."
+                )
+            vocab = getattr(base.config, "vocab_size", 0) or 0
+            self._chunked_loss = supported and use_chunked_loss(self.hparams.loss_chunking, vocab)
+        return self._chunked_loss
+
+    def _start_chunk_count(self, labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        """The number of LM-head chunks every rank runs (the largest over ranks; see ``chunked_summed_cross_entropy``)
+        and its pending all-reduce, launched before the forward so that it overlaps it (``None`` on one rank)."""
+        chunks = torch.tensor([num_loss_chunks(labels, self.hparams.loss_chunk_tokens)], device=self.device)
+        pending = None
+        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
+            pending = torch.distributed.all_reduce(chunks, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        return chunks, pending
 
     def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
         """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the
@@ -271,6 +329,7 @@ class CausalLMModule(pl.LightningModule):
     def optimizer_facts(self) -> OptimizerFacts:
         """The optimizer settings a strategy may need (``ProvidesOptimizerFacts``; DeepSpeed's ``"auto"``)."""
         hp = self.hparams
+        config = self._model_config()
         return OptimizerFacts(
             lr=hp.lr,
             betas=(float(hp.betas[0]), float(hp.betas[1])),
@@ -278,15 +337,24 @@ class CausalLMModule(pl.LightningModule):
             weight_decay=hp.weight_decay,
             warmup_steps=hp.warmup_steps,
             warmup_ratio=hp.warmup_ratio,
-            hidden_size=self._hidden_size(),
+            hidden_size=hidden_size_of(config),
+            layer_numel=layer_numel_of(config, self.model_source),
         )
 
-    def _hidden_size(self) -> int | None:
+    def _model_config(self) -> Any:
         # ZeRO-3 asks before configure_model builds the model (inside zero.Init): read the model config then.
         if self.model is not None and hasattr(self.model, "config"):
-            return hidden_size_of(self.model.config)
+            return self.model.config
         hp = self.hparams
-        return hidden_size_of(load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code))
+        return load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code)
+
+
+def layer_numel_of(model_config: Any, name: str) -> int | None:
+    """Elements of one decoder layer of a Llama/Mistral/Qwen-style config (the planner's shapes), else ``None``."""
+    try:
+        return shape_from_config(model_config.to_dict(), name).layer_params()
+    except GymUserError:
+        return None
 
 
 def _validate(args: dict[str, Any]) -> None:
@@ -304,6 +372,8 @@ def _validate(args: dict[str, Any]) -> None:
         problems.append(f"warmup_ratio must be in [0, 1), got {args['warmup_ratio']}")
     if not 0.0 <= args["min_lr_ratio"] <= 1.0:
         problems.append(f"min_lr_ratio must be in [0, 1], got {args['min_lr_ratio']}")
+    if not isinstance(args["loss_chunk_tokens"], int) or args["loss_chunk_tokens"] < 1:
+        problems.append(f"loss_chunk_tokens must be an integer >= 1, got {args['loss_chunk_tokens']!r}")
     if args["lora"] is not None:
         problems += args["lora"].problems()
     problems += args["generation"].problems()

@@ -38,7 +38,17 @@ def gpu_bench() -> ModuleType:
 
 @pytest.mark.parametrize(
     "script",
-    ["run.py", "workers/gpu_bench.py", "fit_vs_plain.py", "strategies_table.py", "export_peak.py", "load_peak.py"],
+    [
+        "run.py",
+        "workers/gpu_bench.py",
+        "fit_vs_plain.py",
+        "strategies_table.py",
+        "chunked_loss.py",
+        "optimizer_transients.py",
+        "zero3_phases.py",
+        "export_peak.py",
+        "load_peak.py",
+    ],
 )
 def test_entry_point_help(script: str) -> None:
     done = subprocess.run(

@@ -273,14 +273,16 @@ def test_the_cli_hook_adopts_on_a_lightning_cli_namespace(tmp_path: Path, flags:
 
 def test_unresolvable_and_unknown_auto_are_reported_together() -> None:
     config = _all_auto()
-    config["zero_optimization"]["stage3_max_live_parameters"] = "auto"
+    config["zero_optimization"]["stage3_max_live_parameters"] = "auto"  # resolvable: needs the layer size
+    config["zero_optimization"]["sub_group_size"] = "auto"  # never resolvable
     with pytest.raises(GymUserError) as info:
         resolve_hf_deepspeed_config(config, TrainingFacts(precision="32-true"))
     message = str(info.value)
     for key in ("train_micro_batch_size_per_gpu", "optimizer.params.lr", "scheduler.params.total_num_steps"):
         assert f'{key}: "auto" needs a value that is not known here' in message
     assert "zero_optimization.reduce_bucket_size" in message and "no hidden_size" in message
-    assert 'zero_optimization.stage3_max_live_parameters: "auto" is only understood' in message
+    assert "zero_optimization.stage3_max_live_parameters" in message and "no layer_numel" in message
+    assert 'zero_optimization.sub_group_size: "auto" is only understood' in message
 
 
 def test_needs_helpers_avoid_costly_facts() -> None:
@@ -387,9 +389,13 @@ def test_causal_lm_module_states_its_optimizer_facts() -> None:
     )
     assert isinstance(module, ProvidesOptimizerFacts)
     # Before configure_model (ZeRO-3 resolves the JSON first) the hidden size comes from the model config ...
+    # q/k/v/o: 4 heads and 4 kv heads of the preset's head_dim 32 (set from its own width 128, kept by the override),
+    # SwiGLU 384, 2 norms.
+    layer = 4 * 48 * (4 * 32) + 3 * 48 * 384 + 2 * 48
     expected = OptimizerFacts(
-        lr=2e-4, betas=(0.8, 0.9), eps=1e-7, weight_decay=0.05, warmup_steps=3, warmup_ratio=0.2, hidden_size=48
-    )
+        lr=2e-4, betas=(0.8, 0.9), eps=1e-7, weight_decay=0.05, warmup_steps=3, warmup_ratio=0.2, hidden_size=48,
+        layer_numel=layer,
+    )  # fmt: skip
     assert module.optimizer_facts() == expected
     # ... and afterwards from the built model.
     module.configure_model()

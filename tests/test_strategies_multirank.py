@@ -48,6 +48,7 @@ SGD_ACCUMULATION = {"max_epochs": 2, "optimizer": "sgd", "accumulate": 2, "datas
 # The control run switches gym_lightning's ZeRO-3 trace fix off, to show the test below can fail.
 ZERO3_METRIC_CONTROL = {"name": "zero3_metric_without_fix", "zero3_trace_fix": False}
 SHARDED = {"gym_fsdp", "zero3", "zero3_offload", "zero_infinity", "fsdp_grad_op", "fsdp_ac"}
+SHARDED |= {"fsdp_chunked_loss", "zero3_chunked_loss"}
 
 
 def _compression_phase(compression: str) -> dict[str, Any]:
@@ -184,6 +185,14 @@ CAUSAL_VARIANTS = {
     "fsdp_ac": {"class": "GymFSDPStrategy", "kwargs": {"activation_checkpointing": True}},
 }
 
+# The chunked loss against the same unchunked single-process reference: FSDP2 keeps the root's (LM head's) weight
+# unsharded for the calls after the model's forward, ZeRO-3 gathers it on each call (the ranks' batches differ in
+# length, so 5-position chunks make their chunk counts differ unless the module agrees on the largest).
+CHUNKED_LOSS_VARIANTS = {
+    "fsdp_chunked_loss": {"strategy": "gym_fsdp", "loss_chunk_tokens": 5},
+    "zero3_chunked_loss": {"strategy": "zero3", "loss_chunk_tokens": 5},
+}
+
 
 @pytest.fixture(scope="module")
 def causal_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
@@ -203,10 +212,11 @@ def causal_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
             {"name": f"{name}/resume", "max_epochs": 2, "strategy": name, "resume_from": f"{name}-ckpt"},
         ]
     phases += [{"name": f"{name}/full", "max_epochs": 2, "strategy": s} for name, s in CAUSAL_VARIANTS.items()]
+    phases += [{"name": f"{name}/full", "max_epochs": 2, **phase} for name, phase in CHUNKED_LOSS_VARIANTS.items()]
     # ZeRO-3 building a preset from its config (no weights) inside zero.Init: HF's initialisation must still run.
     phases.append({"name": "zero3_preset/part", "max_epochs": 1, "strategy": "zero3", "preset": True})
     phases += _export_phases()
-    for name in [*CAUSAL_STRATEGIES, *CAUSAL_VARIANTS, "zero3_preset", *OFFLOAD_STRATEGIES]:
+    for name in [*CAUSAL_STRATEGIES, *CAUSAL_VARIANTS, *CHUNKED_LOSS_VARIANTS, "zero3_preset", *OFFLOAD_STRATEGIES]:
         (out / name).mkdir()
     # Every run starts from the same saved weights: ZeRO-3 initialises partitions with a different random stream,
     # and from_pretrained under zero.Init is the path real finetuning takes.
@@ -247,7 +257,7 @@ def _export_phases() -> list[dict[str, Any]]:
     return phases
 
 
-@pytest.mark.parametrize("name", CAUSAL_STRATEGIES + list(CAUSAL_VARIANTS))
+@pytest.mark.parametrize("name", CAUSAL_STRATEGIES + list(CAUSAL_VARIANTS) + list(CHUNKED_LOSS_VARIANTS))
 def test_causal_lm_loss_trajectory_matches_single_process(causal_runs: dict[str, Any], name: str) -> None:
     result = causal_runs["results"][f"{name}/full"]
     assert result["global_step"] == 4, "2 epochs x (one full + one partial accumulation window)"

@@ -18,6 +18,7 @@ from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry
+from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
@@ -58,7 +59,7 @@ class GymDDPStrategy(DDPStrategy):
         accelerator: As for ``DDPStrategy`` (normally chosen by the Trainer).
         parallel_devices: As for ``DDPStrategy`` (normally chosen by the Trainer).
         cluster_environment: As for ``DDPStrategy`` (torchrun, SLURM, ... detected by the Trainer).
-        checkpoint_io: As for ``DDPStrategy``.
+        checkpoint_io: As for ``DDPStrategy``; default ``PartialFileCheckpointIO`` (written in place, no temp dir).
         precision_plugin: As for ``DDPStrategy``.
         gradient_compression: How gradients travel between ranks. ``"none"`` (fp32 all-reduce, exact),
             ``"fp16"`` / ``"bf16"`` (all-reduce in half precision: half the traffic, rounding error in the mean),
@@ -101,7 +102,8 @@ class GymDDPStrategy(DDPStrategy):
             accelerator=accelerator,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
-            checkpoint_io=checkpoint_io,
+            # Single-file checkpoints are written once, beside their final name (checkpointing/io.py).
+            checkpoint_io=checkpoint_io if checkpoint_io is not None else PartialFileCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
             timeout=timeout,

@@ -67,6 +67,8 @@ from gym_lightning.strategies.construction import (
 )
 from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
+    AUTO,
+    drop_autos,
     load_deepspeed_json,
     resolve_hf_deepspeed_config,
     training_facts,
@@ -81,6 +83,12 @@ CPU_OPTIMIZERS: tuple[str, ...] = ("torch", "deepspeed")
 # Swap folder of the registered "zero_infinity" name. For a fast local disk, pass the strategy as a class with
 # ``nvme_path`` instead (YAML: ``class_path: gym_lightning.strategies.ZeROStrategy`` + ``init_args.nvme_path``).
 DEFAULT_NVME_PATH = os.path.join(tempfile.gettempdir(), "gym_lightning_nvme")
+# The stage-3 limits gym_lightning's own configs derive from the module's layer size (stage3_limits).
+STAGE3_DERIVED_KEYS: tuple[str, ...] = (
+    "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+)
 
 
 def zero_config(
@@ -101,6 +109,10 @@ def zero_config(
         "allgather_bucket_size": bucket_size,
         "reduce_bucket_size": bucket_size,
     }
+    if stage == 3:
+        # Resolved from the module's layer size (hf_deepspeed_config.stage3_limits); DeepSpeed's defaults (1e9
+        # elements) when the module states none.
+        zero.update(dict.fromkeys(STAGE3_DERIVED_KEYS, AUTO))
     if offload_optimizer != "none":
         zero["offload_optimizer"] = {"device": offload_optimizer, "nvme_path": nvme_path, "pin_memory": pin_memory}
     if offload_parameters != "none":
@@ -277,6 +289,8 @@ class ZeROStrategy(DeepSpeedStrategy):
                 has_config=user_config is not None,
             ),
         )
+        # Only in gym_lightning's own config does an "auto" the module cannot fill fall back to DeepSpeed's default.
+        self._generated_config = user_config is None
         if user_config is None:
             user_config = zero_config(
                 resolved_stage, offload_optimizer, offload_parameters, nvme_path, pin_memory, bucket_size
@@ -363,6 +377,9 @@ class ZeROStrategy(DeepSpeedStrategy):
         trainer = self.lightning_module.trainer
         optimizer = optimizer_facts_of(self.lightning_module)
         facts = training_facts(trainer, optimizer, self.config, self._micro_batch_size())
+        if self._generated_config and facts.layer_numel is None:
+            derived = tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS)
+            self.config = drop_autos(self.config, derived)
         self.config = resolve_hf_deepspeed_config(self.config, facts)
         # DeepSpeed needs a micro-batch (it only logs throughput with it here); 1 when unknown, as Lightning's.
         self.config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size or 1)

@@ -31,6 +31,8 @@ class OptimizerFacts:
         warmup_steps: Warm-up length in optimizer steps (> 0 wins over ``warmup_ratio``, as in the HF Trainer).
         warmup_ratio: Warm-up length as a fraction of the run's total optimizer steps.
         hidden_size: The model's hidden size (DeepSpeed's bucket sizes scale with it).
+        layer_numel: Elements of the model's largest decoder layer (ZeRO-3's gathered-parameter limits scale with
+            it: ``hf_deepspeed_config.stage3_limits``).
     """
 
     lr: float | None = None
@@ -40,6 +42,7 @@ class OptimizerFacts:
     warmup_steps: int | None = None
     warmup_ratio: float | None = None
     hidden_size: int | None = None
+    layer_numel: int | None = None
 
 
 @runtime_checkable

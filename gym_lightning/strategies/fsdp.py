@@ -26,6 +26,7 @@ from torch.distributed.tensor import DTensor
 from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
+from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
@@ -128,6 +129,8 @@ class GymFSDPStrategy(ModelParallelStrategy):
             process_group_backend=process_group_backend,
             timeout=timeout,
         )
+        # save_distributed_checkpoint=False writes one file through the CheckpointIO: in place, not via TMPDIR.
+        self.checkpoint_io = PartialFileCheckpointIO()
         self.sharding = sharding
         self.layer_classes = list(layer_classes) if layer_classes else None
         self.activation_checkpointing = activation_checkpointing

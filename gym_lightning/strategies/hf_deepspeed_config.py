@@ -23,9 +23,15 @@ JSON key                                        ``"auto"`` becomes (an explicit 
 ``scheduler.params.total_num_steps``            the Trainer's estimated optimizer steps
 ``fp16.enabled`` / ``bf16.enabled``             ``trainer.precision`` is ``16-*`` / ``bf16-*``
 ``zero_optimization.reduce_bucket_size``        hidden_size² (never checked)
-``zero_optimization.stage3_prefetch_bucket_size``       0.9 x hidden_size² (never checked)
+``zero_optimization.stage3_prefetch_bucket_size``       one decoder layer's elements (``model`` states it), else
+                                                HF's 0.9 x hidden_size² (never checked)
 ``zero_optimization.stage3_param_persistence_threshold``  10 x hidden_size (never checked)
+``zero_optimization.stage3_max_live_parameters``          2 x one decoder layer's elements (never checked)
+``zero_optimization.stage3_max_reuse_distance``           one decoder layer's elements (never checked)
 ==============================================  =================================================================
+
+The last two are not resolved by HF (its JSONs write DeepSpeed's default, 1e9, for both). ``stage3_limits`` explains
+the numbers: with 1e9 a model under a billion elements stays gathered from the end of its forward to its backward.
 
 A module without ``optimizer_facts()`` leaves the ``model.*`` rows unknown: ``"auto"`` there is an error naming the
 key, an explicit value is used unchecked.
@@ -63,6 +69,11 @@ HIDDEN_SIZE_KEYS: tuple[str, ...] = (
     "zero_optimization.reduce_bucket_size",
     "zero_optimization.stage3_prefetch_bucket_size",
     "zero_optimization.stage3_param_persistence_threshold",
+)
+# ZeRO-3's gathered-parameter limits, derived from the size of one decoder layer (``stage3_limits``).
+LAYER_SIZE_KEYS: tuple[str, ...] = (
+    "zero_optimization.stage3_max_live_parameters",
+    "zero_optimization.stage3_max_reuse_distance",
 )
 SCHEDULER_STEP_KEYS: tuple[str, ...] = ("scheduler.params.total_num_steps", "scheduler.params.warmup_num_steps")
 # ZeRO++ (Wang et al. 2023, https://arxiv.org/abs/2306.10209): quantized weight all-gather (qwZ), hierarchical
@@ -113,6 +124,7 @@ class TrainingFacts:
         warmup_steps: Warm-up length in optimizer steps (a ratio already turned into steps).
         total_steps: Total optimizer steps of the run.
         hidden_size: The model's hidden size (for the bucket sizes).
+        layer_numel: Elements of the model's largest decoder layer (for ZeRO-3's gathered-parameter limits).
     """
 
     micro_batch_size: int | None = None
@@ -127,6 +139,7 @@ class TrainingFacts:
     warmup_steps: int | None = None
     total_steps: int | None = None
     hidden_size: int | None = None
+    layer_numel: int | None = None
 
 
 def load_deepspeed_json(config: str | Path | dict[str, Any]) -> dict[str, Any]:
@@ -164,6 +177,34 @@ def needs_total_steps(config: dict[str, Any]) -> bool:
 def needs_hidden_size(config: dict[str, Any]) -> bool:
     """Whether resolving ``config`` needs the model's hidden size."""
     return any(is_auto(config, key) for key in HIDDEN_SIZE_KEYS)
+
+
+def stage3_limits(layer_numel: int) -> dict[str, int]:
+    """ZeRO-3's gathered-parameter limits (elements) for a model whose largest decoder layer has ``layer_numel``.
+
+    DeepSpeed gathers a module's parameters when it runs and, after it, frees them unless the module runs again
+    within ``stage3_max_reuse_distance`` elements of the recorded trace. Its default, 1e9, keeps every parameter of a
+    model under 1e9 elements gathered from its forward use to its backward use: the whole model, fp32, on every rank
+    at the forward/backward turn (1 GB for a 246M model; issue 14's measured zero3 step peak). One layer keeps only
+    the last layer's, which backward needs first. ``stage3_max_live_parameters`` (default 1e9) caps what prefetching
+    may hold: the layer that runs plus the one prefetched (``stage3_prefetch_bucket_size``: one layer ahead). A module
+    larger than the limits (the embedding, an untied LM head) is still gathered when it runs, alone.
+    """
+    return {
+        "stage3_prefetch_bucket_size": layer_numel,
+        "stage3_max_live_parameters": 2 * layer_numel,
+        "stage3_max_reuse_distance": layer_numel,
+    }
+
+
+def drop_autos(config: dict[str, Any], keys: tuple[str, ...]) -> dict[str, Any]:
+    """``config`` without those of ``keys`` that are ``"auto"`` (DeepSpeed's defaults apply to them)."""
+    config = load_deepspeed_json(config)
+    for key in keys:
+        node, leaf = _parent(config, key)
+        if node is not None and node.get(leaf) == AUTO:
+            del node[leaf]
+    return config
 
 
 def hidden_size_of(model_config: Any) -> int | None:
@@ -208,7 +249,7 @@ def resolve_hf_deepspeed_config(config: str | Path | dict[str, Any], facts: Trai
     fp16, bf16 = precision_flags(facts.precision)
     resolver.fill("fp16.enabled", fp16, shown=repr(str(facts.precision)))
     resolver.fill("bf16.enabled", bf16, shown=repr(str(facts.precision)))
-    _fill_hidden_size_keys(resolver, facts.hidden_size)
+    _fill_hidden_size_keys(resolver, facts.hidden_size, facts.layer_numel)
     resolver.raise_if_problems()
     return resolver.config
 
@@ -296,6 +337,7 @@ def training_facts(
         warmup_steps=_warmup_steps(optimizer, total),
         total_steps=total,
         hidden_size=optimizer.hidden_size,
+        layer_numel=optimizer.layer_numel,
     )
 
 
@@ -380,12 +422,16 @@ def _fill_optimizer_and_scheduler(resolver: _Resolver, facts: TrainingFacts) -> 
     resolver.fill("scheduler.params.warmup_num_steps", warmup)
 
 
-def _fill_hidden_size_keys(resolver: _Resolver, hidden: int | None) -> None:
+def _fill_hidden_size_keys(resolver: _Resolver, hidden: int | None, layer_numel: int | None) -> None:
     reduce_bucket, prefetch, persistence = HIDDEN_SIZE_KEYS
     square = None if hidden is None else hidden * hidden
     resolver.fill(reduce_bucket, square, must_match=False)
-    resolver.fill(prefetch, None if square is None else int(0.9 * square), must_match=False)
+    limits = None if layer_numel is None else stage3_limits(layer_numel)
+    hf_prefetch = None if square is None else int(0.9 * square)
+    resolver.fill(prefetch, hf_prefetch if limits is None else limits["stage3_prefetch_bucket_size"], must_match=False)
     resolver.fill(persistence, None if hidden is None else 10 * hidden, must_match=False)
+    for key in LAYER_SIZE_KEYS:
+        resolver.fill(key, None if limits is None else limits[key.split(".")[-1]], must_match=False)
 
 
 def _parent(config: dict[str, Any], key: str) -> tuple[dict[str, Any] | None, str]:
@@ -432,6 +478,8 @@ def _conflict(key: str, json_value: Any, value: Any, shown: str | None = None) -
 
 
 def _why_unknown(key: str) -> str:
+    if key in LAYER_SIZE_KEYS:
+        return "the module states no layer_numel (gym_lightning.strategies.facts.OptimizerFacts); write an integer"
     if key in HIDDEN_SIZE_KEYS:
         return "the module states no hidden_size (gym_lightning.strategies.facts.OptimizerFacts); write an integer"
     setting = _SETTINGS.get(key, key)
@@ -450,12 +498,14 @@ def _why_unknown(key: str) -> str:
 __all__ = [
     "AUTO",
     "HIDDEN_SIZE_KEYS",
+    "LAYER_SIZE_KEYS",
     "ZERO_PLUS_PLUS_KEYS",
     "ZERO_STRATEGY_CLASSES",
     "TrainingFacts",
     "accumulation_from_strategy_config",
     "adopted_accumulation",
     "adopted_value",
+    "drop_autos",
     "get_value",
     "hidden_size_of",
     "is_auto",
@@ -464,6 +514,7 @@ __all__ = [
     "needs_total_steps",
     "precision_flags",
     "resolve_hf_deepspeed_config",
+    "stage3_limits",
     "training_facts",
     "zero_plus_plus_problems",
 ]

@@ -138,18 +138,23 @@ class TokenData(pl.LightningDataModule):
         )
 
 
-def causal_module(spec: dict[str, Any], preset: bool = False, lora: bool = False) -> pl.LightningModule:
+def causal_module(
+    spec: dict[str, Any], preset: bool = False, lora: bool = False, loss_chunk_tokens: int = 0
+) -> pl.LightningModule:
+    """``loss_chunk_tokens`` > 0: the chunked loss with chunks of that many positions (else the tiny vocabulary's
+    default, unchunked); ``lora``: LoRA adapters on q_proj and v_proj."""
     from gym_lightning.lora import LoRAArgs
     from gym_lightning.module import CausalLMModule
 
+    chunking = {"loss_chunking": "on", "loss_chunk_tokens": loss_chunk_tokens} if loss_chunk_tokens else {}
     if spec.get("model_dir") and not preset:
         # Same initial weights everywhere (ZeRO-3's init draws random numbers differently).
         adapters = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if lora else None
         # A larger step for adapters: LoRA's B starts at zero, and the export checks need it to have moved.
         lr = spec.get("lr", 3e-3) * (10 if lora else 1)
-        return CausalLMModule(model=spec["model_dir"], lr=lr, scheduler="constant", lora=adapters)
+        return CausalLMModule(model=spec["model_dir"], lr=lr, scheduler="constant", lora=adapters, **chunking)
     return CausalLMModule(
-        model="tiny-llama", config_overrides=TINY_OVERRIDES, lr=spec.get("lr", 3e-3), scheduler="constant"
+        model="tiny-llama", config_overrides=TINY_OVERRIDES, lr=spec.get("lr", 3e-3), scheduler="constant", **chunking
     )
 
 
@@ -260,7 +265,7 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     pl.seed_everything(spec.get("seed", 7), workers=True)
     is_causal = spec["model"] == "causal"
     module = (
-        causal_module(spec, phase.get("preset", False), phase.get("lora", False))
+        causal_module(spec, phase.get("preset", False), phase.get("lora", False), phase.get("loss_chunk_tokens", 0))
         if is_causal
         else ClassifierMLP(optimizer=phase.get("optimizer", "adamw"), metric_in_step=phase.get("metric_in_step", False))
     )

@@ -1,0 +1,74 @@
+"""Training-step transients: the fused AdamW default and ZeRO-3's gathered-parameter limits from the layer size."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from gym_lightning import CausalLMModule
+from gym_lightning.errors import GymUserError
+from gym_lightning.optim import adamw_kernel, build_optimizer
+from gym_lightning.strategies import ZeRO2Strategy, ZeRO3Strategy
+from gym_lightning.strategies.hf_deepspeed_config import (
+    TrainingFacts,
+    drop_autos,
+    resolve_hf_deepspeed_config,
+    stage3_limits,
+)
+
+SMALL = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64}
+
+
+def test_module_default_is_fused_adamw_on_cpu() -> None:
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL)
+    module.configure_model()
+    groups = [{"params": list(module.parameters()), "weight_decay": 0.0}]
+    optimizer = build_optimizer(module.hparams.optim, groups, lr=1e-3, betas=(0.9, 0.999), eps=1e-8)
+    assert optimizer.defaults["fused"] is True
+
+
+def test_fused_falls_back_to_the_for_loop_where_no_kernel_exists() -> None:
+    on_meta = [{"params": [torch.nn.Parameter(torch.empty(4, 4, device="meta"))]}]
+    assert adamw_kernel(on_meta) == {"foreach": False}
+    assert adamw_kernel([{"params": [torch.nn.Parameter(torch.ones(2))]}]) == {"fused": True}
+
+
+def test_module_states_its_decoder_layer_size() -> None:
+    module = CausalLMModule("tiny-qwen3", config_overrides=SMALL)
+    before = module.optimizer_facts()  # ZeRO-3 asks before the model is built (zero.Init)
+    module.configure_model()
+    layer = module.model.model.layers[0]
+    assert before.layer_numel == module.optimizer_facts().layer_numel == sum(p.numel() for p in layer.parameters())
+
+
+def _stage3(**zero: object) -> dict:
+    return {"zero_optimization": {"stage": 3, **zero}}
+
+
+def test_stage3_limits_resolve_from_the_layer_size() -> None:
+    auto = dict.fromkeys(
+        ["stage3_prefetch_bucket_size", "stage3_max_live_parameters", "stage3_max_reuse_distance"], "auto"
+    )
+    resolved = resolve_hf_deepspeed_config(_stage3(**auto), TrainingFacts(hidden_size=32, layer_numel=1000))
+    assert resolved["zero_optimization"] == {"stage": 3, **stage3_limits(1000)}
+    assert stage3_limits(1000) == {
+        "stage3_prefetch_bucket_size": 1000,
+        "stage3_max_live_parameters": 2000,
+        "stage3_max_reuse_distance": 1000,
+    }
+    # Without the layer size the prefetch bucket keeps HF's rule; the two others cannot be resolved.
+    resolved = resolve_hf_deepspeed_config(_stage3(stage3_prefetch_bucket_size="auto"), TrainingFacts(hidden_size=32))
+    assert resolved["zero_optimization"]["stage3_prefetch_bucket_size"] == int(0.9 * 32 * 32)
+    with pytest.raises(GymUserError, match=r"stage3_max_live_parameters.*layer_numel"):
+        resolve_hf_deepspeed_config(_stage3(stage3_max_live_parameters="auto"), TrainingFacts())
+
+
+def test_generated_stage3_config_asks_for_them_and_drops_what_nobody_states() -> None:
+    zero = ZeRO3Strategy().config["zero_optimization"]
+    assert [zero[key] for key in stage3_limits(1)] == ["auto"] * 3
+    assert "stage3_max_live_parameters" not in ZeRO2Strategy().config["zero_optimization"]
+    dropped = drop_autos(
+        _stage3(stage3_max_live_parameters="auto", stage3_max_reuse_distance=5),
+        tuple(f"zero_optimization.{key}" for key in stage3_limits(1)),
+    )
+    assert dropped == _stage3(stage3_max_reuse_distance=5)
