@@ -8,7 +8,6 @@ the embeddings, and the losses.
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Any
@@ -17,6 +16,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
 from strategy_worker import TINY_OVERRIDES, RecordLosses, TokenData, build_strategy
+from strategy_worker import main as run_phases
 
 
 class RecordStart(Callback):
@@ -85,15 +85,5 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     }
 
 
-def main(spec_path: str) -> None:
-    spec = json.loads(Path(spec_path).read_text())
-    out = Path(spec["out"])
-    torch.set_num_threads(1)
-    results = {phase["name"]: run_phase(spec, phase, out) for phase in spec["phases"]}
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        return
-    (out / "results.json").write_text(json.dumps(results))
-
-
 if __name__ == "__main__":
-    main(sys.argv[1])
+    run_phases(sys.argv[1], run_phase)

@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -310,11 +310,15 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     return {"losses": recorder.losses, "global_step": trainer.global_step, "zero3_trace": tracer.modes, **report}
 
 
-def main(spec_path: str) -> None:
+PhaseRunner = Callable[[dict[str, Any], dict[str, Any], Path], dict[str, Any]]
+
+
+def main(spec_path: str, run: PhaseRunner = run_phase) -> None:
+    """Run the spec's phases with ``run`` in this process (each rank does) and write rank 0's results."""
     spec = json.loads(Path(spec_path).read_text())
     out = Path(spec["out"])
     torch.set_num_threads(1)
-    results = {phase["name"]: run_phase(spec, phase, out) for phase in spec["phases"]}
+    results = {phase["name"]: run(spec, phase, out) for phase in spec["phases"]}
     if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
         return
     (out / "results.json").write_text(json.dumps(results))
