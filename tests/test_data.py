@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.targets import target_runs
 
 from gym_lightning.data.collate import Collator, pack_samples
 from gym_lightning.data.datamodule import CausalLMDataModule
@@ -152,17 +153,7 @@ def test_chat_targets_are_the_assistant_turns(tok):
     rendered = tok.apply_chat_template(CHAT["messages"], tokenize=False)
     assert tok.decode(sample.input_ids) == rendered  # no eos after the template's end-of-turn token
     # Contiguous runs of targets: each assistant turn (content + its end-of-turn token).
-    runs, current = [], []
-    for token, label in zip(sample.input_ids, sample.labels, strict=True):
-        if label == IGNORE_INDEX:
-            if current:
-                runs.append(tok.decode(current))
-            current = []
-        else:
-            assert label == token
-            current.append(token)
-    runs += [tok.decode(current)] if current else []
-    assert runs == ["4<|im_end|>", "6<|im_end|>"]
+    assert target_runs(sample.input_ids, sample.labels, tok) == ["4<|im_end|>", "6<|im_end|>"]
     # The reference is the last assistant turn; the prompt is everything before it plus the generation prompt.
     assert sample.reference == "6"
     assert sample.prompt == tok.apply_chat_template(CHAT["messages"][:-1], tokenize=False, add_generation_prompt=True)

@@ -7,11 +7,11 @@ from pathlib import Path
 
 import datasets
 import pytest
+from helpers.targets import target_runs
 
 from gym_lightning.data.chat import chat_labels
 from gym_lightning.data.formats import conversation, tokenize_record
 from gym_lightning.data.sources import Record
-from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
 
 TEMPLATES = Path(__file__).parent / "fixtures" / "chat_templates"
@@ -80,19 +80,6 @@ def family_tokenizer(name: str):
         tokenizer.add_special_tokens({"additional_special_tokens": SPECIAL[name]})
     tokenizer.chat_template = (TEMPLATES / f"{name}.jinja").read_text()
     return tokenizer
-
-
-def target_runs(ids: list[int], labels: list[int], tokenizer) -> list[str]:
-    runs, current = [], []
-    for token, label in zip(ids, labels, strict=True):
-        if label == IGNORE_INDEX:
-            if current:
-                runs.append(tokenizer.decode(current))
-            current = []
-        else:
-            assert label == token
-            current.append(token)
-    return runs + ([tokenizer.decode(current)] if current else [])
 
 
 def messages_for(name: str) -> list[dict]:
