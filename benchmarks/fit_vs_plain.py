@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import statistics
 import tempfile
 import time
@@ -33,21 +34,28 @@ from gym_lightning import CausalLMDataModule, CausalLMModule, NonFiniteGuard
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.loss import summed_cross_entropy
 from gym_lightning.models.loading import build_causal_lm
-from gym_lightning.optim import lr_multiplier, resolve_warmup_steps, weight_decay_groups
+from gym_lightning.optim import build_optimizer, lr_multiplier, resolve_warmup_steps, weight_decay_groups
 
 LR, WARMUP_RATIO = 3e-3, 0.1  # the schedule both sides use (the module's and the plain loop's)
 
 
 class StepClock(pl.Callback):
-    """Timestamps the end of training batch ``start`` and of the last batch (nothing else per step)."""
+    """Timestamps the end of training batch ``start`` and of every later batch (nothing else per step).
+
+    ``step_seconds``: the duration of each timed step (from the end of one batch to the end of the next), the
+    per-step samples benchmarks/run.py computes medians and confidence intervals from.
+    """
 
     def __init__(self, start: int) -> None:
         self.start, self.t0, self.t1 = start, 0.0, 0.0
+        self.step_seconds: list[float] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         now = time.perf_counter()
         if trainer.global_step == self.start:
             self.t0 = now
+        elif trainer.global_step > self.start:
+            self.step_seconds.append(now - self.t1)
         self.t1 = now
 
 
@@ -66,10 +74,12 @@ def timed_tokens(dm: CausalLMDataModule, warmup: int, steps: int) -> tuple[int, 
     return tokens, [int(b["input_ids"].sum()) for _, b in batches[:3]]
 
 
-def plain_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps: int) -> tuple[float, list[int]]:
-    """Seconds for the timed steps of a hand-written loop, and the fingerprint of its first batches."""
+def plain_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps: int) -> tuple[list[float], list[int]]:
+    """Seconds of each timed step of a hand-written loop, and the fingerprint of its first batches."""
     model = copy.deepcopy(init).train()
-    optimizer = torch.optim.AdamW(weight_decay_groups(model.named_parameters(), 0.0), lr=LR)
+    # The module's default optimizer (``optim="adamw_torch_fused"``): the same AdamW kernel on both sides.
+    groups = weight_decay_groups(model.named_parameters(), 0.0)
+    optimizer = build_optimizer("adamw_torch_fused", groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
     total = warmup + steps
     schedule = partial(
         lr_multiplier,
@@ -79,7 +89,7 @@ def plain_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps:
         min_lr_ratio=0.0,
     )
     scheduler = LambdaLR(optimizer, schedule)
-    seen, t0 = [], 0.0
+    seen, ends = [], []
     for step, batch in enumerate(dm.train_dataloader()):
         if step < 3:
             seen.append(int(batch["input_ids"].sum()))
@@ -94,15 +104,21 @@ def plain_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps:
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         scheduler.step()
-        if step + 1 == warmup:
-            t0 = time.perf_counter()
+        if step + 1 >= warmup:
+            ends.append(time.perf_counter())
         if step + 1 == total:
-            return time.perf_counter() - t0, seen
+            return [b - a for a, b in itertools.pairwise(ends)], seen
     raise ValueError("The training loader ran out of batches.")
 
 
-def fit_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps: int, logdir: str) -> float:
-    """Seconds for the timed steps of ``Trainer.fit`` on the same data module and initial weights."""
+def fit_run(
+    init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps: int, logdir: str, guard: bool = False
+) -> list[float]:
+    """Seconds of each timed step of ``Trainer.fit`` on the same data module and initial weights.
+
+    ``guard``: add ``NonFiniteGuard`` (``gym fit`` adds it to every run). The plain loop checks nothing, so the
+    ratio runs without it and benchmarks/overhead.py reports the guard's cost as its own line.
+    """
     module = CausalLMModule(model="tiny-llama", lr=LR, warmup_ratio=WARMUP_RATIO, scheduler="cosine")
     module.model = copy.deepcopy(init)  # configure_model keeps a model that is already there
     clock = StepClock(warmup)
@@ -117,11 +133,10 @@ def fit_run(init: torch.nn.Module, dm: CausalLMDataModule, warmup: int, steps: i
         enable_model_summary=False,
         log_every_n_steps=50,
         logger=CSVLogger(logdir),
-        # NonFiniteGuard: gym fit adds it to every run (it used to live inside CausalLMModule).
-        callbacks=[clock, TQDMProgressBar(refresh_rate=50), NonFiniteGuard()],
+        callbacks=[clock, TQDMProgressBar(refresh_rate=50), *([NonFiniteGuard()] if guard else [])],
     )
     trainer.fit(module, datamodule=dm)
-    return clock.t1 - clock.t0
+    return clock.step_seconds
 
 
 def summary(values: list[float]) -> str:
@@ -151,11 +166,11 @@ def main() -> None:
     plain, fit = [], []
     with tempfile.TemporaryDirectory() as logdir:
         for _ in range(args.repeats):
-            seconds, seen = plain_run(init, dm, args.warmup, args.steps)
+            step_seconds, seen = plain_run(init, dm, args.warmup, args.steps)
             if seen != fingerprint:
                 raise RuntimeError("The plain loop saw different batches than the data module's loader.")
-            plain.append(tokens / seconds)
-            fit.append(tokens / fit_run(init, dm, args.warmup, args.steps, logdir))
+            plain.append(tokens / sum(step_seconds))
+            fit.append(tokens / sum(fit_run(init, dm, args.warmup, args.steps, logdir)))
     report(args, tokens, plain, fit)
 
 

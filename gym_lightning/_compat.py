@@ -27,6 +27,7 @@ from lightning.fabric.strategies.registry import _StrategyRegistry
 from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.loops.fit_loop import _FitLoop
+from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
@@ -67,6 +68,9 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
         "_save_last_checkpoint",
     ),
     _FitLoop: ("_load_combined_loader_states", "_data_source"),
+    # Timed (never changed) by benchmarks/workers/probe.py through per_batch_lightning_calls().
+    _TrainingEpochLoop: ("_broadcast_sigterm_tensor",),
+    pl.Trainer: ("_logger_connector",),
     LightningOptimizer: ("_optimizer",),
     nn.Module: ("_forward_pre_hooks", "_forward_hooks"),
     RemovableHandle: ("hooks_dict_ref",),
@@ -76,6 +80,7 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
 PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
     ("lightning.fabric.strategies.registry", "_StrategyRegistry"),
     ("lightning.pytorch.loops.fit_loop", "_FitLoop"),
+    ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop"),
     ("torch.distributed._composable", "checkpoint"),
 )
 
@@ -132,6 +137,17 @@ ZERO_OPTIMIZER_MEMORY_ATTRIBUTES: tuple[str, ...] = tuple(
 
 
 # ------------------------------------------------------------------------------------------------------ Lightning
+def per_batch_lightning_calls(trainer: pl.Trainer) -> list[tuple[Any, str, str]]:
+    """``(owner, method name, label)`` of what Lightning's training loop runs on every batch that a plain loop does
+    not: the SIGTERM flag broadcast (a blocking collective + host read), the scheduler update, the logger
+    connector. benchmarks/workers/probe.py wraps these on the given trainer's own objects to time them."""
+    loop, connector = trainer.fit_loop.epoch_loop, trainer._logger_connector
+    calls = [(loop, "_broadcast_sigterm_tensor", "sigterm"), (loop, "update_lr_schedulers", "lr_schedulers")]
+    return calls + [
+        (connector, hook, "logger") for hook in ("on_batch_start", "on_batch_end", "update_train_step_metrics")
+    ]
+
+
 def load_combined_loader_states(trainer: pl.Trainer) -> None:
     """Run the fit loop's own (private, Lightning 2.6) step that hands saved DataLoader states to the loaders.
 
@@ -309,6 +325,7 @@ __all__ = [
     "is_zero_optimizer",
     "load_combined_loader_states",
     "module_forward_hook_dicts",
+    "per_batch_lightning_calls",
     "rank_zero_info",
     "rank_zero_warn",
     "record_checkpoint_saved",

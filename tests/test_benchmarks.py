@@ -70,9 +70,31 @@ def test_dist_worker_imports() -> None:
 
 def test_ratio_cell_and_summary(run_py: ModuleType) -> None:
     assert run_py.summary([1000.0, 3000.0, 2000.0]) == "2,000 (1,000-3,000)"
-    # ratio of medians 2.0/2.0 = 1, per-repeat ratios 0.5 .. 2: meets the 0.95 target
-    assert run_py.ratio_cell([1.0, 2.0, 3.0], [2.0, 2.0, 1.5]) == "**1.000** (0.500-2.000) ✅"
-    assert run_py.ratio_cell([0.9], [1.0]).endswith("❌")
+    same = [[0.1] * 8, [0.2] * 8]  # two repeats of 8 steps; both sides alike: every bootstrap sample gives 1
+    assert run_py.ratio_cell(same, same) == "**1.000** [1.000, 1.000] ✅"
+    # ours takes 0.11 s where the peer takes 0.10 s: tokens/s ratio 0.909, below 0.95 with no noise at all
+    assert run_py.ratio_cell([[0.11] * 8] * 3, [[0.10] * 8] * 3) == "**0.909** [0.909, 0.909] ❌"
+    assert run_py.ratio_cell([[0.11] * 8] * 3, [[0.10] * 8] * 3, target=None) == "**0.909** [0.909, 0.909]"
+
+
+def test_speed_ratio_interval_covers_the_noise_and_is_reproducible(run_py: ModuleType) -> None:
+    import random
+
+    rng = random.Random(1)
+    ours = [[0.100 + rng.uniform(-0.02, 0.02) for _ in range(30)] for _ in range(5)]
+    peer = [[0.098 + rng.uniform(-0.02, 0.02) for _ in range(30)] for _ in range(5)]
+    ratio, low, high = run_py.speed_ratio(ours, peer)
+    assert low < ratio < high and high - low > 0.01  # jitter of +-20% per step: not a point
+    assert run_py.speed_ratio(ours, peer) == (ratio, low, high)  # seeded: the same timings, the same interval
+    # A repeat that ran slow on both sides (another job's burst) moves both medians alike.
+    slow = [[2 * t for t in ours[0]]], [[2 * t for t in peer[0]]]
+    assert run_py.speed_ratio(*slow)[0] == pytest.approx(run_py.speed_ratio([ours[0]], [peer[0]])[0])
+
+
+def test_verdict_needs_the_whole_interval_on_one_side(run_py: ModuleType) -> None:
+    assert run_py.verdict(0.96, 0.99, 0.95) == "✅"
+    assert run_py.verdict(0.90, 0.949, 0.95) == "❌"
+    assert run_py.verdict(0.94, 0.97, 0.95) == "≈"  # median may be above the target: still undecided
 
 
 def test_strategy_runs_interleave_sides(run_py: ModuleType) -> None:
@@ -96,12 +118,12 @@ def test_strategy_runs_interleave_sides(run_py: ModuleType) -> None:
 
 def test_document_with_fake_numbers(run_py: ModuleType, tmp_path: Path) -> None:
     report = run_py.Report(run_py.QUICK, ["python", "benchmarks/run.py", "--quick"])
-    rows = [["zero3", "a", "b", run_py.ratio_cell([95.0, 99.0], [100.0, 100.0])]]
+    rows = [["zero3", "a", "b", run_py.ratio_cell([[1 / 0.97] * 4], [[1.0] * 4])]]
     report.sections["strategies"] = run_py.markdown_table(["comparison", "gym", "peer", "ratio"], rows)
     report.sections["gpu"] = run_py.gpu_section(tmp_path / "missing.json")
     text = run_py.document(report)
     assert "## Machine" in text and "Load average" in text and "`python benchmarks/run.py --quick`" in text
-    assert "| zero3 | a | b | **0.970** (0.950-0.990) ✅ |" in text
+    assert "| zero3 | a | b | **0.970** [0.970, 0.970] ✅ |" in text
     assert "**Not run yet.**" in text
 
 
@@ -161,6 +183,14 @@ def test_run_py_keeps_the_sections_other_scripts_wrote(run_py: ModuleType) -> No
     previous = "# Benchmarks\n\n## Machine\n\nold\n\n## 4. DDP scaling on this machine\n\nold\n"
     previous += "\n## Export peak memory\n\nkept\n"
     assert run_py.other_sections(previous) == "\n## Export peak memory\n\nkept\n"
+    # A pass over some sections keeps this script's others as they were, in their usual place.
+    kept = run_py.previous_own_sections(previous)
+    assert kept == {"4. DDP scaling on this machine": "old"}
+    report = run_py.Report(run_py.QUICK, ["python", "benchmarks/run.py", "--sections", "fit"])
+    report.sections["fit"] = "new"
+    text = run_py.document(report, kept)
+    assert text.index("## 1. `Trainer.fit`") < text.index("## 4. DDP scaling on this machine\n\nold")
+    assert "kept as an earlier pass wrote them: 4. DDP scaling on this machine" in text
 
 
 def test_export_peak_table_flags_a_peak_over_the_bound() -> None:
@@ -171,3 +201,34 @@ def test_export_peak_table_flags_a_peak_over_the_bound() -> None:
     table = export_peak.render(results, {"params": 10**6, "largest_numel": 32_000 * 1024}, args)
     assert "| zero3 | live (end of fit) | 0 | 100 | 0.53 | 0 | 1.0 | yes |" in table
     assert "| zero3 | live (end of fit) | 1 | 900 | 4.80 | 0 | 1.0 | NO |" in table
+
+
+def test_overhead_budget_renders_every_line_and_the_gap(run_py: ModuleType) -> None:
+    import overhead  # importable: run.py puts benchmarks/ on sys.path
+
+    probe = {name: [0.001] * 4 for name in overhead.COMPONENTS}
+    run = {"name": "ddp", "kind": "gym_ddp", "step_seconds": [0.1] * 4, "probe": probe}
+    text = overhead.render(
+        [run, {**run, "name": "ddp@16", "step_seconds": [0.4] * 4}], [("", 4, 30), ("@16", 16, 12)], 64, {"ddp": 5.0}
+    )
+    assert text.startswith("**ddp**") and "| line | batch 4 x 64: ms per step (share) | batch 16 x 64" in text
+    assert "| median step (probed run, guard on) | 100.0 ms | 400.0 ms |" in text
+    # 9 lines of 1 ms: 4 the wrapper's own (sigterm, log, logger, scheduler), 3 the guard's, 2 shared with the peer
+    assert (
+        "| sum of the wrapper's own lines (guard and shared lines excluded) | 4.00 ms (4.0%) | 4.00 ms (1.0%) |" in text
+    )
+    assert "| non-finite guard, all three lines | 3.00 ms (3.0%) | 3.00 ms (0.8%) |" in text
+    assert "| gap not covered by the lines (Lightning's loop, hooks, closures; noise) | 1.00 ms (1.0%) | 0 |" in text
+    assert "comm hooks: none registered" in text and "**fsdp**" not in text
+
+
+def test_overhead_runs_probe_the_gym_side_with_the_guard(run_py: ModuleType) -> None:
+    import overhead
+
+    settings = run_py.Settings(**{**run_py.FULL.__dict__, "repeats": 1})
+    kinds = {name: sides[0] for name, sides in run_py.PAIRS.items()}
+    runs = overhead.probe_runs(run_py.strategy_workloads(settings), {"seq_len": 64}, kinds, run_py.zero_config)
+    assert len(runs) == 2 * len(overhead.STRATEGIES)
+    assert all(r["probe"] and r["guard"] and r["kind"].startswith("gym_") for r in runs)
+    assert {r["name"] for r in runs} >= {"ddp", "zero3@16"}
+    assert next(r for r in runs if r["name"] == "zero2@16")["ds_config"]["train_micro_batch_size_per_gpu"] == 16

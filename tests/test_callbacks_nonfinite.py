@@ -125,3 +125,20 @@ def test_gym_strategies_say_which_gradients_the_guard_can_see() -> None:
 def test_action_must_be_stop_or_skip() -> None:
     with pytest.raises(GymUserError, match="'stop' or 'skip', got 'ignore'"):
         NonFiniteGuard(action="ignore")  # type: ignore[arg-type]
+
+
+def test_flags_go_through_the_strategy_without_a_default_process_group() -> None:
+    from gym_lightning.callbacks.nonfinite import sum_over_ranks
+
+    class Strategy:
+        def __init__(self) -> None:
+            self.ops: list[str] = []
+
+        def reduce(self, tensor: torch.Tensor, reduce_op: str) -> torch.Tensor:
+            self.ops.append(reduce_op)
+            return tensor * 2  # stands in for the sum over 2 ranks
+
+    strategy = Strategy()
+    # No process group in this process: the strategy's own reduce (any Lightning strategy) sums the flags.
+    assert sum_over_ranks(torch.tensor([0.0, 1.0]), strategy, 2).tolist() == [0.0, 2.0]  # type: ignore[arg-type]
+    assert strategy.ops == ["sum"]

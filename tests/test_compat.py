@@ -54,6 +54,7 @@ def _cheap_instance(cls: type) -> Any | None:
         nn.Module: nn.Module,
         RemovableHandle: lambda: RemovableHandle(OrderedDict()),
         _FitLoop: lambda: _FitLoop(Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)),
+        Trainer: lambda: Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False),
     }
     factory = factories.get(cls)
     return factory() if factory is not None else None

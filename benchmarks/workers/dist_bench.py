@@ -5,7 +5,10 @@ Launched by ``torchrun --nproc_per_node 2 --master_port <free port> benchmarks/w
 the two sides of each comparison), so both sides share the process group, the warm imports and the same load from
 other processes. Every run trains the same synthetic batches (per rank), the same model shape and AdamW; the first
 ``warmup`` optimizer steps are not timed. Rank 0 appends one JSON line per run to ``<out>/results.jsonl``:
-``{"name", "kind", "seconds", "steps", "tokens"}`` (tokens: the job's tokens in the timed steps).
+``{"name", "kind", "seconds", "steps", "tokens", "step_tokens", "step_seconds"[, "probe"]}`` (tokens: the job's
+tokens in the timed steps; step_seconds: rank 0's duration of each timed step; probe: workers/probe.py's per-step
+component timings of a probed gym run). The plain data-parallel loops all-reduce each step's target-token count and
+normalise the loss by it, as the wrappers do.
 
 Kinds:
     gym_zero    Trainer + ZeROStrategy(config=<the run's JSON config>)
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import copy
+import itertools
 import json
 import os
 import sys
@@ -37,13 +41,15 @@ import torch.distributed as dist
 from torch.utils.data import DataLoader
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (fit_vs_plain's StepClock)
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/workers/ (probe.py)
 
 from fit_vs_plain import StepClock
+from probe import StepProbe
 
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 from gym_lightning.models.loading import build_causal_lm
-from gym_lightning.optim import weight_decay_groups
+from gym_lightning.optim import build_optimizer, weight_decay_groups
 
 LR = 1e-3
 KINDS = ("gym_zero", "ds_engine", "gym_fsdp", "fsdp2", "gym_ddp", "ddp", "ddp_nosync", "single")
@@ -73,14 +79,34 @@ def build_model(run: dict[str, Any]) -> torch.nn.Module:
 
 
 def adamw(model: torch.nn.Module) -> torch.optim.AdamW:
-    """CausalLMModule's optimizer: AdamW over its two parameter groups (matrices / biases and norms), its default
-    weight decay 0. The group count matters: ZeRO-1/2 run one gradient-norm all-reduce and one parameter all-gather
-    per group, so one group on the peer's side only would be a different workload."""
-    return torch.optim.AdamW(weight_decay_groups(model.named_parameters(), 0.0), lr=LR)
+    """CausalLMModule's optimizer: its default ``optim="adamw_torch_fused"`` (the fused kernel on CPU) over its two
+    parameter groups (matrices / biases and norms), weight decay 0. The group count matters: ZeRO-1/2 run one
+    gradient-norm all-reduce and one parameter all-gather per group, so one group on the peer's side only would be a
+    different workload; so does the kernel (fused against the for-loop AdamW)."""
+    groups = weight_decay_groups(model.named_parameters(), 0.0)
+    return build_optimizer("adamw_torch_fused", groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
+
+
+def step_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The loss a data-parallel loop needs for a token mean over the whole step: the local sum of token losses
+    times world size / the step's target tokens summed over ranks (the gradient averaging divides by world size
+    again). One all-reduce of the count per step, launched before the forward and waited for after it, as
+    ``CausalLMModule`` does and as the HF Trainer does for ``num_items_in_batch``."""
+    tokens = batch[STEP_TOKENS_KEY].to(torch.float32).reshape(1).clone()
+    pending = dist.all_reduce(tokens, op=dist.ReduceOp.SUM, async_op=True)
+    logits = model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    ).logits
+    loss_sum = summed_cross_entropy(logits, batch["labels"])
+    pending.wait()
+    return loss_sum * (dist.get_world_size() / tokens[0].clamp(min=1.0))
 
 
 def local_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
-    """What a hand-written loop does: mean token cross-entropy of the local batch."""
+    """The 1-rank reference (``single``): mean token cross-entropy of the local batch, nothing to reduce."""
     logits = model(
         input_ids=batch["input_ids"],
         attention_mask=batch["attention_mask"],
@@ -90,18 +116,18 @@ def local_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.
     return summed_cross_entropy(logits, batch["labels"]) / batch[STEP_TOKENS_KEY].clamp(min=1)
 
 
-def timed_loop(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], step_fn: Any) -> float:
-    """Seconds from the end of the warm-up steps to the end of the last step (rank-local clock)."""
-    t0 = 0.0
+def timed_loop(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], step_fn: Any) -> list[float]:
+    """Seconds of each step after the warm-up steps (rank-local clock, end of one step to the end of the next)."""
+    ends = []
     for index, batch in enumerate(batches):
         step_fn(batch)
-        if index + 1 == run["warmup"]:
-            t0 = time.perf_counter()
-    return time.perf_counter() - t0
+        if index + 1 >= run["warmup"]:
+            ends.append(time.perf_counter())
+    return [b - a for a, b in itertools.pairwise(ends)]
 
 
 # ------------------------------------------------------------------------------------------------- plain loops
-def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> float:
+def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> list[float]:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")  # wraps the existing process group
@@ -118,7 +144,7 @@ def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -
     )
 
     def step(batch: dict[str, torch.Tensor]) -> None:
-        loss = local_loss(engine, batch)
+        loss = step_loss(engine, batch)
         engine.backward(loss)
         engine.step()
 
@@ -127,7 +153,7 @@ def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -
     return seconds
 
 
-def run_fsdp2(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> float:
+def run_fsdp2(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> list[float]:
     from torch.distributed.fsdp import fully_shard
 
     model = build_model(run)
@@ -137,18 +163,18 @@ def run_fsdp2(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> fl
     return _torch_loop(run, batches, model)
 
 
-def run_ddp(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], no_sync: bool) -> float:
+def run_ddp(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], no_sync: bool) -> list[float]:
     from torch.nn.parallel import DistributedDataParallel
 
     model = DistributedDataParallel(build_model(run))
     return _torch_loop(run, batches, model, sync=model.no_sync if no_sync else nullcontext)
 
 
-def run_single(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], flag: Path) -> float:
+def run_single(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], flag: Path) -> list[float]:
     """Rank 0 trains alone; rank 1 sleeps (polling a file, so it burns no CPU in a collective) until it is done."""
-    seconds = 0.0
+    seconds = [0.0]
     if dist.get_rank() == 0:
-        seconds = _torch_loop(run, batches, build_model(run))
+        seconds = _torch_loop(run, batches, build_model(run), loss_fn=local_loss)
         flag.write_text("done")
     else:
         while not flag.exists():
@@ -159,12 +185,22 @@ def run_single(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], flag
     return seconds
 
 
-def _torch_loop(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], model: Any, sync: Any = nullcontext):
+def _torch_loop(
+    run: dict[str, Any],
+    batches: list[dict[str, torch.Tensor]],
+    model: Any,
+    sync: Any = nullcontext,
+    loss_fn: Any = None,
+) -> list[float]:
+    """Plain training steps; the loss is ``step_loss`` (token count all-reduced) unless the run sets
+    ``"step_tokens": false`` (section 4's scaling runs compare against one rank, which has nothing to reduce)."""
     optimizer = adamw(model)
+    if loss_fn is None:
+        loss_fn = step_loss if run.get("step_tokens", True) else local_loss
 
     def step(batch: dict[str, torch.Tensor]) -> None:
         with sync():
-            local_loss(model, batch).backward()
+            loss_fn(model, batch).backward()
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
@@ -182,8 +218,12 @@ def gym_strategy(run: dict[str, Any]) -> Any:
     return GymDDPStrategy()
 
 
-def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Path) -> float:
-    """``Trainer.fit`` of ``CausalLMModule`` on the same batches, set up for speed (no validation, no checkpoints)."""
+def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Path) -> dict[str, Any]:
+    """``Trainer.fit`` of ``CausalLMModule`` on the same batches, set up for speed (no validation, no checkpoints).
+
+    ``run["guard"]``: add ``NonFiniteGuard`` (``gym fit`` adds it to every run; the plain loops have no such check,
+    so the ratio runs go without it). ``run["probe"]``: time the wrapper's own per-step costs (workers/probe.py).
+    """
     from gym_lightning.callbacks import NonFiniteGuard
     from gym_lightning.module import CausalLMModule
 
@@ -192,6 +232,9 @@ def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Pa
         model="tiny-llama", config_overrides=run.get("overrides") or None, lr=LR, scheduler="constant"
     )
     clock = StepClock(run["warmup"])
+    guard = NonFiniteGuard() if run.get("guard") else None
+    probe = StepProbe(run["warmup"]) if run.get("probe") else None
+    callbacks = [c for c in (clock, guard, probe) if c is not None]
     trainer = pl.Trainer(
         accelerator="cpu",
         devices=dist.get_world_size(),
@@ -207,10 +250,15 @@ def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Pa
         log_every_n_steps=50,
         use_distributed_sampler=False,  # each rank already has its own batches
         default_root_dir=str(out),
-        callbacks=[clock, NonFiniteGuard()],  # gym fit adds it to every run (it used to live inside the module)
+        callbacks=callbacks,
     )
+    if probe is not None:
+        probe.install(trainer, module, guard)
     trainer.fit(module, datamodule=ReadyBatches(batches, run["batch_size"]))
-    return clock.t1 - clock.t0
+    if probe is None:
+        return {"step_seconds": clock.step_seconds}
+    probe.uninstall()
+    return {"step_seconds": clock.step_seconds, "probe": probe.per_step()}
 
 
 class ReadyBatches(pl.LightningDataModule):
@@ -227,7 +275,8 @@ class ReadyBatches(pl.LightningDataModule):
         return DataLoader(self.batches, batch_size=None, shuffle=False)
 
 
-def execute(run: dict[str, Any], out: Path) -> float:
+def execute(run: dict[str, Any], out: Path) -> dict[str, Any]:
+    """Run one spec entry; ``{"step_seconds": [...]}`` (and ``"probe"`` for probed gym runs)."""
     from gym_lightning.models.presets import preset_config
 
     vocab = preset_config("tiny-llama").vocab_size
@@ -236,13 +285,13 @@ def execute(run: dict[str, Any], out: Path) -> float:
     if kind.startswith("gym_"):
         return run_gym(run, batches, out)
     if kind == "ds_engine":
-        return run_ds_engine(run, batches)
+        return {"step_seconds": run_ds_engine(run, batches)}
     if kind == "fsdp2":
-        return run_fsdp2(run, batches)
+        return {"step_seconds": run_fsdp2(run, batches)}
     if kind in ("ddp", "ddp_nosync"):
-        return run_ddp(run, batches, no_sync=kind == "ddp_nosync")
+        return {"step_seconds": run_ddp(run, batches, no_sync=kind == "ddp_nosync")}
     if kind == "single":
-        return run_single(run, batches, out / "single.flag")
+        return {"step_seconds": run_single(run, batches, out / "single.flag")}
     raise ValueError(f"unknown run kind {kind!r}; expected one of {KINDS}")
 
 
@@ -254,13 +303,15 @@ def main() -> None:
     dist.init_process_group("gloo")
     for run in spec["runs"]:
         dist.barrier()
-        seconds = execute(run, out)
+        measured = execute(run, out)
+        seconds = sum(measured["step_seconds"])
         world = 1 if run["kind"] == "single" else dist.get_world_size()
         tokens = world * run["steps"] * run["batch_size"] * run["seq_len"]
         if dist.get_rank() == 0:
             record = {**{k: run[k] for k in ("name", "kind")}, "seconds": seconds, "steps": run["steps"]}
+            record |= {"tokens": tokens, "step_tokens": world * run["batch_size"] * run["seq_len"], **measured}
             with (out / "results.jsonl").open("a") as handle:
-                handle.write(json.dumps({**record, "tokens": tokens}) + "\n")
+                handle.write(json.dumps(record) + "\n")
             print(f"{run['name']:>24} {run['kind']:>10} {tokens / seconds:10,.0f} tok/s", flush=True)
     dist.barrier()
     dist.destroy_process_group()

@@ -50,6 +50,23 @@ def nonfinite_flag(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     return (~torch.isfinite(total)).float().to(device)
 
 
+def sum_over_ranks(flags: torch.Tensor, strategy: Strategy, world: int) -> torch.Tensor:
+    """``flags`` summed over the ``world`` ranks: one all-reduce on the default process group when it spans them.
+
+    Lightning's ``strategy.reduce`` runs ``barrier()`` before every all-reduce (``_sync_ddp`` in
+    lightning.fabric.utilities.distributed): a second blocking round trip where every rank waits for the slowest.
+    The flags need only the sum. Measured with benchmarks/overhead.py (gym_ddp, 2 CPU ranks, batch 4 x 64, load
+    ~5): the guard's reduce took 8-13 ms per step through ``strategy.reduce``; see docs/benchmarks.md's overhead
+    budget for the figure without the barrier. Other set-ups (no default group, a group other than all ranks) keep
+    ``strategy.reduce``.
+    """
+    dist = torch.distributed
+    if dist.is_available() and dist.is_initialized() and dist.get_world_size() == world > 1:
+        dist.all_reduce(flags, op=dist.ReduceOp.SUM)
+        return flags
+    return strategy.reduce(flags, reduce_op="sum")
+
+
 class NonFiniteGuard(Callback):
     """Catch a NaN/infinite training loss (on any rank) or gradient before the optimizer step applies it.
 
@@ -123,7 +140,7 @@ class NonFiniteGuard(Callback):
             flags[rank] = self._loss_flag
         flags[world + rank] = nonfinite_flag(local_gradients(trainer.strategy, pl_module) or [], pl_module.device)
         self._loss_flag = None
-        flags = trainer.strategy.reduce(flags, reduce_op="sum")
+        flags = sum_over_ranks(flags, trainer.strategy, world)
         return torch.nonzero(flags[:world]).flatten().tolist(), torch.nonzero(flags[world:]).flatten().tolist()
 
     @override
