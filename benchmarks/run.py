@@ -288,7 +288,8 @@ def fit_section(settings: Settings) -> str:
         "interleaved repeats, 1 process x 1 thread. Both sides: same initial weights, same collated batches in the "
         "same order, same AdamW (the module's fused kernel, same groups) and schedule. fit: no validation/"
         "checkpointing, progress bar and CSV logging every 50 steps, `self.log` of the loss every step; no "
-        "non-finite guard (the plain loop checks nothing: its cost is its own line in the overhead budget).\n\n"
+        "non-finite guard (the plain loop checks nothing; the overhead budget gives the guard's cost as its own "
+        "lines, measured on 2 ranks; on 1 process its flag reduction is a no-op).\n\n"
         + markdown_table(header, rows)
         + "\n\n"
         + RATIO_NOTE

@@ -232,3 +232,16 @@ def test_overhead_runs_probe_the_gym_side_with_the_guard(run_py: ModuleType) -> 
     assert all(r["probe"] and r["guard"] and r["kind"].startswith("gym_") for r in runs)
     assert {r["name"] for r in runs} >= {"ddp", "zero3@16"}
     assert next(r for r in runs if r["name"] == "zero2@16")["ds_config"]["train_micro_batch_size_per_gpu"] == 16
+
+
+def test_probe_counts_the_guard_reduce_net_of_the_norm_it_contains() -> None:
+    sys.path.insert(0, str(BENCH / "workers"))
+    from probe import COMPONENTS, StepProbe
+
+    probe = StepProbe(warmup=0)
+    # on_before_optimizer_step (timed as guard_reduce) calls nonfinite_flag (timed as guard_norm) inside it
+    probe.steps = [{"guard_reduce": 0.005, "guard_norm": 0.002, "sigterm": 0.001}, {"guard_reduce": 0.001}]
+    table = probe.per_step()
+    assert set(table) == set(COMPONENTS)
+    assert table["guard_reduce"] == pytest.approx([0.003, 0.001])
+    assert table["sigterm"] == [0.001, 0.0] and table["log"] == [0.0, 0.0]
