@@ -93,7 +93,7 @@ def from_pieces(
     ids = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
     labels = np.where(np.repeat(targets, lengths), ids, np.int32(IGNORE_INDEX)).astype(np.int32)
     record_lengths = np.bincount(piece_record, weights=lengths, minlength=num_records).astype(np.int64)
-    starts = np.concatenate([[0], np.cumsum(record_lengths)[:-1]])
+    starts = np.cumsum(record_lengths) - record_lengths
     position = np.arange(len(ids)) - np.repeat(starts, record_lengths)
     record = np.repeat(np.arange(num_records), record_lengths)
     within = position < max_seq_length
