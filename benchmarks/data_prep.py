@@ -41,7 +41,7 @@ import psutil
 sys.path.insert(0, sys.argv[1])
 from gym_lightning.data.datamodule import CausalLMDataModule
 process = psutil.Process()
-before, start = process.memory_info().rss, time.perf_counter()
+before, start, cpu_before = process.memory_info().rss, time.perf_counter(), process.cpu_times()
 kwargs = dict(train_files=sys.argv[2], max_seq_length=1024, batch_size=8)
 if sys.argv[3] != "old":
     kwargs["cache_dir"] = sys.argv[3]
@@ -50,7 +50,9 @@ if sys.argv[3] != "old" and os.environ["LOCAL_RANK"] == "0":
     dm.prepare_data()  # as Lightning: local rank 0 only; the other rank's setup waits on the cache lock
 dm.setup("fit")
 next(iter(dm.train_dataloader()))
-print(json.dumps({"rank": int(os.environ["LOCAL_RANK"]), "seconds": time.perf_counter() - start,
+cpu = process.cpu_times()  # children: the num_proc tokenization workers (joined by now)
+cpu_s = sum(cpu[:4]) - sum(cpu_before[:4])
+print(json.dumps({"rank": int(os.environ["LOCAL_RANK"]), "seconds": time.perf_counter() - start, "cpu_s": cpu_s,
                   "rss_growth_mb": (process.memory_info().rss - before) / 2**20,
                   "rows": len(dm.train_dataloader().dataset)}))
 """
@@ -101,32 +103,66 @@ def old_code(ref: str) -> Path:
     return folder
 
 
+def table_row(name: str, passes: dict[str, dict]) -> str:
+    """One markdown row: per rank seconds / CPU seconds / RSS growth, first pass and cache hit, load averages."""
+
+    def ranks(result: dict | None, key: str, unit: str) -> str:
+        return (
+            " / ".join(f"{r[key]:.{1 if key != 'seconds' or r[key] > 5 else 2}f}{unit}" for r in result["ranks"])
+            if result
+            else ""
+        )
+
+    first, hit = passes.get("first"), passes.get("cache_hit")
+    load = f"{first['load_before']:.1f} -> {first['load_after']:.1f}" if first else ""
+    return (
+        f"| {name} | {ranks(first, 'seconds', ' s')} | {ranks(first, 'cpu_s', ' s')} | {ranks(hit, 'seconds', ' s')} "
+        f"| {ranks(first, 'rss_growth_mb', ' MB')} | {load} |"
+    )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--alpaca", type=int, default=1_000_000)
     parser.add_argument("--sharegpt", type=int, default=200_000)
-    parser.add_argument("--impl", choices=["new", "old"], default="new")
-    parser.add_argument("--old-ref", default="8abc300")
-    parser.add_argument("--workdir", default=None)
+    parser.add_argument("--impl", choices=["new", "old"], default="new", help="old: the pre-cache data layer")
+    parser.add_argument("--old-ref", default="8abc300", help="git ref of the data layer for --impl old")
+    parser.add_argument("--code-ref", default=None, help="run the current benchmark on gym_lightning of this git ref")
+    parser.add_argument("--workdir", default=None, help="keeps the generated JSONL (and cache) between runs")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="data_prep_"))
     work.mkdir(parents=True, exist_ok=True)
-    code = old_code(args.old_ref) if args.impl == "old" else ROOT
-    results = {}
+    code = old_code(args.old_ref) if args.impl == "old" else old_code(args.code_ref) if args.code_ref else ROOT
+    results: dict[str, dict[str, dict]] = {}
     for name, count, writer in (("alpaca", args.alpaca, write_alpaca), ("sharegpt", args.sharegpt, write_sharegpt)):
         if not count:
             continue
         data = work / f"{name}_{count}.jsonl"
         if not data.exists():
             writer(data, count)
-        cache = "old" if args.impl == "old" else str(work / "cache")
+        cache = "old" if args.impl == "old" else str(work / f"cache-{args.code_ref or 'worktree'}")
         passes = ["first"] if args.impl == "old" else ["first", "cache_hit"]
         for label in passes:
-            started = time.perf_counter()
+            started, load_before = time.perf_counter(), os.getloadavg()[0]
             ranks = run_ranks(code, data, cache)
-            results[f"{name}_{count}_{label}"] = {"wall_s": time.perf_counter() - started, "ranks": ranks}
-            print(json.dumps({f"{name}_{count}_{label}": results[f"{name}_{count}_{label}"]}), flush=True)
-    print(json.dumps({"impl": args.impl, "cpus": os.cpu_count(), "results": results}, indent=1))
+            result = {
+                "wall_s": time.perf_counter() - started,
+                "load_before": load_before,
+                "load_after": os.getloadavg()[0],
+            }
+            results.setdefault(f"{count:,} {name}", {})[label] = {**result, "ranks": ranks}
+            print(json.dumps({f"{name}_{count}_{label}": {**result, "ranks": ranks}}), flush=True)
+    print(
+        f"\ncode: {args.code_ref or args.old_ref if args.impl == 'old' or args.code_ref else 'working tree'}, "
+        f"{os.cpu_count()} CPUs; per rank (rank 0 / rank 1), from creating the data module to its first batch"
+    )
+    print(
+        "| data | first preparation, wall | first preparation, CPU (process + workers) | cache hit, wall "
+        "| RSS growth (first) | load average (1 min) before -> after |"
+    )
+    print("| --- | --- | --- | --- | --- | --- |")
+    for name, passes in results.items():
+        print(table_row(name, passes))
 
 
 if __name__ == "__main__":

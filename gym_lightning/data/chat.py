@@ -28,6 +28,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
+from gym_lightning.data.arrays import encode, offsets_array
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
@@ -145,13 +146,16 @@ def chat_labels(
         )
     header = assistant_header(tokenizer)
     texts = [tokenizer.apply_chat_template(m, tools=t, tokenize=False) for m, t in conversations]
-    encoded = tokenizer(texts, add_special_tokens=False, return_offsets_mapping=True)
-    special_ids = np.array(sorted(special_token_ids(tokenizer)), dtype=np.int64)
+    encodings = encode(tokenizer, texts)  # = tokenizer(texts, ..., return_offsets_mapping=True), without conversion
+    special_ids = sorted(special_token_ids(tokenizer))
+    # A lookup table instead of np.isin per conversation (0.75 of 8.8 s on 3k ShareGPT conversations here).
+    is_special = np.zeros(max(len(tokenizer), special_ids[-1] + 1 if special_ids else 0), dtype=bool)
+    is_special[special_ids] = True
     out = []
     for i, text in enumerate(texts):
-        ids = np.asarray(encoded["input_ids"][i], dtype=np.int64)
-        offsets = np.asarray(encoded["offset_mapping"][i], dtype=np.int64).reshape(-1, 2)
-        special = np.isin(ids, special_ids)
+        ids = np.asarray(encodings[i].ids, dtype=np.int64)
+        offsets = offsets_array(encodings[i])
+        special = is_special[ids]
         spans = assistant_spans(text, conversations[i][0], header, offsets[special, 1].tolist(), origins[i])
         labels, missing_end = _span_labels(ids, offsets, spans, special, _occurrences(text, header))
         ids_list, labels_list = ids.tolist(), labels.tolist()

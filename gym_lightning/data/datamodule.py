@@ -19,7 +19,7 @@ from typing_extensions import override
 from gym_lightning._compat import rank_zero_info
 from gym_lightning.data.collate import Collator
 from gym_lightning.data.formats import FORMATS, FormatName, TokenizedSample, resolve_format, tokenize_prompt
-from gym_lightning.data.loader import StepTokenDataLoader
+from gym_lightning.data.loader import BATCH_INDEX_KEY, StepTokenDataLoader
 from gym_lightning.data.prepare import (
     DataSource,
     Settings,
@@ -242,6 +242,16 @@ class CausalLMDataModule(LightningDataModule):
             collate_fn=Collator(self.tokenizer.pad_token_id),
             accumulate_grad_batches=accumulate,
         )
+
+    @override
+    def on_before_batch_transfer(self, batch: Any, dataloader_idx: int) -> Any:
+        """A streamed batch tells its loader that it is the one now being trained (see ``mark_in_use``)."""
+        index = batch.pop(BATCH_INDEX_KEY, None) if isinstance(batch, dict) else None
+        if index is not None and self.trainer is not None:
+            loader = self.trainer.train_dataloader
+            if isinstance(loader, StepTokenDataLoader):
+                loader.mark_in_use(index)
+        return batch
 
     @override
     def val_dataloader(self) -> DataLoader | list:

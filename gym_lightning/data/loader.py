@@ -16,7 +16,9 @@ same epoch (Lightning's ``DistributedSampler`` and ``CausalLMDataModule``'s samp
 
 A streamed data set (``datasets.IterableDataset``, which has ``state_dict``/``load_state_dict``) keeps its own
 position instead: the state saved is the data set's state right after the last batch handed out, and resuming
-loads it back (``num_workers`` must then be 0, so that the state is the main process's).
+loads it back (``num_workers`` must then be 0, so that the state is the main process's). Lightning fetches a
+stream's next batch before training the current one, so each streamed batch carries its index and the data module
+reports the batch actually being trained (``mark_in_use``); the saved position is that batch's.
 
 It is a plain ``DataLoader`` subclass so that Lightning can still re-create it with a distributed sampler.
 """
@@ -35,6 +37,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.loss import count_target_tokens
 
 STEP_TOKENS_KEY = "step_target_tokens"
+BATCH_INDEX_KEY = "stream_batch_index"  # streamed batches only; CausalLMDataModule.on_before_batch_transfer pops it
 
 
 def batches_to_skip(state: dict[str, Any], batch_size: int, num_replicas: int, num_batches: int) -> int:
@@ -75,7 +78,8 @@ class StepTokenDataLoader(DataLoader):
         self.accumulate_grad_batches = accumulate_grad_batches
         self._yielded = 0  # batches handed out in the current pass
         self._skip = 0  # batches the next pass skips (set by load_state_dict)
-        self._position: Any = None  # a streamed data set's state after the last batch handed out
+        self._position: Any = None  # a streamed data set's state after the last batch handed out (or in use)
+        self._pending: dict[int, Any] = {}  # streamed: positions of batches handed out, by index (see mark_in_use)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         skip, self._skip = self._skip, 0
@@ -90,7 +94,23 @@ class StepTokenDataLoader(DataLoader):
                     continue
                 batch[STEP_TOKENS_KEY] = total
                 self._yielded, self._position = index, position  # set before the consumer sees the batch
+                if position is not None:
+                    batch[BATCH_INDEX_KEY] = index
+                    self._pending = {i: p for i, p in self._pending.items() if i > index - 8}
+                    self._pending[index] = position
                 yield batch
+
+    def mark_in_use(self, index: int) -> None:
+        """The streamed batch ``index`` is the one being trained: make the saved position the one right after it.
+
+        Lightning reads a loader without a length (a stream) one batch ahead (``_PrefetchDataFetcher``: it fetches
+        batch k+1 before running batch k, to know whether k is the last), so when a checkpoint is taken after batch
+        k this loader has already handed out k+1; saving that position would skip batch k+1 on resume (found by
+        tests/test_data_stream_resume.py). ``CausalLMDataModule.on_before_batch_transfer``, which Lightning calls on
+        the batch it is about to train, calls this; without it (plain iteration) the last batch handed out counts.
+        """
+        if index in self._pending:
+            self._yielded, self._position = index, self._pending[index]
 
     def _stateful_dataset(self) -> bool:
         return callable(getattr(self.dataset, "state_dict", None)) and callable(

@@ -31,11 +31,13 @@ from transformers import PreTrainedTokenizerBase
 
 from gym_lightning._compat import rank_zero_info
 from gym_lightning.atomic import atomic_directory
+from gym_lightning.data.arrays import Columns, pair_columns, plain_columns
 from gym_lightning.data.formats import (
+    CHAT_FORMATS,
     TRAIN_FIELDS,
     canonical,
+    check_fields,
     detect_format,
-    has_target,
     prompt_ids_of,
     prompt_text,
     report_dropped,
@@ -132,6 +134,7 @@ class Tokenize:
         mask_prompt: Train only on targets.
         with_prompts: Also store the generation prompt, its ids and the reference (validation).
         label: Names the data set in error messages (records are numbered from 1).
+        arrow: Return an Arrow table (``Dataset.map``) rather than a dict of Python lists (a stream's ``map``).
     """
 
     def __init__(
@@ -142,25 +145,36 @@ class Tokenize:
         mask_prompt: bool,
         with_prompts: bool,
         label: str,
+        arrow: bool = True,
     ) -> None:
         self.format, self.tokenizer, self.max_seq_length = format, tokenizer, max_seq_length
-        self.mask_prompt, self.with_prompts, self.label = mask_prompt, with_prompts, label
+        self.mask_prompt, self.with_prompts, self.label, self.arrow = mask_prompt, with_prompts, label, arrow
 
-    def __call__(self, batch: dict[str, list], indices: list[int]) -> dict[str, list]:
+    def __call__(self, batch: dict[str, list], indices: list[int]) -> pa.Table | dict[str, list]:
         keys = list(batch)
         records = [
             Record(dict(zip(keys, values, strict=True)), f"{self.label} record {index + 1}")
             for index, values in zip(indices, zip(*batch.values(), strict=True), strict=True)
         ]
-        pairs = tokenize_examples(records, self.format, self.tokenizer, self.max_seq_length, self.mask_prompt)
-        kept = [i for i, (_, labels) in enumerate(pairs) if has_target(labels)]
-        out: dict[str, list] = {"input_ids": [pairs[i][0] for i in kept], "labels": [pairs[i][1] for i in kept]}
+        columns = self.columns(records)
+        out: dict[str, pa.Array] = columns.arrow()
         if self.with_prompts:
-            prompts = [prompt_text(records[i], self.format, self.tokenizer) for i in kept]
-            out["prompt"] = [p for p, _ in prompts]
-            out["reference"] = [r for _, r in prompts]
-            out["prompt_ids"] = [prompt_ids_of(self.tokenizer, p, self.format, self.max_seq_length) for p, _ in prompts]
-        return out
+            prompts = [prompt_text(records[i], self.format, self.tokenizer) for i in columns.kept.tolist()]
+            out["prompt"] = pa.array([p for p, _ in prompts], type=pa.string())
+            out["reference"] = pa.array([r for _, r in prompts], type=pa.string())
+            prompt_ids = [prompt_ids_of(self.tokenizer, p, self.format, self.max_seq_length) for p, _ in prompts]
+            out["prompt_ids"] = pa.array(prompt_ids, type=pa.list_(pa.int32()))
+        # Dataset.map writes a returned Arrow table as is; a stream's map wants Python values.
+        return pa.table(out) if self.arrow else pa.table(out).to_pydict()
+
+    def columns(self, records: list[Record]) -> Columns:
+        """The batch's ids and labels (see ``gym_lightning.data.arrays``); rows without a target left out."""
+        if self.format in CHAT_FORMATS:  # checks the fields itself
+            pairs = tokenize_examples(records, self.format, self.tokenizer, self.max_seq_length, self.mask_prompt)
+            return pair_columns(pairs)
+        for record in records:
+            check_fields(record, self.format)
+        return plain_columns(records, self.format, self.tokenizer, self.max_seq_length, self.mask_prompt)
 
 
 def resolve_source_format(source: DataSource, dataset: datasets.Dataset, label: str) -> str:
@@ -350,5 +364,5 @@ def stream_dataset(
     if first is None:
         raise GymUserError(f"The data set {label} is empty: it holds no records.")
     format = canonical(source.format) if source.format != "auto" else detect_format(Record(first, f"{label} record 1"))
-    tokenize = Tokenize(format, tokenizer, settings.max_seq_length, settings.mask_prompt, False, label)
+    tokenize = Tokenize(format, tokenizer, settings.max_seq_length, settings.mask_prompt, False, label, arrow=False)
     return rows.map(tokenize, batched=True, batch_size=1000, with_indices=True, remove_columns=list(first))
