@@ -160,10 +160,14 @@ def test_table_and_json_from_the_command_line(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "gym_lightning", "plan", "--model", str(tmp_path), "--gpus_per_node", "2"]
     table = subprocess.run(base, capture_output=True, text=True, check=True).stdout
     assert "ZeRO-Infinity (NVMe)" in table and "Recommendation: DDP (strategy: gym_ddp)" in table
-    report = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True, check=True).stdout)
+    flags = ["--json", "--checkpoint_file_size", "500MB", "--loss_chunking", "on"]
+    report = json.loads(subprocess.run([*base, *flags], capture_output=True, text=True, check=True).stdout)
+    assert report["setup"]["checkpoint_file_bytes"] == 500 * 2**20 and report["setup"]["loss_chunking"] == "on"
     assert report["parameters"]["total"] == 34_976  # the hand count of tests/test_callbacks_memory.py
     assert [s["key"] for s in report["strategies"]] == [s.key for s in STRATEGIES]
     assert report["recommendation"] == "ddp"
+    assert "Peak per phase, GiB, host RAM / GPU memory per rank:" in table
+    assert set(report["strategies"][0]["phases"]) == {"load", "step", "save", "export"}
 
 
 @pytest.mark.parametrize(

@@ -115,11 +115,12 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
         # (measured at 250M: 2.0 + 2.0 + 4/N bytes per parameter at the load peak, 2.0 + 4/N after it).
         load = p * t + frozen * f + p * t + 4 * t / n
         return _place(setup, load, states.host)
-    # ZeRO-3: zero.Init partitions as it builds; transformers copies a file's tensors in one module at a time
-    # (gathered, largest unit) and deepspeed.initialize adds the fp32 master partition and the AdamW states.
-    gathered = p * counts.largest_unit
-    on_device = states.params + states.optimizer_state + gathered
-    return _place(setup, on_device, read_slice_bytes(setup, sharded=False) + states.host)
+    # ZeRO-3: zero.Init partitions the 16-bit weights as the model is built; transformers gathers one module at a
+    # time to copy the checkpoint in; deepspeed.initialize adds the 16-bit gradient partition and the fp32 master
+    # partition (AdamW's states come with the first step). Measured at 1B: 2 + 2 + 4 bytes per parameter / N after
+    # load, and about two gathered units more at its peak.
+    on_device = states.params + p * t / n + 4 * t / n + 2 * p * counts.largest_unit
+    return _place(setup, on_device, states.host)
 
 
 def step_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
@@ -132,21 +133,33 @@ def step_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     return _place(setup, tensors + buffer_bytes(shape, strategy, setup), states.host)
 
 
+def held_after_step(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
+    """Model-state bytes still held once a step is over (what save and export start from). ZeRO-1/2 free their
+    16-bit gradients and the fp32 gradient partition after the step (measured at 250M: 2 + 12/N bytes per
+    parameter + the bucket); torch keeps ``.grad`` until the next step zeroes it, ZeRO-3 its gradient partition."""
+    states = model_states(shape, strategy, setup)
+    if strategy.framework == "deepspeed" and strategy.stage < 3:
+        return states.params + states.optimizer_state
+    return states.total
+
+
 def save_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     """Peak of writing a checkpoint: the states stay where they are and are written from there (DCP and DeepSpeed
     write each rank's tensors, ``PartialFileCheckpointIO`` streams ``torch.save`` into the final folder; nothing
     is serialised into memory or staged in a temp dir first). The step's gathered buffers are free by then."""
-    states = model_states(shape, strategy, setup)
-    return _place(setup, states.total + resident_buffers(shape, strategy, setup), states.host)
+    held = held_after_step(shape, strategy, setup) + resident_buffers(shape, strategy, setup)
+    return _place(setup, held, model_states(shape, strategy, setup).host)
 
 
 def export_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     """Peak of the Hugging Face export at the end of fit: the states are still held; the exporter gathers one
     tensor at a time in fp32 and writes its copy in the export dtype (``checkpoint_dtype_bytes``, the source's)."""
-    states = model_states(shape, strategy, setup)
     largest = max(shape.embedding_params(), max(i * o for i, o in shape.linear_shapes().values()))
     one_tensor = largest * (4 + setup.checkpoint_dtype_bytes)
-    return _place(setup, states.total + resident_buffers(shape, strategy, setup) + one_tensor, states.host)
+    # Lightning tears the strategy down before on_fit_end: the DDP wrapper and its reducer buckets are gone.
+    buffers = 0.0 if strategy.framework == "torch" else resident_buffers(shape, strategy, setup)
+    held = held_after_step(shape, strategy, setup) + buffers
+    return _place(setup, held + one_tensor, model_states(shape, strategy, setup).host)
 
 
 def phase_peaks(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeaks:
