@@ -10,7 +10,8 @@ against measured peaks in docs/benchmarks.md by ``benchmarks/scale.py``):
   the whole checkpoint on every rank (``from_pretrained``); ZeRO-3 builds under ``zero.Init`` and transformers
   gathers one module at a time while it copies a file's tensors in. Trainable weights become fp32 under
   ``bf16-mixed`` whatever the checkpoint's dtype (``strategies/_common.fp32_trainable_parameters``); DeepSpeed
-  keeps the module in 16 bits and builds fp32 master partitions and AdamW states in ``deepspeed.initialize``.
+  keeps the module in 16 bits and builds fp32 master partitions in ``deepspeed.initialize``. AdamW's states come
+  with the first step under every strategy.
 * step — the model states (``estimate.model_states``), activations, the LM head/loss buffer (one chunk of
   ``loss_chunk_tokens`` positions when the loss is chunked, not ``[tokens, vocab]``), the strategy's buffers and the
   optimizer's transient: 0 for fused AdamW, the module's default (no full-size foreach intermediates).

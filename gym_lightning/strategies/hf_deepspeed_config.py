@@ -229,8 +229,9 @@ def layer_sized_sub_group(config: dict[str, Any], layer_numel: int | None) -> di
 
     ZeRO-3 runs the optimizer step one sub-group of the rank's partition at a time and converts that sub-group's
     gradients to an fp32 copy for it. DeepSpeed's default sub-group, 1e9 elements, is the whole partition of any
-    model under 1e9 x N parameters: 4 bytes x Psi / N held at once, 1.8 GiB per rank for a 946M model on 2 ranks,
-    which did not fit beside the other states on a 24 GiB host (benchmarks/scale.py). One layer bounds it like the
+    model under 1e9 x N parameters: 4 bytes x Psi / N held at once, 1.8 GiB per rank for a 946M model on 2 ranks
+    (benchmarks/scale.py: that run was killed for memory on the shared 24 GiB host; with one layer it trained at
+    8.6 GiB per rank, with the allocator fix of ``_common.return_freed_host_memory``). One layer bounds it like the
     stage-3 gathered-parameter limits. Left alone with optimizer offload (its swapping works in sub-groups) or when
     the layer size is unknown."""
     zero = config.get("zero_optimization")
