@@ -48,6 +48,7 @@ def gpu_bench() -> ModuleType:
         "zero3_phases.py",
         "export_peak.py",
         "load_peak.py",
+        "scale.py",
     ],
 )
 def test_entry_point_help(script: str) -> None:
@@ -245,3 +246,28 @@ def test_probe_counts_the_guard_reduce_net_of_the_norm_it_contains() -> None:
     assert set(table) == set(COMPONENTS)
     assert table["guard_reduce"] == pytest.approx([0.003, 0.001])
     assert table["sigterm"] == [0.001, 0.0] and table["log"] == [0.0, 0.0]
+
+
+def test_scale_table_puts_measured_peaks_beside_the_planner(tmp_path: Path) -> None:
+    import transformers
+
+    scale = _load(BENCH / "scale.py")
+    folder = tmp_path / "models" / "llama-250m"
+    folder.mkdir(parents=True)
+    shape = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
+    config = transformers.LlamaConfig(**shape, num_attention_heads=4, num_key_value_heads=4, tie_word_embeddings=True)
+    (folder / "config.json").write_text(config.to_json_string())
+    (folder / "model.safetensors").write_bytes(b"0" * 2**20)
+    from gym_lightning.planner import resolve_shape
+    from gym_lightning.planner.estimate import STRATEGY_BY_KEY
+    from gym_lightning.planner.phases import phase_peaks
+
+    setup = scale.planner_setup(folder, 500.0, 4)
+    assert setup.checkpoint_file_bytes == 2**20 and setup.accelerator == "cpu" and setup.seq_length == 4
+    planned = phase_peaks(resolve_shape(str(folder)), STRATEGY_BY_KEY["fsdp_full"], setup).load.host / 2**20
+    rank = {"baseline": 500.0, "load": {"peak": planned * 1.2, "end": 0.0}}
+    results = {"250m/gym_fsdp": {"ranks": [rank, rank], "seq": 4}, "1b/zero3": {"failed": 1, "seconds": 3.0}}
+    table = scale.render(results, tmp_path)
+    row = next(line for line in table.splitlines() if line.startswith("| 250m | gym_fsdp | load |"))
+    assert f"| {planned:,.0f} | 16.7% |" in row  # |measured - planner| / measured = 0.2 / 1.2
+    assert "| 1b | zero3 | — | failed (exit 1) |" in table

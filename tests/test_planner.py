@@ -69,10 +69,13 @@ def test_zero_stages_by_hand_bf16_8_gpus() -> None:
     # ZeRO-1 keeps the full bf16 gradient: 2Ψ + 2Ψ + 16Ψ/8 = 32_121_044_992 + 16_060_522_496
     assert model_states(LLAMA_8B, BY_KEY["zero1"], setup).total == pytest.approx(48_181_567_488)
     # ZeRO-3: 2Ψ/8 params + persistent norms (32*2*4096 + 4096 = 266_240 elements < 1e5 each, kept whole, 2 B)
-    # + 2Ψ/8 grads + fp32 grad copy of one 1e9-element sub-group (Ψ/8 = 1_003_782_656 > 1e9) + 12Ψ/8 states
+    # + 2Ψ/8 grads + fp32 grad copy of one optimizer sub-group (ZeROStrategy: one decoder layer, 218_112_000
+    # elements; DeepSpeed's 1e9 default when set so) + 12Ψ/8 states
     z3 = model_states(LLAMA_8B, BY_KEY["zero3"], setup)
     assert z3.params == pytest.approx(2 * PSI_8B / 8 + 2 * 266_240)
-    assert z3.grads == pytest.approx(2 * PSI_8B / 8 + 4 * 1e9)
+    assert z3.grads == pytest.approx(2 * PSI_8B / 8 + 4 * 218_112_000)
+    deepspeed_default = model_states(LLAMA_8B, BY_KEY["zero3"], Setup(gpus_per_node=8, sub_group_size=10**9))
+    assert deepspeed_default.grads == pytest.approx(2 * PSI_8B / 8 + 4 * 1e9)  # Ψ/8 = 1_003_782_656 > 1e9
     assert z3.optimizer_state == pytest.approx(12 * PSI_8B / 8)
     # DDP under torch AMP: fp32 params + fp32 grads + 8 B Adam = 16Ψ = 128_484_179_968 B (nothing sharded)
     assert model_states(LLAMA_8B, BY_KEY["ddp"], setup).total == pytest.approx(16 * PSI_8B)
@@ -107,8 +110,10 @@ def test_activations_and_logits_by_hand() -> None:
     # checkpointing: a bf16 layer input per layer (2 * 4096 * 2048 * 32) + one layer recomputed
     ckpt = Setup(seq_length=2048, activation_checkpointing=True)
     assert activation_bytes(LLAMA_8B, ckpt, 1) == 2 * 4096 * 2048 * 32 + 209_024 * 2048
-    # logits: 2048 * 128256 * (2 bf16 + 4 fp32 upcast + 4 fp32 log-softmax) = 2_626_682_880 B
-    assert logits_bytes(LLAMA_8B, setup, 1) == 2_626_682_880
+    # logits without chunking: 2048 * 128256 * (2 bf16 + 4 fp32 upcast + 4 fp32 log-softmax) = 2_626_682_880 B
+    assert logits_bytes(LLAMA_8B, replace(setup, loss_chunking="off"), 1) == 2_626_682_880
+    # the module's default chunks a 128k vocabulary by 1,024 positions: half of that (tests/test_planner_phases.py)
+    assert logits_bytes(LLAMA_8B, setup, 1) == 2_626_682_880 / 2
 
 
 def test_fit_and_largest_micro_batch_are_consistent() -> None:
@@ -121,8 +126,11 @@ def test_fit_and_largest_micro_batch_are_consistent() -> None:
         assert at_max.fits_gpu and not above.fits_gpu, e.strategy.key
     ddp = report.estimates[0]
     assert ddp.strategy.key == "ddp" and not ddp.fits_gpu  # 16Ψ = 120 GiB of model states alone
-    # ZeRO-1 (2Ψ + 2Ψ + 4Ψ/8 + 12Ψ/8 = 44.9 GiB) + 4096-token activations (25.5) + logits (4.9) > 75 GiB usable
-    assert report.recommendation is not None and report.recommendation.strategy.key == "zero2"
+    # ZeRO-1 (2Ψ + 2Ψ + 4Ψ/8 + 12Ψ/8 = 44.9 GiB) + 4096-token activations (25.5) + full logits (4.9) > 75 GiB
+    # usable; with the module's chunked loss (1,024-position chunks: 1.2 GiB) it fits.
+    unchunked = plan("llama-3-8b", gpus_per_node=8, gpu_memory="80GB", seq_length=4096, loss_chunking="off")
+    assert unchunked.recommendation is not None and unchunked.recommendation.strategy.key == "zero2"
+    assert report.recommendation is not None and report.recommendation.strategy.key == "zero1"
 
 
 def test_seventy_b_on_8x24gb() -> None:
@@ -152,10 +160,14 @@ def test_table_and_json_from_the_command_line(tmp_path: Path) -> None:
     base = [sys.executable, "-m", "gym_lightning", "plan", "--model", str(tmp_path), "--gpus_per_node", "2"]
     table = subprocess.run(base, capture_output=True, text=True, check=True).stdout
     assert "ZeRO-Infinity (NVMe)" in table and "Recommendation: DDP (strategy: gym_ddp)" in table
-    report = json.loads(subprocess.run([*base, "--json"], capture_output=True, text=True, check=True).stdout)
+    flags = ["--json", "--checkpoint_file_size", "500MB", "--loss_chunking", "on"]
+    report = json.loads(subprocess.run([*base, *flags], capture_output=True, text=True, check=True).stdout)
+    assert report["setup"]["checkpoint_file_bytes"] == 500 * 2**20 and report["setup"]["loss_chunking"] == "on"
     assert report["parameters"]["total"] == 34_976  # the hand count of tests/test_callbacks_memory.py
     assert [s["key"] for s in report["strategies"]] == [s.key for s in STRATEGIES]
     assert report["recommendation"] == "ddp"
+    assert "Peak per phase, GiB, host RAM / GPU memory per rank:" in table
+    assert set(report["strategies"][0]["phases"]) == {"load", "step", "save", "export"}
 
 
 @pytest.mark.parametrize(

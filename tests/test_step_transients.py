@@ -10,8 +10,12 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.optim import adamw_kernel, build_optimizer
 from gym_lightning.strategies import ZeRO2Strategy, ZeRO3Strategy
 from gym_lightning.strategies.hf_deepspeed_config import (
+    DEFAULT_BUCKET_SIZE,
     TrainingFacts,
+    derived_bucket_size,
     drop_autos,
+    fill_bucket_sizes,
+    layer_sized_sub_group,
     resolve_hf_deepspeed_config,
     stage3_limits,
 )
@@ -72,3 +76,31 @@ def test_generated_stage3_config_asks_for_them_and_drops_what_nobody_states() ->
         tuple(f"zero_optimization.{key}" for key in stage3_limits(1)),
     )
     assert dropped == _stage3(stage3_max_reuse_distance=5)
+
+
+def test_zero_buckets_default_to_one_decoder_layer() -> None:
+    keys = ("reduce_bucket_size", "allgather_bucket_size")
+    for strategy in (ZeRO2Strategy(), ZeRO3Strategy()):
+        assert [strategy.config["zero_optimization"][key] for key in keys] == ["auto", "auto"]
+    assert [ZeRO2Strategy(bucket_size=5000).config["zero_optimization"][key] for key in keys] == [5000, 5000]
+    filled = fill_bucket_sizes(ZeRO2Strategy().config, derived_bucket_size(1234))
+    assert [filled["zero_optimization"][key] for key in keys] == [1234, 1234]
+    assert derived_bucket_size(None) == DEFAULT_BUCKET_SIZE  # no layer size stated: the former default
+    # Only "auto" is filled: a user's explicit value stays.
+    mixed = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 7, "allgather_bucket_size": "auto"}}
+    assert fill_bucket_sizes(mixed, 99)["zero_optimization"] == {
+        "stage": 2,
+        "reduce_bucket_size": 7,
+        "allgather_bucket_size": 99,
+    }
+
+
+def test_zero3_optimizer_sub_group_is_one_layer() -> None:
+    stage3 = {"zero_optimization": {"stage": 3}}
+    assert layer_sized_sub_group(stage3, 1234)["zero_optimization"]["sub_group_size"] == 1234
+    assert layer_sized_sub_group(stage3, None) == stage3  # unknown layer size: DeepSpeed's default
+    assert layer_sized_sub_group({"zero_optimization": {"stage": 2}}, 1234) == {"zero_optimization": {"stage": 2}}
+    explicit = {"zero_optimization": {"stage": 3, "sub_group_size": 7}}
+    assert layer_sized_sub_group(explicit, 1234) == explicit
+    offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
+    assert layer_sized_sub_group(offload, 1234) == offload

@@ -3,8 +3,9 @@
     python -m gym_lightning plan --model llama-3-70b --gpus_per_node 8 --gpu_memory 24GB --activation_checkpointing
 
 prints one row per strategy (GiB per GPU of parameters, gradients, optimizer state, activations, logits and
-buffers; host and NVMe per node; whether it fits; the largest micro-batch that fits) and the fastest strategy that
-fits. ``--json`` prints the same as JSON. Bad flags end with one line on stderr and exit status 2.
+buffers; host and NVMe per node; whether it fits; the largest micro-batch that fits), the peak per rank of each
+phase (load, training step, checkpoint save, export; host and GPU) and the fastest strategy that fits. ``--json``
+prints the same as JSON. Bad flags end with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import sys
 from typing import get_args
 
 from gym_lightning.commands import CommandParser
-from gym_lightning.planner.estimate import Attention, Optimizer, Precision
+from gym_lightning.planner.estimate import Accelerator, Attention, LossChunking, Optimizer, Precision
 from gym_lightning.planner.report import plan
 from gym_lightning.planner.shapes import BUNDLED, LoraTargets
 
@@ -35,6 +36,10 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--lora_targets", choices=get_args(LoraTargets), default="all-linear")
     parser.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw")
     parser.add_argument("--attention", choices=get_args(Attention), default="sdpa")
+    parser.add_argument("--accelerator", choices=get_args(Accelerator), default="gpu")
+    parser.add_argument("--checkpoint_file_size", default="5GB", help="largest safetensors file of the checkpoint")
+    parser.add_argument("--loss_chunking", choices=get_args(LossChunking), default="auto")
+    parser.add_argument("--loss_chunk_tokens", type=int, default=1024)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 

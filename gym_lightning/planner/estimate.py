@@ -14,7 +14,6 @@ buckets are a second copy of the gradients.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -23,8 +22,15 @@ from gym_lightning.planner.shapes import LoraTargets, ModelShape
 Precision = Literal["bf16-mixed", "32-true"]
 Optimizer = Literal["adamw", "sgd", "adafactor"]
 Attention = Literal["sdpa", "eager"]
+Accelerator = Literal["gpu", "cpu"]
+LossChunking = Literal["auto", "on", "off"]
 
 GiB = 1024**3
+# The module's ``loss_chunking="auto"`` threshold (gym_lightning.loss.CHUNKED_LOSS_MIN_VOCAB; not imported: the
+# planner stays free of torch). tests/test_planner.py checks that the two agree.
+CHUNKED_LOSS_MIN_VOCAB = 65_536
+# ZeROStrategy's bucket size when the module states no layer size (and DeepSpeed's own configs' usual value).
+DEFAULT_ZERO_BUCKET = 200_000_000
 # Bytes of optimizer state per trainable parameter, fp32: AdamW momentum + variance; SGD momentum; Adafactor's
 # factored second moment is O(rows + cols) per matrix (< 0.1 % of the parameters at these sizes), counted as 0.
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "sgd": 4, "adafactor": 0}
@@ -66,6 +72,7 @@ STRATEGIES: tuple[Strategy, ...] = (
     Strategy("zero_infinity", "ZeRO-Infinity (NVMe)", "zero_infinity", "deepspeed", 3, "nvme", "nvme"),
 )
 STRATEGY_KEYS: tuple[str, ...] = tuple(s.key for s in STRATEGIES)
+STRATEGY_BY_KEY: dict[str, Strategy] = {s.key: s for s in STRATEGIES}
 
 
 @dataclass(frozen=True)
@@ -84,11 +91,17 @@ class Setup:
     lora_targets: LoraTargets = "all-linear"
     optimizer: Optimizer = "adamw"
     attention: Attention = "sdpa"
-    bucket_size: int = 200_000_000  # ZeROStrategy's default (elements per reduce / all-gather bucket)
+    bucket_size: int | None = None  # ZeROStrategy's: None = one decoder layer's elements (derived_bucket_size)
     zero3_param_persistence_threshold: int = 100_000  # DeepSpeed's default
+    sub_group_size: int | None = None  # ZeRO-3 optimizer sub-group; None = one decoder layer, as ZeROStrategy sets
     cuda_reserved: int = GiB  # CUDA context, NCCL and cuBLAS workspaces: never available to tensors
     fragmentation: float = 0.05  # share of the rest lost to the caching allocator's fragmentation
     host_process_overhead: int = 3 * GiB  # host RSS of one training process before any model (torch, CUDA, NCCL)
+    accelerator: Accelerator = "gpu"  # "cpu": ranks train on the host, every byte is host memory (phases.py)
+    checkpoint_dtype_bytes: int = 2  # bytes per element of the pretrained files (bf16 on the Hub) and of the export
+    checkpoint_file_bytes: int = 5 * 10**9  # largest safetensors file of the checkpoint (the Hub's usual 5 GB shards)
+    loss_chunking: LossChunking = "auto"  # CausalLMModule(loss_chunking=...): auto chunks from 65,536 tokens of vocab
+    loss_chunk_tokens: int = 1024  # CausalLMModule(loss_chunk_tokens=...)
 
     @property
     def world_size(self) -> int:
@@ -168,7 +181,7 @@ def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelSt
         params = p * t + pf * f
     grads = p * t if strategy.stage <= 1 else p * t / n
     if strategy.stage >= 1:
-        grads += fp32_grad * _fp32_grad_elements(t / n, strategy)
+        grads += fp32_grad * _fp32_grad_elements(t / n, strategy, shape, setup)
     states = opt * t / n if strategy.stage >= 1 else opt * t
     if strategy.offload_optimizer == "none":
         return ModelStates(params, grads, states)
@@ -183,9 +196,12 @@ def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelSt
     return ModelStates(params, 0.0, 0.0, host, nvme)
 
 
-def _fp32_grad_elements(partition: float, strategy: Strategy) -> float:
-    # ZeRO-3 converts one optimizer sub-group at a time (sub_group_size, default 1e9 elements).
-    return min(partition, 1e9) if strategy.stage == 3 else partition
+def _fp32_grad_elements(partition: float, strategy: Strategy, shape: ModelShape, setup: Setup) -> float:
+    """ZeRO-3 converts one optimizer sub-group at a time to fp32: ``sub_group_size`` elements, which ZeROStrategy sets
+    to one decoder layer (``hf_deepspeed_config.layer_sized_sub_group``; DeepSpeed's own default is 1e9)."""
+    if strategy.stage != 3:
+        return partition
+    return min(partition, shape.layer_params() if setup.sub_group_size is None else setup.sub_group_size)
 
 
 def activation_bytes_per_layer(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
@@ -218,12 +234,31 @@ def activation_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float
     return shape.num_layers * one_layer + (4 + a_b) * shape.hidden_size * tokens  # + the final RMSNorm
 
 
+def loss_chunked(shape: ModelShape, setup: Setup) -> bool:
+    """Whether the module computes the LM head and the loss in chunks (``CausalLMModule.loss_chunking``)."""
+    if setup.loss_chunking == "auto":
+        return shape.vocab_size >= CHUNKED_LOSS_MIN_VOCAB
+    return setup.loss_chunking == "on"
+
+
 def logits_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
-    """The LM head's output and the loss: logits in the compute dtype, their fp32 upcast (``summed_cross_entropy``
-    computes in fp32) and the fp32 log-softmax cross-entropy keeps for backward: ``sbV (a_b + 4 + 4)``. Often the
-    single largest activation (V = 128k-152k for Llama 3 / Qwen)."""
+    """The LM head's output and the loss: logits in the compute dtype, their fp32 upcast (the loss computes in fp32)
+    and the fp32 log-softmax cross-entropy keeps for backward, ``(a_b + 4 + 4)`` bytes per position and vocabulary
+    entry. Unchunked that is the whole ``[s b, V]`` (often the single largest activation: V = 128k-152k for Llama 3
+    / Qwen). Chunked (``gym_lightning.loss``), each chunk of ``loss_chunk_tokens`` positions runs under activation
+    checkpointing, so only one chunk's logits exist at a time, in forward and again when recomputed in backward."""
     a_b = 2 if setup.precision == "bf16-mixed" else 4
-    return float(setup.seq_length * micro_batch * shape.vocab_size * (a_b + 8))
+    positions = setup.seq_length * micro_batch
+    if loss_chunked(shape, setup):
+        positions = min(positions, setup.loss_chunk_tokens)
+    return float(positions * shape.vocab_size * (a_b + 8))
+
+
+def zero_bucket_elements(shape: ModelShape, setup: Setup) -> int:
+    """Elements of DeepSpeed's reduce bucket: ``Setup.bucket_size``, by default (None) one decoder layer, as
+    ``ZeROStrategy`` derives it (``hf_deepspeed_config.derived_bucket_size``), capped at the model's size."""
+    size = shape.layer_params() if setup.bucket_size is None else setup.bucket_size
+    return min(size, param_counts(shape, setup).total_with_adapters)
 
 
 def buffer_bytes(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
@@ -244,10 +279,10 @@ def buffer_bytes(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
         gathered = compute * counts.total_with_adapters if strategy.keep_gathered else 2 * compute * unit
         return gathered + 4 * counts.largest_trainable_unit
     p = 2 if half else 4
-    # ZeROStrategy caps the bucket at the model's element count (strategies/deepspeed.py: cap_bucket_sizes).
-    bucket = p * min(setup.bucket_size, counts.total_with_adapters)
+    bucket = p * zero_bucket_elements(shape, setup)
     if strategy.stage < 3:
-        return float(bucket)
+        # Stage 2 overlaps reduction with backward (overlap_comm): two buckets, one filling while one is reduced.
+        return float(bucket * (2 if strategy.stage == 2 else 1))
     # ZeRO-3: a gathered working set of about two units (current + prefetch) and one unit's full gradient; DeepSpeed's
     # own estimator counts 4 bytes x the largest module (16-bit parameter + gradient).
     return 2 * p * counts.largest_unit + p * counts.largest_trainable_unit + bucket
@@ -257,13 +292,17 @@ def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, sta
     """Host RAM per node: the larger of loading the checkpoint and the offloaded states, plus each process's base.
 
     Loading: strategies that replicate parameters (DDP, ZeRO-1/2) materialise the full checkpoint in every process;
-    sharded ones (FSDP, ZeRO-3) are assumed to load it once per node (meta-device / ``zero.Init`` initialisation
-    with rank-0 loading) — DeepSpeed's estimator makes the same distinction (``zero_init``). ZeRO-Infinity also
-    keeps pinned swap buffers (DeepSpeed's default ``buffer_count`` 5 x ``buffer_size`` 1e8 elements per rank)."""
+    ZeRO-3 builds under ``zero.Init`` and loads it once per node (DeepSpeed's estimator makes the same distinction,
+    ``zero_init``); gym_fsdp builds on the meta device and each rank reads only its slices of one file at a time
+    (``strategies/materialize.py``), so its load costs the node one file (``phases.read_slice_bytes``).
+    ZeRO-Infinity also keeps pinned swap buffers (DeepSpeed's default ``buffer_count`` 5 x ``buffer_size`` 1e8
+    elements per rank)."""
     counts = param_counts(shape, setup)
     load_dtype = 2 if setup.precision == "bf16-mixed" else 4
     copies = setup.gpus_per_node if strategy.stage < 3 else 1
     load = copies * load_dtype * counts.total_with_adapters
+    if strategy.framework == "torch" and strategy.stage == 3:
+        load = float(setup.checkpoint_file_bytes)
     offloaded = setup.gpus_per_node * states.host
     if strategy.offload_optimizer == "nvme":
         offloaded += setup.gpus_per_node * 5 * 100_000_000 * (4 + load_dtype)
@@ -300,14 +339,32 @@ class Estimate:
         return self.fits_gpu and self.fits_host
 
 
+def largest_micro_batch(shape: ModelShape, setup: Setup, fixed: float) -> int:
+    """The largest micro-batch whose activations and logits fit beside ``fixed`` bytes (0 if none). A bisection,
+    not a division: with the chunked loss the logits stop growing at one chunk, so memory is not linear in it."""
+
+    def fits(batch: int) -> bool:
+        used = fixed + activation_bytes(shape, setup, batch) + logits_bytes(shape, setup, batch)
+        return used <= setup.usable_gpu_memory
+
+    if not fits(1):
+        return 0
+    low, high = 1, 2
+    while fits(high):
+        low, high = high, 2 * high
+    while high - low > 1:
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
+
+
 def estimate(shape: ModelShape, strategy: Strategy, setup: Setup) -> Estimate:
     """Everything the planner reports for ``strategy``."""
     states = model_states(shape, strategy, setup)
     buffers = buffer_bytes(shape, strategy, setup)
-    per_sample = activation_bytes(shape, setup, 1) + logits_bytes(shape, setup, 1)
     fixed = states.total + buffers
     host = host_bytes_per_node(shape, strategy, setup, states)
-    largest = max(0, math.floor((setup.usable_gpu_memory - fixed) / per_sample))
+    largest = largest_micro_batch(shape, setup, fixed)
     b = setup.micro_batch_size
     activations, logits = activation_bytes(shape, setup, b), logits_bytes(shape, setup, b)
     return Estimate(

@@ -8,8 +8,10 @@ from typing import Any, get_args
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.planner.estimate import (
+    Accelerator,
     Attention,
     Estimate,
+    LossChunking,
     Optimizer,
     Precision,
     Setup,
@@ -17,6 +19,7 @@ from gym_lightning.planner.estimate import (
     param_counts,
     recommend,
 )
+from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
 from gym_lightning.planner.shapes import LoraTargets, ModelShape, resolve_shape
 
 GiB = 1024**3
@@ -61,6 +64,10 @@ class PlanReport:
     def recommendation(self) -> Estimate | None:
         return recommend(self.estimates)
 
+    def phases(self) -> list[PhasePeaks]:
+        """The peak per rank of each phase (load, step, save, export), one per strategy, in ``estimates`` order."""
+        return [phase_peaks(self.shape, e.strategy, self.setup) for e in self.estimates]
+
     def to_dict(self) -> dict[str, Any]:
         counts = param_counts(self.shape, self.setup)
         best = self.recommendation
@@ -69,7 +76,10 @@ class PlanReport:
             "parameters": {"total": counts.total_with_adapters, "trainable": counts.trainable},
             "setup": asdict(self.setup),
             "usable_gpu_memory": self.setup.usable_gpu_memory,
-            "strategies": [_estimate_dict(e) for e in self.estimates],
+            "strategies": [
+                {**_estimate_dict(e), "phases": _phases_dict(p)}
+                for e, p in zip(self.estimates, self.phases(), strict=True)
+            ],
             "recommendation": None if best is None else best.strategy.key,
         }
 
@@ -104,8 +114,21 @@ class PlanReport:
             for e in self.estimates
         ]
         lines += _aligned([header, *rows])
-        lines += ["", self.recommendation_line()]
+        lines += ["", *self.phase_table(), "", self.recommendation_line()]
         return "\n".join(lines)
+
+    def phase_table(self) -> list[str]:
+        """Peak per rank in each phase, GiB: ``host / device`` on GPUs, host only on CPU ranks."""
+        cpu = self.setup.accelerator == "cpu"
+        title = "host RAM per rank (CPU ranks)" if cpu else "host RAM / GPU memory per rank"
+        rows = [["strategy", *PHASES]]
+        for e, peaks in zip(self.estimates, self.phases(), strict=True):
+            cells = [
+                _gib(p.host, unit=False) if cpu else f"{_gib(p.host, unit=False)} / {_gib(p.device, unit=False)}"
+                for p in peaks.by_phase().values()
+            ]
+            rows.append([e.strategy.label, *cells])
+        return [f"Peak per phase, GiB, {title}:", *_aligned(rows)]
 
     def recommendation_line(self) -> str:
         best = self.recommendation
@@ -159,6 +182,10 @@ def _estimate_dict(e: Estimate) -> dict[str, Any]:
     return out
 
 
+def _phases_dict(peaks: PhasePeaks) -> dict[str, dict[str, int]]:
+    return {name: {"host": round(p.host), "device": round(p.device)} for name, p in peaks.by_phase().items()}
+
+
 def _gib(value: float, unit: bool = True) -> str:
     text = f"{value / GiB:.1f}"
     return f"{text} GiB" if unit else text
@@ -188,6 +215,10 @@ def plan(
     lora_targets: LoraTargets = "all-linear",
     optimizer: Optimizer = "adamw",
     attention: Attention = "sdpa",
+    accelerator: Accelerator = "gpu",
+    checkpoint_file_size: str | int = "5GB",
+    loss_chunking: LossChunking = "auto",
+    loss_chunk_tokens: int = 1024,
 ) -> PlanReport:
     """Memory per GPU and per node of finetuning ``model`` with every strategy, and the fastest one that fits.
 
@@ -203,11 +234,25 @@ def plan(
         lora_r: LoRA rank; ``0`` finetunes all parameters. lora_targets: ``"all-linear"`` or ``"attention-qv"``.
         optimizer: ``"adamw"`` (default), ``"sgd"`` (with momentum) or ``"adafactor"`` (factored, no momentum).
         attention: ``"sdpa"`` (flash / memory-efficient, the transformers default) or ``"eager"`` (stores scores).
+        accelerator: ``"gpu"`` or ``"cpu"`` (CPU ranks: every byte is host memory; ``gpu_memory`` is ignored).
+        checkpoint_file_size: The largest safetensors file of the checkpoint loaded (one file is in flight while
+            loading), e.g. ``"5GB"`` (the Hub's usual shard size).
+        loss_chunking: As ``CausalLMModule(loss_chunking=...)``: ``"auto"`` chunks from a 65,536-token vocabulary.
+        loss_chunk_tokens: As ``CausalLMModule(loss_chunk_tokens=...)``: positions per LM-head/loss chunk.
     """
     problems = _problems(
         gpus_per_node, nodes, precision, micro_batch_size, seq_length, lora_r, lora_targets, optimizer, attention
     )
     gpu_bytes, host_bytes = _memory(gpu_memory, "gpu_memory", problems), _memory(host_memory, "host_memory", problems)
+    file_bytes = _memory(checkpoint_file_size, "checkpoint_file_size", problems)
+    if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 1:
+        problems.append(f"loss_chunk_tokens must be an integer >= 1, got {loss_chunk_tokens!r}")
+    for name, value, choices in (
+        ("accelerator", accelerator, Accelerator),
+        ("loss_chunking", loss_chunking, LossChunking),
+    ):
+        if value not in get_args(choices):
+            problems.append(f"{name} must be one of {', '.join(get_args(choices))}, got {value!r}")
     if problems:
         raise GymUserError("Invalid planner settings: " + "; ".join(problems) + ".")
     shape = model if isinstance(model, ModelShape) else resolve_shape(model)
@@ -224,6 +269,10 @@ def plan(
         lora_targets=lora_targets,
         optimizer=optimizer,
         attention=attention,
+        accelerator=accelerator,
+        checkpoint_file_bytes=file_bytes,
+        loss_chunking=loss_chunking,
+        loss_chunk_tokens=loss_chunk_tokens,
     )
     return PlanReport(shape, setup, estimate_all(shape, setup))
 

@@ -25,6 +25,7 @@ from gym_lightning.strategies._common import (
     cpu_state_dict,
     fp32_trainable_parameters,
     raise_if_problems,
+    return_freed_host_memory,
 )
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
 
@@ -118,6 +119,7 @@ class GymDDPStrategy(DDPStrategy):
     @override
     def setup_environment(self) -> None:
         configure_cpu_threads(self.root_device, self.num_processes)
+        return_freed_host_memory(self.root_device)
         super().setup_environment()
 
     @override

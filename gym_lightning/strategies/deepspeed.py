@@ -57,7 +57,7 @@ from gym_lightning._compat import (
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager, materialise
-from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems
+from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems, return_freed_host_memory
 from gym_lightning.strategies.construction import (
     WEIGHTS_SOURCE_ATTRIBUTE,
     WeightsSource,
@@ -68,7 +68,10 @@ from gym_lightning.strategies.construction import (
 from gym_lightning.strategies.facts import micro_batch_size_of, optimizer_facts_of
 from gym_lightning.strategies.hf_deepspeed_config import (
     AUTO,
+    derived_bucket_size,
     drop_autos,
+    fill_bucket_sizes,
+    layer_sized_sub_group,
     load_deepspeed_json,
     resolve_hf_deepspeed_config,
     training_facts,
@@ -97,17 +100,19 @@ def zero_config(
     offload_parameters: str,
     nvme_path: str | None,
     pin_memory: bool,
-    bucket_size: int,
+    bucket_size: int | None,
 ) -> dict[str, Any]:
-    """DeepSpeed JSON config (as a dict) for the given ZeRO stage and offload choices."""
+    """DeepSpeed JSON config (as a dict) for the given ZeRO stage and offload choices. ``bucket_size=None`` writes
+    the bucket sizes as ``"auto"``: the strategy derives them from the module's layer size
+    (``hf_deepspeed_config.derived_bucket_size``)."""
     zero: dict[str, Any] = {
         "stage": stage,
         # Stage 1 under caller-managed accumulation reduces in step(); DeepSpeed allows overlap only from stage 2.
         "overlap_comm": stage >= 2,
         "contiguous_gradients": True,
         "reduce_scatter": True,
-        "allgather_bucket_size": bucket_size,
-        "reduce_bucket_size": bucket_size,
+        "allgather_bucket_size": AUTO if bucket_size is None else bucket_size,
+        "reduce_bucket_size": AUTO if bucket_size is None else bucket_size,
     }
     if stage == 3:
         # Resolved from the module's layer size (hf_deepspeed_config.stage3_limits); DeepSpeed's defaults (1e9
@@ -236,7 +241,8 @@ class ZeROStrategy(DeepSpeedStrategy):
             replaces torch Adam/AdamW by DeepSpeed's fused ``DeepSpeedCPUAdam`` (several times faster on large
             models, same update rule, different rounding; JIT-compiled on first use).
         pin_memory: Pin offloaded host memory (faster host-device copies on CUDA, more locked RAM).
-        bucket_size: Elements per all-gather / reduce bucket (memory vs. communication efficiency).
+        bucket_size: Elements per all-gather / reduce bucket (memory vs. communication efficiency). ``None``: one
+            decoder layer's elements when the module states its layer size, else 2e8 (``derived_bucket_size``).
         load_full_weights: Resume stage 3 from a single consolidated checkpoint file instead of a sharded folder.
         exclude_frozen_parameters: Leave frozen parameters (e.g. the base model under LoRA) out of checkpoints.
         logging_level: DeepSpeed's log level.
@@ -262,7 +268,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         config: str | dict[str, Any] | None = None,
         cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
         pin_memory: bool = False,
-        bucket_size: int = 200_000_000,
+        bucket_size: int | None = None,
         load_full_weights: bool = False,
         exclude_frozen_parameters: bool = False,
         logging_level: int = logging.WARN,
@@ -320,6 +326,7 @@ class ZeROStrategy(DeepSpeedStrategy):
             type(self).__name__, zero_plus_plus_problems(self.config, self.root_device.type, self.world_size)
         )
         configure_cpu_threads(self.root_device, self.num_processes)
+        return_freed_host_memory(self.root_device)
         if self.root_device.type == "cuda":
             super().setup_environment()
             return
@@ -377,6 +384,9 @@ class ZeROStrategy(DeepSpeedStrategy):
         trainer = self.lightning_module.trainer
         optimizer = optimizer_facts_of(self.lightning_module)
         facts = training_facts(trainer, optimizer, self.config, self._micro_batch_size())
+        if self._generated_config:
+            self.config = fill_bucket_sizes(self.config, derived_bucket_size(facts.layer_numel))
+            self.config = layer_sized_sub_group(self.config, facts.layer_numel)
         if self._generated_config and facts.layer_numel is None:
             derived = tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS)
             self.config = drop_autos(self.config, derived)
@@ -422,6 +432,7 @@ class ZeROStrategy(DeepSpeedStrategy):
 
         self._replace_zero3_random_init(model)
         # Under stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
+        self.config = fill_bucket_sizes(self.config, derived_bucket_size(None))  # no module facts were read
         self.config = cap_bucket_sizes(self.config, sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
         engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
             args=self._deepspeed_args(),
@@ -636,7 +647,7 @@ class _ZeROStageStrategy(ZeROStrategy):
         config: str | dict[str, Any] | None = None,
         cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
         pin_memory: bool = False,
-        bucket_size: int = 200_000_000,
+        bucket_size: int | None = None,
         load_full_weights: bool = False,
         exclude_frozen_parameters: bool = False,
         logging_level: int = logging.WARN,
@@ -699,7 +710,7 @@ class ZeRO3Strategy(ZeROStrategy):
         config: str | dict[str, Any] | None = None,
         cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
         pin_memory: bool = False,
-        bucket_size: int = 200_000_000,
+        bucket_size: int | None = None,
         load_full_weights: bool = False,
         exclude_frozen_parameters: bool = False,
         logging_level: int = logging.WARN,

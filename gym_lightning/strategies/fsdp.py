@@ -30,7 +30,12 @@ from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.strategies._common import configure_cpu_threads, fp32_trainable_parameters, raise_if_problems
+from gym_lightning.strategies._common import (
+    configure_cpu_threads,
+    fp32_trainable_parameters,
+    raise_if_problems,
+    return_freed_host_memory,
+)
 from gym_lightning.strategies.construction import deferred_weights
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 
@@ -141,6 +146,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
     @override
     def setup_environment(self) -> None:
         configure_cpu_threads(self.root_device, self.num_processes)
+        return_freed_host_memory(self.root_device)
         # Lightning's mesh (data_parallel x tensor_parallel) becomes pure data parallel; it stays available to
         # the module's configure_model and drives the distributed sampler.
         set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)

@@ -1,0 +1,173 @@
+"""Peak memory per rank in each phase of a run: load, training step, checkpoint save, export (pure formulas).
+
+The steady-state estimate (``estimate.py``) answers "does a training step fit"; at 1B+ parameters the peak of a
+rank is as often reached while the model is loaded, a checkpoint is written or the model is exported. This module
+predicts each phase's peak from what gym_lightning's code does in it (docs/planner.md, "Peak per phase"; checked
+against measured peaks in docs/benchmarks.md by ``benchmarks/scale.py``):
+
+* load — gym_fsdp builds on the meta device, shards, and each rank reads only its slices of the safetensors files
+  (``strategies/materialize.py``): its fp32 shard plus the slices of the file being read. DDP and ZeRO-1/2 load
+  the whole checkpoint on every rank (``from_pretrained``); ZeRO-3 builds under ``zero.Init`` and transformers
+  gathers one module at a time while it copies a file's tensors in. Trainable weights become fp32 under
+  ``bf16-mixed`` whatever the checkpoint's dtype (``strategies/_common.fp32_trainable_parameters``); DeepSpeed
+  keeps the module in 16 bits and builds fp32 master partitions in ``deepspeed.initialize``. AdamW's states come
+  with the first step under every strategy.
+* step — the model states (``estimate.model_states``), activations, the LM head/loss buffer (one chunk of
+  ``loss_chunk_tokens`` positions when the loss is chunked, not ``[tokens, vocab]``), the strategy's buffers and the
+  optimizer's transient: 0 for fused AdamW, the module's default (no full-size foreach intermediates).
+* save — :class:`~gym_lightning.checkpointing.io.PartialFileCheckpointIO` streams ``torch.save`` into the final
+  folder and DCP / DeepSpeed write each rank's tensors from memory: the states are held, nothing is staged.
+* export — the exporter gathers and writes one tensor at a time (fp32 gathered + its copy in the export dtype).
+
+On GPUs the phases' tensors are on the device and the host holds the process plus what loading maps in; on CPU
+ranks (``Setup.accelerator == "cpu"``) every byte is host memory and the device figure is 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from gym_lightning.planner.estimate import (
+    Setup,
+    Strategy,
+    activation_bytes,
+    buffer_bytes,
+    logits_bytes,
+    model_states,
+    param_counts,
+    zero_bucket_elements,
+)
+from gym_lightning.planner.shapes import ModelShape
+
+PHASES: tuple[str, ...] = ("load", "step", "save", "export")
+
+
+@dataclass(frozen=True)
+class PhasePeak:
+    """Peak bytes of one rank in one phase: host RAM (the process's resident memory) and accelerator memory."""
+
+    host: float
+    device: float
+
+
+@dataclass(frozen=True)
+class PhasePeaks:
+    """The peak of each phase for one strategy (bytes per rank)."""
+
+    load: PhasePeak
+    step: PhasePeak
+    save: PhasePeak
+    export: PhasePeak
+
+    def by_phase(self) -> dict[str, PhasePeak]:
+        return {phase: getattr(self, phase) for phase in PHASES}
+
+
+def _place(setup: Setup, tensors: float, host_only: float = 0.0) -> PhasePeak:
+    """A phase's peak from the tensor bytes on the training device and what only the host holds (a file being
+    read, the process itself). On CPU ranks the device's tensors are host memory too."""
+    host = setup.host_process_overhead + host_only
+    if setup.accelerator == "cpu":
+        return PhasePeak(host + tensors, 0.0)
+    return PhasePeak(host, tensors)
+
+
+def read_slice_bytes(setup: Setup, sharded: bool) -> float:
+    """Checkpoint bytes in flight while loading. Each file is memory-mapped and its tensors are copied out one at a
+    time; the mapped pages that were read stay resident until the file is closed: one file, or a rank's 1/N of it
+    when the rank reads only its own slices (gym_fsdp's ``HuggingFaceStorageReader``)."""
+    return setup.checkpoint_file_bytes / (setup.world_size if sharded else 1)
+
+
+def resident_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
+    """Buffers that stay allocated between steps: DDP's reducer buckets (a second copy of the fp32 gradients,
+    allocated when DDP wraps the model) and DeepSpeed's reduce bucket(s) (resident once backward has filled them).
+    FSDP2 frees its unsharded parameters and gradients after each unit."""
+    counts = param_counts(shape, setup)
+    if strategy.framework == "torch":
+        return 4.0 * counts.trainable if strategy.stage == 0 else 0.0
+    p = 2 if setup.precision == "bf16-mixed" else 4
+    return float(p * zero_bucket_elements(shape, setup) * (2 if strategy.stage == 2 else 1))
+
+
+def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
+    """Peak of building the model, loading the checkpoint and setting up the strategy and its optimizer."""
+    counts, n = param_counts(shape, setup), setup.world_size
+    t, f = counts.trainable, counts.frozen
+    half = setup.precision == "bf16-mixed"
+    frozen = 2 if half else 4
+    if strategy.framework == "torch" and strategy.stage == 3:
+        # Meta build -> fully_shard -> to_empty -> slices read into the fp32 shards (fp32 masters under bf16-mixed).
+        shard = (4 * t + frozen * f) / n
+        if strategy.offload_parameters != "none":  # cpu_offload: the shards live on the host
+            return _place(setup, 0.0, shard + read_slice_bytes(setup, sharded=True))
+        return _place(setup, shard, read_slice_bytes(setup, sharded=True))
+    if strategy.framework == "torch":
+        # from_pretrained on every rank in the checkpoint dtype, then the trainables cast to fp32: the loaded copy is
+        # held until the last tensor is cast (measured at 250M: +6.0 bytes per parameter above the process with a
+        # bf16 folder). DDP's reducer buckets come with the first backward (step phase).
+        d = setup.checkpoint_dtype_bytes
+        return _place(setup, 4 * t + frozen * f + d * (t + f))
+    states = model_states(shape, strategy, setup)
+    p = 2 if half else 4
+    if strategy.stage < 3:
+        # The whole 16-bit model on every rank; deepspeed.initialize copies it into one flat buffer (both exist while
+        # the parameters are moved in) and builds the fp32 master partition. AdamW's states come with the first step
+        # (measured at 250M: 2.0 + 2.0 + 4/N bytes per parameter at the load peak, 2.0 + 4/N after it).
+        load = p * t + frozen * f + p * t + 4 * t / n
+        return _place(setup, load, states.host)
+    # ZeRO-3: zero.Init partitions the 16-bit weights as the model is built; transformers gathers one module at a
+    # time to copy the checkpoint in; deepspeed.initialize adds the 16-bit gradient partition and the fp32 master
+    # partition (AdamW's states come with the first step). Measured at 1B: 2 + 2 + 4 bytes per parameter / N after
+    # load, and about two gathered units more at its peak.
+    on_device = states.params + p * t / n + 4 * t / n + 2 * p * counts.largest_unit
+    return _place(setup, on_device, states.host)
+
+
+def step_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
+    """Peak of a training step: every model state, the activations, the LM head/loss buffer and the strategy's
+    buffers. The optimizer step adds nothing: fused AdamW (the module's default, ``optim.adamw_kernel``) updates
+    in place, where the for-loop kernel needed 2 x the largest parameter and foreach a full-size copy."""
+    states = model_states(shape, strategy, setup)
+    b = setup.micro_batch_size
+    tensors = states.total + activation_bytes(shape, setup, b) + logits_bytes(shape, setup, b)
+    return _place(setup, tensors + buffer_bytes(shape, strategy, setup), states.host)
+
+
+def held_after_step(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
+    """Model-state bytes still held once a step is over (what save and export start from). ZeRO-1/2 free their
+    16-bit gradients and the fp32 gradient partition after the step (measured at 250M: 2 + 12/N bytes per
+    parameter + the bucket); torch keeps ``.grad`` until the next step zeroes it, ZeRO-3 its gradient partition."""
+    states = model_states(shape, strategy, setup)
+    if strategy.framework == "deepspeed" and strategy.stage < 3:
+        return states.params + states.optimizer_state
+    return states.total
+
+
+def save_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
+    """Peak of writing a checkpoint: the states stay where they are and are written from there (DCP and DeepSpeed
+    write each rank's tensors, ``PartialFileCheckpointIO`` streams ``torch.save`` into the final folder; nothing
+    is serialised into memory or staged in a temp dir first). The step's gathered buffers are free by then."""
+    held = held_after_step(shape, strategy, setup) + resident_buffers(shape, strategy, setup)
+    return _place(setup, held, model_states(shape, strategy, setup).host)
+
+
+def export_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
+    """Peak of the Hugging Face export at the end of fit: the states are still held; the exporter gathers one
+    tensor at a time in fp32 and writes its copy in the export dtype (``checkpoint_dtype_bytes``, the source's)."""
+    largest = max(shape.embedding_params(), max(i * o for i, o in shape.linear_shapes().values()))
+    one_tensor = largest * (4 + setup.checkpoint_dtype_bytes)
+    # Lightning tears the strategy down before on_fit_end: the DDP wrapper and its reducer buckets are gone.
+    buffers = 0.0 if strategy.framework == "torch" else resident_buffers(shape, strategy, setup)
+    held = held_after_step(shape, strategy, setup) + buffers
+    return _place(setup, held + one_tensor, model_states(shape, strategy, setup).host)
+
+
+def phase_peaks(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeaks:
+    """The peak of each phase for ``strategy`` (bytes per rank)."""
+    return PhasePeaks(
+        load=load_peak(shape, strategy, setup),
+        step=step_peak(shape, strategy, setup),
+        save=save_peak(shape, strategy, setup),
+        export=export_peak(shape, strategy, setup),
+    )
