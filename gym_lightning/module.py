@@ -40,6 +40,7 @@ from gym_lightning.optim import (
     weight_decay_groups,
 )
 from gym_lightning.planner.shapes import shape_from_config
+from gym_lightning.strategies._common import fp32_trainable_parameters
 from gym_lightning.strategies.facts import OptimizerFacts
 from gym_lightning.strategies.hf_deepspeed_config import hidden_size_of
 from gym_lightning.tokenizer import load_tokenizer
@@ -165,15 +166,31 @@ class CausalLMModule(pl.LightningModule):
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
         model.train()  # from_pretrained returns a model in eval mode; Lightning switches modes per stage from here
-        if self.lora is None:
-            self.model = model
+        if self.lora is not None:
+            # A strategy's construction context may build the model on the meta device (sharded loading): the
+            # adapters then get their storage and initial values here, the base weights once the strategy has
+            # sharded it.
+            deferred = any(p.is_meta for p in model.parameters())
+            model = apply_lora(model, self.lora)
+            if deferred:
+                materialize_adapters(model)
+        self.model = model
+        self._keep_fp32_masters()
+
+    def _keep_fp32_masters(self) -> None:
+        """Under a mixed precision, fp32 trainable weights whatever dtype the checkpoint was saved in.
+
+        gym_ddp and gym_fsdp do this in their own set-up (``strategies._common.fp32_trainable_parameters``, after
+        sharding), DeepSpeed keeps fp32 partitions itself; Lightning's single-device and plain strategies do not, so
+        a bf16 folder trained in one process under ``bf16-mixed`` would update bf16 weights with bf16 AdamW states.
+        Parameters on the meta device (sharded loading) or already partitioned by ZeRO-3 (``ds_id``) are left to
+        their strategy. The Trainer's precision is read, not changed."""
+        try:
+            precision = str(self.trainer.precision)
+        except RuntimeError:  # configure_model called without a Trainer: no precision to follow
             return
-        # A strategy's construction context may build the model on the meta device (sharded loading): the
-        # adapters then get their storage and initial values here, the base weights once the strategy has sharded it.
-        deferred = any(p.is_meta for p in model.parameters())
-        self.model = apply_lora(model, self.lora)
-        if deferred:
-            materialize_adapters(self.model)
+        if not any(p.is_meta or hasattr(p, "ds_id") for p in self.model.parameters()):
+            fp32_trainable_parameters(self.model, precision)
 
     @override
     def setup(self, stage: str) -> None:

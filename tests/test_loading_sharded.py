@@ -7,12 +7,14 @@ import json
 from pathlib import Path
 from typing import Any
 
+import lightning.pytorch as pl
 import pytest
 import torch
 from helpers.dist import run_python
 from helpers.strategy_worker import TINY_OVERRIDES
 from safetensors.torch import load_file, save_file
 
+from gym_lightning import CausalLMDataModule, CausalLMModule
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.loading import build_causal_lm
 from gym_lightning.strategies.construction import (
@@ -162,6 +164,38 @@ def test_the_recorded_random_init_is_what_one_process_draws() -> None:
     for key, value in model.state_dict().items():
         torch.testing.assert_close(reference[key], value, rtol=0, atol=0, msg=key)
     assert not torch.equal(after_build, source.rng_state)
+
+
+class _FirstStepDtypes(pl.Callback):
+    """The trainable parameters' and AdamW states' dtypes right after the first optimizer step."""
+
+    def __init__(self) -> None:
+        self.dtypes: dict[str, set[str]] = {}
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, *args: Any) -> None:
+        if not self.dtypes:
+            optimizer = trainer.optimizers[0]
+            trainable = [p for p in pl_module.parameters() if p.requires_grad]
+            states = [v for p in trainable for v in optimizer.state[p].values() if v.dim() > 0]
+            self.dtypes = {"trainable": {str(p.dtype) for p in trainable}, "state": {str(v.dtype) for v in states}}
+
+
+@pytest.mark.parametrize("precision", ["bf16-mixed", "bf16-true"])
+def test_one_process_bf16_mixed_trains_fp32_weights_from_a_bf16_checkpoint(
+    bf16_folder: Path, variable_length_jsonl: Path, precision: str
+) -> None:
+    # Lightning's own single-device strategy (no gym strategy to upcast): the module keeps fp32 masters itself,
+    # and bf16-true stays the explicit choice of bf16 weights.
+    module = CausalLMModule(str(bf16_folder), attn_implementation="eager")
+    data = CausalLMDataModule(train_files=str(variable_length_jsonl), batch_size=4, seed=3)
+    capture = _FirstStepDtypes()
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=1, max_steps=1, precision=precision, callbacks=[capture], logger=False,
+        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+    )  # fmt: skip
+    trainer.fit(module, data)
+    expected = "torch.float32" if precision == "bf16-mixed" else "torch.bfloat16"
+    assert capture.dtypes == {"trainable": {expected}, "state": {expected}}
 
 
 def test_a_checkpoint_without_a_weight_is_refused_by_name(bf16_folder: Path, tmp_path: Path) -> None:
