@@ -270,7 +270,7 @@ def write_docs(section: str) -> None:
     if SECTION in text:
         start = text.index(SECTION)
         end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
+        text = text[:start] + section + ("\n" + text[end + 1 :] if end != -1 else "")
     else:
         text = text.rstrip("\n") + "\n\n" + section
     DOCS.write_text(text)

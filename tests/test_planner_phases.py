@@ -58,7 +58,8 @@ def test_gpu_ranks_place_tensors_on_the_device() -> None:
 
 
 def test_load_sharded_vs_whole() -> None:
-    """gym_fsdp reads slices into its shards; DDP holds the whole fp32 model and the bf16 copy it was cast from."""
+    """gym_fsdp reads slices into its shards; DDP holds the whole fp32 model and the bf16 copy it was cast from;
+    ZeRO-1/2 hold the whole bf16 model twice while DeepSpeed flattens it."""
     fsdp = phase_peaks(SHAPE, STRATEGY_BY_KEY["fsdp_full"], CPU).load.host - 500 * MiB
     ddp = phase_peaks(SHAPE, STRATEGY_BY_KEY["ddp"], CPU).load.host - 500 * MiB
     assert fsdp == pytest.approx(2 * PSI + 5 * MiB)
@@ -67,6 +68,9 @@ def test_load_sharded_vs_whole() -> None:
     assert fp32_folder.load.host - 500 * MiB == pytest.approx(8 * PSI)  # an fp32 folder: two fp32 copies at once
     fsdp_fp32 = phase_peaks(SHAPE, STRATEGY_BY_KEY["fsdp_full"], Setup(**{**CPU.__dict__, "checkpoint_dtype_bytes": 4}))
     assert fsdp_fp32.load.host - 500 * MiB == pytest.approx(fsdp)  # fp32 shards whatever the checkpoint's dtype
+    # ZeRO-1/2: the bf16 model, its flat copy, the fp32 master partition and the bf16 clone it is cast from
+    zero1 = phase_peaks(SHAPE, STRATEGY_BY_KEY["zero1"], CPU).load.host - 500 * MiB
+    assert zero1 == pytest.approx((2 + 2 + 2 / 2 + 4 / 2) * PSI)
 
 
 def test_zero_buckets_follow_the_layer_size() -> None:

@@ -112,9 +112,12 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     p = 2 if half else 4
     if strategy.stage < 3:
         # The whole 16-bit model on every rank; deepspeed.initialize copies it into one flat buffer (both exist while
-        # the parameters are moved in) and builds the fp32 master partition. AdamW's states come with the first step
-        # (measured at 250M: 2.0 + 2.0 + 4/N bytes per parameter at the load peak, 2.0 + 4/N after it).
-        load = p * t + frozen * f + p * t + 4 * t / n
+        # the parameters are moved in) and builds the fp32 master partition as ``partition.clone().to(fp32)``
+        # (stage_1_and_2.py, "weights_partition"), so a 16-bit copy of the partition is held beside it while it is
+        # cast. AdamW's states come with the first step. Traced at 250M on 2 ranks (VmHWM sampled with the Python
+        # stack): the load peak, 2,237 MiB, is reached on that line, 2 + 2 + 2/N + 4/N bytes per parameter above the
+        # process; 2.0 + 4/N after it.
+        load = p * t + frozen * f + p * t + p * t / n + 4 * t / n
         return _place(setup, load, states.host)
     # ZeRO-3: zero.Init partitions the 16-bit weights as the model is built; transformers gathers one module at a
     # time to copy the checkpoint in; deepspeed.initialize adds the 16-bit gradient partition and the fp32 master
