@@ -26,6 +26,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from docs_section import replace_section  # benchmarks/ is not a package
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 DOCS = REPO_ROOT / "docs" / "benchmarks.md"
@@ -189,14 +193,7 @@ def render(results: dict[str, Any], shape: dict[str, Any], args: argparse.Namesp
 
 
 def write_docs(section: str) -> None:
-    text = DOCS.read_text() if DOCS.exists() else ""
-    if SECTION in text:
-        start = text.index(SECTION)
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + (text[end + 1 :] if end != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
+    DOCS.write_text(replace_section(DOCS.read_text() if DOCS.exists() else "", SECTION, section))
 
 
 def main() -> None:

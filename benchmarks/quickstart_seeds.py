@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import csv
 import os
-import re
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,10 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import docs_section  # benchmarks/ is not a package
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
@@ -108,10 +111,7 @@ def _load() -> str:
 
 def replace_section(document: str, section: str) -> str:
     """``document`` with its quickstart section replaced by ``section`` (appended when it has none)."""
-    pattern = re.compile(rf"^{re.escape(SECTION)}\n.*?(?=^## |\Z)", re.MULTILINE | re.DOTALL)
-    if pattern.search(document):
-        return pattern.sub(lambda _: section + "\n", document, count=1).rstrip("\n") + "\n"
-    return document.rstrip("\n") + "\n\n" + section
+    return docs_section.replace_section(document, SECTION, section)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -33,6 +33,10 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from docs_section import replace_section  # benchmarks/ is not a package
+
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
 DOCS = REPO_ROOT / "docs" / "benchmarks.md"
@@ -266,14 +270,7 @@ def render(results: dict[str, Any], workdir: Path) -> str:
 
 def write_docs(section: str) -> None:
     """Replace (or append) this script's section of docs/benchmarks.md, leaving the others as they are."""
-    text = DOCS.read_text() if DOCS.exists() else ""
-    if SECTION in text:
-        start = text.index(SECTION)
-        end = text.find("\n## ", start + len(SECTION))
-        text = text[:start] + section + ("\n" + text[end + 1 :] if end != -1 else "")
-    else:
-        text = text.rstrip("\n") + "\n\n" + section
-    DOCS.write_text(text)
+    DOCS.write_text(replace_section(DOCS.read_text() if DOCS.exists() else "", SECTION, section))
 
 
 def main() -> None:

@@ -87,6 +87,16 @@ def adamw(model: torch.nn.Module) -> torch.optim.AdamW:
     return build_optimizer("adamw_torch_fused", groups, lr=LR, betas=(0.9, 0.999), eps=1e-8)
 
 
+def forward_logits(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The causal LM's logits for a collated batch, called as ``CausalLMModule`` calls it."""
+    return model(
+        input_ids=batch["input_ids"],
+        attention_mask=batch["attention_mask"],
+        position_ids=batch["position_ids"],
+        use_cache=False,
+    ).logits
+
+
 def step_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The loss a data-parallel loop needs for a token mean over the whole step: the local sum of token losses
     times world size / the step's target tokens summed over ranks (the gradient averaging divides by world size
@@ -94,12 +104,7 @@ def step_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.T
     ``CausalLMModule`` does and as the HF Trainer does for ``num_items_in_batch``."""
     tokens = batch[STEP_TOKENS_KEY].to(torch.float32).reshape(1).clone()
     pending = dist.all_reduce(tokens, op=dist.ReduceOp.SUM, async_op=True)
-    logits = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    ).logits
+    logits = forward_logits(model, batch)
     loss_sum = summed_cross_entropy(logits, batch["labels"])
     pending.wait()
     return loss_sum * (dist.get_world_size() / tokens[0].clamp(min=1.0))
@@ -107,12 +112,7 @@ def step_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.T
 
 def local_loss(model: torch.nn.Module, batch: dict[str, torch.Tensor]) -> torch.Tensor:
     """The 1-rank reference (``single``): mean token cross-entropy of the local batch, nothing to reduce."""
-    logits = model(
-        input_ids=batch["input_ids"],
-        attention_mask=batch["attention_mask"],
-        position_ids=batch["position_ids"],
-        use_cache=False,
-    ).logits
+    logits = forward_logits(model, batch)
     return summed_cross_entropy(logits, batch["labels"]) / batch[STEP_TOKENS_KEY].clamp(min=1)
 
 
