@@ -21,6 +21,7 @@ from gym_lightning.checkpointing.callback import link_atomically, publish, stagi
 from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
 from gym_lightning.checkpointing.safe_load import weights_only_checkpoint_engine
 from gym_lightning.data.loader import STEP_TOKENS_KEY, StepTokenDataLoader, batches_to_skip
+from gym_lightning.errors import GymUserError
 from gym_lightning.strategies import GymDDPStrategy
 
 SMALL = {"num_hidden_layers": 1, "hidden_size": 16, "intermediate_size": 32, "num_attention_heads": 2}
@@ -103,6 +104,16 @@ class Payload:
 
     def __reduce__(self) -> tuple[Any, tuple]:
         return (os.getpid, ())
+
+
+@pytest.mark.parametrize("content", [b"\x80\x02.", b"\x80\x020", b"", b"not a checkpoint\n"])
+def test_a_broken_file_is_a_user_error_naming_it(tmp_path: Path, content: bytes) -> None:
+    # b"\x80\x02." made torch's weights-only unpickler raise IndexError (pop from an empty stack), which escaped as a
+    # traceback: 1 in 15 files of random bytes did (test_cli_errors.py's "random" case failed on CI).
+    broken = tmp_path / "broken.ckpt"
+    broken.write_bytes(content)
+    with pytest.raises(GymUserError, match=r"broken\.ckpt' is not a readable PyTorch checkpoint"):
+        load_weights_only(broken)
 
 
 def test_pickle_bearing_checkpoints_are_refused_with_a_clear_error(tmp_path: Path) -> None:
