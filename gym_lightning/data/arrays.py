@@ -23,7 +23,7 @@ import pyarrow as pa
 from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from gym_lightning.data.formats import EOS, plain_segments, special_prefix
+from gym_lightning.data.formats import EOS, has_target, plain_segments, special_prefix
 from gym_lightning.data.sources import Record
 from gym_lightning.loss import IGNORE_INDEX
 
@@ -142,10 +142,7 @@ def plain_columns(
 
 def pair_columns(pairs: Sequence[tuple[list[int], list[int]]]) -> Columns:
     """Columns of already cut ``(ids, labels)`` pairs (the chat path), dropping those without a target."""
-    kept = np.asarray(
-        [i for i, (_, labels) in enumerate(pairs) if any(label != IGNORE_INDEX for label in labels[1:])],
-        dtype=np.int64,
-    )
+    kept = np.asarray([i for i, (_, labels) in enumerate(pairs) if has_target(labels)], dtype=np.int64)
     lengths = np.fromiter((len(pairs[i][0]) for i in kept), dtype=np.int64, count=len(kept))
     total = int(lengths.sum())
     ids = np.fromiter(chain.from_iterable(pairs[i][0] for i in kept), dtype=np.int32, count=total)
