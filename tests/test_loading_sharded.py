@@ -209,3 +209,55 @@ def test_a_checkpoint_without_a_weight_is_refused_by_name(bf16_folder: Path, tmp
         model = build_causal_lm(str(tmp_path))
     with pytest.raises(GymUserError, match=r"no tensor for model\.norm\.weight"):
         materialize(model, torch.device("cpu"))
+
+
+def _cache_as_hub_repo(folder: Path, cache: Path, repo: str, *, bin_only: bool = False) -> Path:
+    """``folder`` as the Hugging Face cache holds a downloaded repository (``models--org--name``, refs/main)."""
+    revision = "0123456789abcdef0123456789abcdef01234567"
+    storage = cache / f"models--{repo.replace('/', '--')}"
+    snapshot = storage / "snapshots" / revision
+    snapshot.mkdir(parents=True)
+    for item in folder.iterdir():
+        if not (bin_only and item.suffix == ".safetensors"):
+            (snapshot / item.name).write_bytes(item.read_bytes())
+    if bin_only:
+        torch.save(load_file(folder / "model.safetensors"), snapshot / "pytorch_model.bin")
+    (storage / "refs").mkdir()
+    (storage / "refs" / "main").write_text(revision)
+    return snapshot
+
+
+@pytest.fixture
+def hub_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    import huggingface_hub.constants
+
+    # conftest.py sets HF_HUB_OFFLINE=1: the cached snapshot is all there is, as on a node without network.
+    assert huggingface_hub.constants.HF_HUB_OFFLINE
+    monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
+    return tmp_path
+
+
+def test_a_hub_name_builds_on_meta_and_loads_from_its_cached_safetensors(bf16_folder: Path, hub_cache: Path) -> None:
+    snapshot = _cache_as_hub_repo(bf16_folder, hub_cache, "org/tiny-bf16")
+    with deferred_weights():
+        model = build_causal_lm("org/tiny-bf16")
+    record = weights_source_of(model)
+    assert all(p.is_meta for p in model.parameters()), "a hub name is sharded before it is loaded, as a folder is"
+    assert record is not None and Path(str(record.folder)) == snapshot
+    materialize(model, torch.device("cpu"))
+    for key, value in load_file(bf16_folder / "model.safetensors").items():
+        torch.testing.assert_close(model.state_dict()[key], value, rtol=0, atol=0, msg=key)
+
+
+def test_a_bin_only_hub_model_loads_whole_with_a_warning(bf16_folder: Path, hub_cache: Path) -> None:
+    _cache_as_hub_repo(bf16_folder, hub_cache, "org/tiny-bin", bin_only=True)
+    with deferred_weights(), pytest.warns(UserWarning, match="no safetensors weights.*every rank loads the whole"):
+        model = build_causal_lm("org/tiny-bin")
+    assert weights_source_of(model) is None and not has_meta_tensors(model)
+    expected = load_file(bf16_folder / "model.safetensors")["model.norm.weight"]
+    torch.testing.assert_close(model.model.norm.weight, expected, rtol=0, atol=0)
+
+
+def test_a_hub_name_missing_from_the_offline_cache_is_a_clear_error(hub_cache: Path) -> None:
+    with deferred_weights(), pytest.raises(GymUserError, match="not an existing local folder"):
+        build_causal_lm("org/not-cached")

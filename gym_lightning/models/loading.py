@@ -8,6 +8,7 @@ meta-device build of ``strategies.construction.deferred_weights``), which is why
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 from typing import Any, Literal
 
@@ -34,10 +35,36 @@ _WEIGHT_FILES = (
 )
 
 
+# What a meta-device build reads from a hub repository: its safetensors shards and their index (config.json is
+# fetched by AutoConfig already). A repository that also has pytorch_model*.bin files does not download them.
+_SAFETENSORS_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
+
+
 def safetensors_files(source: str) -> list[Path]:
     """The ``*.safetensors`` weight files of a local folder (empty for anything else)."""
     folder = Path(source)
     return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
+
+
+def safetensors_folder(source: str) -> str | None:
+    """The local folder whose ``*.safetensors`` files a meta-device build loads from, or None if it has none.
+
+    A local folder is itself; a hub name resolves to its snapshot in the Hugging Face cache (``HF_HUB_CACHE``),
+    downloading only the safetensors files. Every rank calls this: huggingface_hub takes a file lock per file in the
+    cache, so the ranks of a node download each file once and the others wait for it; with ``HF_HUB_OFFLINE=1`` a
+    cached snapshot is used as it is. The sharded load then reads each rank's slices from those files
+    (strategies/materialize.py), so no rank holds the whole model, as it would under ``from_pretrained``.
+    """
+    if Path(source).is_dir():
+        return source if safetensors_files(source) else None
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HfHubHTTPError, LocalEntryNotFoundError
+
+    try:
+        folder = snapshot_download(source, allow_patterns=_SAFETENSORS_PATTERNS)
+    except (LocalEntryNotFoundError, HfHubHTTPError, ValueError) as err:  # ValueError: not a valid repository id
+        raise GymUserError(_offline_hint(source)) from err
+    return folder if safetensors_files(folder) else None
 
 
 def _offline_hint(source: str) -> str:
@@ -111,8 +138,17 @@ def build_causal_lm(
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
     random_init = is_preset(source) or not pretrained
-    if building_on_meta() and (random_init or safetensors_files(source)):
-        return _build_on_meta(None if random_init else source, config, options)
+    if building_on_meta() and random_init:
+        return _build_on_meta(None, config, options)
+    if building_on_meta() and _has_weights(source):
+        if (folder := safetensors_folder(source)) is not None:
+            return _build_on_meta(folder, config, options)
+        warnings.warn(
+            f"{source!r} has no safetensors weights (pytorch_model*.bin only): every rank loads the whole model "
+            "before it is sharded. Save it once with safetensors (model.save_pretrained(folder)) to load only each "
+            "rank's shards.",
+            stacklevel=2,
+        )
     if random_init:
         record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
         model = AutoModelForCausalLM.from_config(config, **options)
