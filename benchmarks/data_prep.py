@@ -11,6 +11,12 @@ cache and tokenizes on every rank, so only one pass is timed); use a smaller ``-
 
 Full size (the issue's targets: growth < 300 MB per rank, cache hit < 5 s, first preparation < 2 min):
     python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 200000
+
+``--floor`` measures what any preparation of the alpaca file must spend on this machine, before gym_lightning's own
+work: ``datasets.load_dataset`` of the JSONL (wall and CPU seconds, its Arrow cache in a fresh folder), and the Rust
+tokenizer alone (``encode_batch_fast``, one thread) on every text segment of every record, in CPU seconds. With the
+machine's cores all tokenizing, the preparation cannot take less than the load plus tokenizer CPU / cores:
+    python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 0 --floor --workdir /tmp/dp
 """
 
 from __future__ import annotations
@@ -80,6 +86,42 @@ def write_sharegpt(path: Path, count: int, seed: int = 1) -> None:
             out.write(json.dumps({"system": words(rng, 8), "conversations": turns}) + "\n")
 
 
+def floor(data: Path, work: Path) -> dict[str, float]:
+    """The load and tokenizer floor of preparing ``data`` (alpaca JSONL); see the module docstring."""
+    import shutil
+
+    import datasets
+
+    from gym_lightning.data.arrays import plain_backend
+    from gym_lightning.data.formats import EOS, plain_segments
+    from gym_lightning.data.sources import Record
+    from gym_lightning.tokenizer import load_tokenizer
+
+    hf_cache = work / "floor-hf"
+    shutil.rmtree(hf_cache, ignore_errors=True)
+    wall, cpu = time.perf_counter(), time.process_time()
+    rows = datasets.load_dataset("json", data_files=[str(data)], split="train", cache_dir=str(hf_cache))
+    load_wall, load_cpu = time.perf_counter() - wall, time.process_time() - cpu
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: CPU seconds without rayon's coordination
+    backend = plain_backend(load_tokenizer(None))
+    tokens, tokenizer_cpu = 0, 0.0
+    for start in range(0, len(rows), 10_000):
+        batch = rows[start : start + 10_000]
+        records = [Record(dict(zip(batch, values, strict=True)), "") for values in zip(*batch.values(), strict=True)]
+        texts = [text for record in records for text, _ in plain_segments(record, "alpaca")[0] if text is not EOS]
+        cpu = time.process_time()
+        encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
+        tokenizer_cpu += time.process_time() - cpu
+        tokens += sum(len(encoding) for encoding in encodings)
+    shutil.rmtree(hf_cache, ignore_errors=True)
+    cores = os.cpu_count() or 1
+    return {
+        "records": len(rows), "tokens": tokens, "load_wall_s": load_wall, "load_cpu_s": load_cpu,
+        "tokenizer_cpu_s": tokenizer_cpu, "tokens_per_cpu_s": tokens / tokenizer_cpu, "cores": cores,
+        "floor_wall_s": load_wall + tokenizer_cpu / cores,
+    }  # fmt: skip
+
+
 def run_ranks(code_dir: Path, data: Path, cache: str) -> list[dict]:
     """Start 2 rank processes at once; their JSON lines."""
     script = Path(tempfile.mkdtemp()) / "rank.py"
@@ -129,6 +171,7 @@ def main() -> None:
     parser.add_argument("--old-ref", default="8abc300", help="git ref of the data layer for --impl old")
     parser.add_argument("--code-ref", default=None, help="run the current benchmark on gym_lightning of this git ref")
     parser.add_argument("--workdir", default=None, help="keeps the generated JSONL (and cache) between runs")
+    parser.add_argument("--floor", action="store_true", help="also measure the load + tokenizer floor (alpaca)")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="data_prep_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -140,6 +183,8 @@ def main() -> None:
         data = work / f"{name}_{count}.jsonl"
         if not data.exists():
             writer(data, count)
+        if args.floor and name == "alpaca":
+            print(json.dumps({f"alpaca_{count}_floor": floor(data, work)}), flush=True)
         cache = "old" if args.impl == "old" else str(work / f"cache-{args.code_ref or 'worktree'}")
         passes = ["first"] if args.impl == "old" else ["first", "cache_hit"]
         for label in passes:

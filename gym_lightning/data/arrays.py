@@ -59,11 +59,11 @@ def encode(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[Enc
     ``encode_special_tokens`` from ``split_special_tokens``) and calls the same ``encode_batch``, then converts each
     encoding into a ``BatchEncoding`` entry (15-25 % of the call on 20k alpaca records here), which is skipped.
     :func:`encode_ids` calls ``encode_batch_fast`` instead (same ids, no character offsets)."""
-    backend = _plain_backend(tokenizer)
+    backend = plain_backend(tokenizer)
     return backend.encode_batch(list(texts), add_special_tokens=False)
 
 
-def _plain_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
+def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
     """The fast tokenizer's Rust backend set up as transformers' ``__call__`` sets it when nothing is asked."""
     backend = tokenizer.backend_tokenizer
     if backend.truncation is not None:
@@ -81,7 +81,7 @@ def encode_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list
     # No offsets: the plain formats label whole segments. encode_batch_fast skips computing them: 8.2-10.0 vs
     # 10.5-11.1 CPU-s for the 80k segments of 40k generated alpaca records, interleaved, idle machine (30 Nov 2026);
     # an earlier single measurement at load ~8 had it slower, which three interleaved repeats did not confirm.
-    backend = _plain_backend(tokenizer)
+    backend = plain_backend(tokenizer)
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21
     return [encoding.ids for encoding in encode_batch(list(texts), add_special_tokens=False)]
 
