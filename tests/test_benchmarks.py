@@ -49,6 +49,8 @@ def gpu_bench() -> ModuleType:
         "export_peak.py",
         "load_peak.py",
         "scale.py",
+        "verdicts.py",
+        "data_prep.py",
     ],
 )
 def test_entry_point_help(script: str) -> None:
@@ -192,6 +194,25 @@ def test_run_py_keeps_the_sections_other_scripts_wrote(run_py: ModuleType) -> No
     text = run_py.document(report, kept)
     assert text.index("## 1. `Trainer.fit`") < text.index("## 4. DDP scaling on this machine\n\nold")
     assert "kept as an earlier pass wrote them: 4. DDP scaling on this machine" in text
+
+
+def test_verdicts_put_the_runs_side_by_side_and_flag_a_disagreement(
+    run_py: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.syspath_prepend(str(BENCH))  # verdicts.py imports docs_section as a sibling, as when run as a script
+    verdicts = _load(BENCH / "verdicts.py")
+    cells = [run_py.ratio_cell([[1.0, 1.0]], [[0.9, 1.0]]), run_py.ratio_cell([[1.0, 1.0]], [[1.0, 1.0]])]
+    paths = []
+    for index, cell in enumerate(cells):
+        text = "# Benchmarks\n\n## 1. `Trainer.fit` vs a plain loop\n\n| step | a | b | ratio |\n|---|---|---|---|\n"
+        text += f"| batch 64 | 1 | 2 | {cell} |\n\n## 4. DDP scaling\n\n| x | {cells[0]} |\n"
+        paths.append(tmp_path / f"run{index}.md")
+        paths[-1].write_text(text)
+    table = verdicts.comparison_table(paths)
+    rows = table.splitlines()[2:]
+    assert len(rows) == 1, "only sections 1 and 2-3 are compared"
+    assert rows[0].startswith(f"| batch 64 | {cells[0]} | {cells[1]} |")
+    assert rows[0].endswith("| no (≈ / ✅) |") and verdicts.agreement([cells[1], cells[1]]) == "yes"
 
 
 def test_export_peak_table_flags_a_peak_over_the_bound() -> None:

@@ -1,0 +1,72 @@
+"""Side by side: the ratio cells of several ``run.py`` passes of the same code (issue 18's three verdict runs).
+
+    for i in 1 2 3; do python benchmarks/run.py --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
+    python benchmarks/verdicts.py /tmp/verdict1.md /tmp/verdict2.md /tmp/verdict3.md --write-docs
+
+Reads every table row of sections 1 and 2-3 that carries a ratio cell (``**ratio** [low, high] verdict``, written
+by ``run.ratio_cell``) and prints one row per comparison: each run's ratio, interval and verdict, and whether all
+runs agree. ``--write-docs`` puts the table into docs/benchmarks.md as its own section (``docs_section``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+from pathlib import Path
+
+from docs_section import replace_section
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+HEADING = "## Verdict runs: the same code, three passes (issue 18)"
+CELL = re.compile(r"\*\*(?P<ratio>[\d.]+)\*\* \[(?P<low>[\d.]+), (?P<high>[\d.]+)\] (?P<verdict>✅|❌|≈)")
+SECTIONS = ("## 1.", "## 2-3.")
+
+
+def ratio_rows(document: str) -> dict[str, str]:
+    """``comparison -> ratio cell`` of the ratio tables in sections 1 and 2-3 of one ``run.py`` document."""
+    rows: dict[str, str] = {}
+    for chunk in document.split("\n## ")[1:]:
+        if not any(("## " + chunk).startswith(prefix) for prefix in SECTIONS):
+            continue
+        for line in chunk.splitlines():
+            cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
+            match = CELL.search(cells[-1]) if len(cells) > 1 else None
+            if match:
+                rows[cells[0]] = match.group(0)
+    return rows
+
+
+def agreement(cells: list[str]) -> str:
+    """``yes`` when every run gave the same verdict, else the verdicts seen."""
+    verdicts = [match.group("verdict") if (match := CELL.search(cell)) else "?" for cell in cells]
+    return "yes" if len(set(verdicts)) == 1 else "no (" + " / ".join(verdicts) + ")"
+
+
+def comparison_table(paths: list[Path]) -> str:
+    """The markdown table: a row per comparison, a column per run, and the agreement."""
+    runs = [ratio_rows(path.read_text()) for path in paths]
+    names = list(dict.fromkeys(name for run in runs for name in run))
+    header = ["comparison", *(f"run {i + 1}" for i in range(len(runs))), "same verdict in every run"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    for name in names:
+        cells = [run.get(name, "(not run)") for run in runs]
+        lines.append("| " + " | ".join([name, *cells, agreement(cells)]) + " |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", nargs="+", type=Path, help="run.py outputs of the same code")
+    parser.add_argument("--note", default="", help="a line put under the heading (dates, load, commit)")
+    parser.add_argument("--write-docs", action="store_true", help="replace this section of docs/benchmarks.md")
+    args = parser.parse_args()
+    table = comparison_table(args.runs)
+    print(table)
+    if args.write_docs:
+        section = f"{HEADING}\n\n{args.note}\n\n{table}\n" if args.note else f"{HEADING}\n\n{table}\n"
+        docs = REPO_ROOT / "docs" / "benchmarks.md"
+        docs.write_text(replace_section(docs.read_text(), HEADING, section))
+
+
+if __name__ == "__main__":
+    main()
