@@ -112,7 +112,7 @@ def test_zero3_optimizer_sub_group_is_one_layer() -> None:
 
 # The allocator pattern behind the 0.8-1.0 GiB that glibc kept per rank at 250M (strategies/_common.py): a large
 # transient freed first (glibc raises its mmap threshold to its size), then many medium tensors served from the heap
-# between small live ones, freed. In a fresh process each, since the setting is process-wide. Here (glibc 2.x,
+# between small live ones, freed. In a fresh process each, since the setting is process-wide. Here (glibc 2.36,
 # 30 Nov 2026): 39.9 MiB of the 400 MiB stay resident under glibc's defaults, 0.01 MiB with the fix.
 _RETAINED_AFTER_FREE = """
 import sys, torch
