@@ -12,10 +12,11 @@ cache and tokenizes on every rank, so only one pass is timed); use a smaller ``-
 Full size (the issue's targets: growth < 300 MB per rank, cache hit < 5 s, first preparation < 2 min):
     python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 200000
 
-``--floor`` measures what any preparation of the alpaca file must spend on this machine, before gym_lightning's own
-work: ``datasets.load_dataset`` of the JSONL (wall and CPU seconds, its Arrow cache in a fresh folder), and the Rust
-tokenizer alone (``encode_batch_fast``, one thread) on every text segment of every record, in CPU seconds. With the
-machine's cores all tokenizing, the preparation cannot take less than the load plus tokenizer CPU / cores:
+``--floor`` measures, instead of a preparation, what any preparation of the alpaca file must spend on this machine
+before gym_lightning's own work: ``datasets.load_dataset`` of the JSONL (wall and CPU seconds, its Arrow cache in a
+fresh folder), and the Rust tokenizer alone (``encode_batch_fast``, one thread) on every text segment of every
+record, in batches of 1,000 records as ``Dataset.map`` hands them over, in CPU seconds. With all the machine's cores
+tokenizing, a preparation cannot take less than the load plus tokenizer CPU / cores:
     python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 0 --floor --workdir /tmp/dp
 """
 
@@ -105,8 +106,8 @@ def floor(data: Path, work: Path) -> dict[str, float]:
     os.environ["TOKENIZERS_PARALLELISM"] = "false"  # one thread: CPU seconds without rayon's coordination
     backend = plain_backend(load_tokenizer(None))
     tokens, tokenizer_cpu = 0, 0.0
-    for start in range(0, len(rows), 10_000):
-        batch = rows[start : start + 10_000]
+    for start in range(0, len(rows), 1_000):
+        batch = rows[start : start + 1_000]
         records = [Record(dict(zip(batch, values, strict=True)), "") for values in zip(*batch.values(), strict=True)]
         texts = [text for record in records for text, _ in plain_segments(record, "alpaca")[0] if text is not EOS]
         cpu = time.process_time()
@@ -171,7 +172,7 @@ def main() -> None:
     parser.add_argument("--old-ref", default="8abc300", help="git ref of the data layer for --impl old")
     parser.add_argument("--code-ref", default=None, help="run the current benchmark on gym_lightning of this git ref")
     parser.add_argument("--workdir", default=None, help="keeps the generated JSONL (and cache) between runs")
-    parser.add_argument("--floor", action="store_true", help="also measure the load + tokenizer floor (alpaca)")
+    parser.add_argument("--floor", action="store_true", help="measure the load + tokenizer floor instead")
     args = parser.parse_args()
     work = Path(args.workdir or tempfile.mkdtemp(prefix="data_prep_"))
     work.mkdir(parents=True, exist_ok=True)
@@ -183,8 +184,10 @@ def main() -> None:
         data = work / f"{name}_{count}.jsonl"
         if not data.exists():
             writer(data, count)
-        if args.floor and name == "alpaca":
-            print(json.dumps({f"alpaca_{count}_floor": floor(data, work)}), flush=True)
+        if args.floor:
+            if name == "alpaca":
+                print(json.dumps({f"alpaca_{count}_floor": floor(data, work)}), flush=True)
+            continue
         cache = "old" if args.impl == "old" else str(work / f"cache-{args.code_ref or 'worktree'}")
         passes = ["first"] if args.impl == "old" else ["first", "cache_hit"]
         for label in passes:
