@@ -22,6 +22,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
 
 from probe import COMPONENTS  # benchmarks/workers/ is not a package
 
+from gym_lightning.callbacks.reports import markdown_table
+
 # Strategy name in run.py's PAIRS -> gym kind; the order of the tables.
 STRATEGIES = ("ddp", "fsdp", "zero1", "zero2", "zero3")
 # Lines the peer loop runs too (same mathematics): listed, not counted in the wrapper's own sum.
@@ -88,9 +90,7 @@ def render(
             labels.append("comm hooks: none registered (`gradient_compression='none'`, the default)")
         table = [[label, *(rows.get(label, "0") for _, rows in columns)] for label in labels]
         header = ["line", *(title for title, _ in columns)]
-        lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-        lines += ["| " + " | ".join(row) + " |" for row in table]
-        parts.append(f"**{name}**\n\n" + "\n".join(lines))
+        parts.append(f"**{name}**\n\n" + markdown_table(header, table))
     return "\n\n".join(parts)
 
 

@@ -15,20 +15,20 @@ import re
 from pathlib import Path
 
 from docs_section import replace_section
+from run import TITLES, markdown_table, previous_own_sections
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Verdict runs: the same code, three passes (issue 18)"
 CELL = re.compile(r"\*\*(?P<ratio>[\d.]+)\*\* \[(?P<low>[\d.]+), (?P<high>[\d.]+)\] (?P<verdict>✅|❌|≈)")
-SECTIONS = ("## 1.", "## 2-3.")
+SECTIONS = ("fit", "strategies")  # run.py's sections with ratio verdicts
 
 
 def ratio_rows(document: str) -> dict[str, str]:
     """``comparison -> ratio cell`` of the ratio tables in sections 1 and 2-3 of one ``run.py`` document."""
     rows: dict[str, str] = {}
-    for chunk in document.split("\n## ")[1:]:
-        if not any(("## " + chunk).startswith(prefix) for prefix in SECTIONS):
-            continue
-        for line in chunk.splitlines():
+    sections = previous_own_sections(document)
+    for key in SECTIONS:
+        for line in sections.get(TITLES[key], "").splitlines():
             cells = [cell.strip() for cell in line.strip().strip("|").split("|")]
             match = CELL.search(cells[-1]) if len(cells) > 1 else None
             if match:
@@ -47,11 +47,11 @@ def comparison_table(paths: list[Path]) -> str:
     runs = [ratio_rows(path.read_text()) for path in paths]
     names = list(dict.fromkeys(name for run in runs for name in run))
     header = ["comparison", *(f"run {i + 1}" for i in range(len(runs))), "same verdict in every run"]
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
+    rows = []
     for name in names:
         cells = [run.get(name, "(not run)") for run in runs]
-        lines.append("| " + " | ".join([name, *cells, agreement(cells)]) + " |")
-    return "\n".join(lines)
+        rows.append([name, *cells, agreement(cells)])
+    return markdown_table(header, rows)
 
 
 def main() -> None:

@@ -204,8 +204,8 @@ def test_verdicts_put_the_runs_side_by_side_and_flag_a_disagreement(
     cells = [run_py.ratio_cell([[1.0, 1.0]], [[0.9, 1.0]]), run_py.ratio_cell([[1.0, 1.0]], [[1.0, 1.0]])]
     paths = []
     for index, cell in enumerate(cells):
-        text = "# Benchmarks\n\n## 1. `Trainer.fit` vs a plain loop\n\n| step | a | b | ratio |\n|---|---|---|---|\n"
-        text += f"| batch 64 | 1 | 2 | {cell} |\n\n## 4. DDP scaling\n\n| x | {cells[0]} |\n"
+        text = f"# Benchmarks\n\n## {run_py.TITLES['fit']}\n\n| step | a | b | ratio |\n|---|---|---|---|\n"
+        text += f"| batch 64 | 1 | 2 | {cell} |\n\n## {run_py.TITLES['ddp']}\n\n| x | {cells[0]} |\n"
         paths.append(tmp_path / f"run{index}.md")
         paths[-1].write_text(text)
     table = verdicts.comparison_table(paths)
