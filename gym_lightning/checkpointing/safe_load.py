@@ -56,9 +56,8 @@ def load_weights_only(path: str | os.PathLike[str], map_location: Any = "cpu", m
 
     torch reports a file that is not a checkpoint in many ways (``EOFError`` for an empty file, ``KeyError`` for text,
     ``RuntimeError`` from the zip reader for a truncated file, an ``UnpicklingError`` or ``IndexError`` for random
-    bytes); all of them
-    mean the same to a user, so they become one message. An ``UnpicklingError`` that names a refused ``GLOBAL`` is a
-    real pickle that would run code: that stays an ``UnsafeCheckpointError``.
+    bytes); all of them mean the same to a user, so they become one message. An ``UnpicklingError`` that names a
+    refused ``GLOBAL`` is a real pickle that would run code: that stays an ``UnsafeCheckpointError``.
     """
     if not os.path.isfile(path):
         raise GymUserError(f"Checkpoint file not found: {os.fspath(path)!r}; pass the path of an existing .ckpt file.")
