@@ -93,9 +93,9 @@ def floor(data: Path, work: Path) -> dict[str, float]:
 
     import datasets
 
-    from gym_lightning.data.arrays import plain_backend
-    from gym_lightning.data.formats import EOS, plain_segments
-    from gym_lightning.data.sources import Record
+    from gym_lightning.data.arrays import plain_backend, segment_texts
+    from gym_lightning.data.formats import plain_segments
+    from gym_lightning.data.prepare import batch_records
     from gym_lightning.tokenizer import load_tokenizer
 
     hf_cache = work / "floor-hf"
@@ -108,8 +108,8 @@ def floor(data: Path, work: Path) -> dict[str, float]:
     tokens, tokenizer_cpu = 0, 0.0
     for start in range(0, len(rows), 1_000):
         batch = rows[start : start + 1_000]
-        records = [Record(dict(zip(batch, values, strict=True)), "") for values in zip(*batch.values(), strict=True)]
-        texts = [text for record in records for text, _ in plain_segments(record, "alpaca")[0] if text is not EOS]
+        records = batch_records(batch, range(start, start + len(batch["instruction"])), str(data))
+        texts = segment_texts([plain_segments(record, "alpaca")[0] for record in records])
         cpu = time.process_time()
         encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
         tokenizer_cpu += time.process_time() - cpu

@@ -23,7 +23,7 @@ import pyarrow as pa
 from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from gym_lightning.data.formats import EOS, has_target, plain_segments, special_prefix
+from gym_lightning.data.formats import EOS, Segments, has_target, plain_segments, special_prefix
 from gym_lightning.data.sources import Record
 from gym_lightning.loss import IGNORE_INDEX
 
@@ -117,13 +117,17 @@ def from_pieces(
     return Columns(ids[keep], labels[keep], offsets, kept)
 
 
+def segment_texts(all_segments: Sequence[Segments]) -> list[str]:
+    """The texts the tokenizer sees for the records' segments, in order (``EOS`` marks a token, not text)."""
+    return [text for segments in all_segments for text, _ in segments if text is not EOS]
+
+
 def plain_columns(
     records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool
 ) -> Columns:
     """Columns of non-chat records (fields already checked): ``formats.tokenize_plain`` + cut + drop, vectorised."""
     all_segments = [plain_segments(record, format)[0] for record in records]
-    texts = [text for segments in all_segments for text, _ in segments if text is not EOS]
-    encoded = iter(encode_ids(tokenizer, texts))
+    encoded = iter(encode_ids(tokenizer, segment_texts(all_segments)))
     prefix, eos = special_prefix(tokenizer), [tokenizer.eos_token_id]
     pieces: list[list[int]] = []
     targets: list[bool] = []

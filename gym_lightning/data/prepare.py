@@ -124,6 +124,15 @@ def fingerprint(
     return hashlib.sha256(json.dumps(payload, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
+def batch_records(batch: dict[str, list], indices: Sequence[int], label: str) -> list[Record]:
+    """The rows of a batched ``map`` call (column -> values) as records named for errors (numbered from 1)."""
+    keys = list(batch)
+    return [
+        Record(dict(zip(keys, values, strict=True)), f"{label} record {index + 1}")
+        for index, values in zip(indices, zip(*batch.values(), strict=True), strict=True)
+    ]
+
+
 class Tokenize:
     """The batched ``Dataset.map`` function: rows of one format to int32 ids and labels (picklable for ``num_proc``).
 
@@ -151,11 +160,7 @@ class Tokenize:
         self.mask_prompt, self.with_prompts, self.label, self.arrow = mask_prompt, with_prompts, label, arrow
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> pa.Table | dict[str, list]:
-        keys = list(batch)
-        records = [
-            Record(dict(zip(keys, values, strict=True)), f"{self.label} record {index + 1}")
-            for index, values in zip(indices, zip(*batch.values(), strict=True), strict=True)
-        ]
+        records = batch_records(batch, indices, self.label)
         columns = self.columns(records)
         out: dict[str, pa.Array] = columns.arrow()
         if self.with_prompts:
