@@ -10,7 +10,7 @@ then compare the verdict column (✅ / ❌ / ≈) of sections 1 and 2-3 across t
 
     for i in 1 2 3; do python benchmarks/run.py --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
 
-Sections (each comparison runs both sides in the same job, repeats interleaved, side order alternating):
+Sections (each wrapper/peer comparison runs both sides in one run, stepping alternately; scaling runs interleave):
 
 1. ``fit``: ``Trainer.fit`` vs a plain PyTorch loop, 1 process (benchmarks/fit_vs_plain.py's functions).
 2. ``zero``: ``ZeROStrategy`` stage 1/2/3 vs DeepSpeed's engine in a minimal loop, same JSON config, 2 ranks.
@@ -45,6 +45,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from gym_lightning.callbacks.reports import markdown_table
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -136,7 +138,9 @@ def summary(values: list[float], digits: int = 0) -> str:
     return f"{statistics.median(values):,.{digits}f} ({min(values):,.{digits}f}-{max(values):,.{digits}f})"
 
 
-def speed_ratio(ours: list[list[float]], peer: list[list[float]], seed: int = 0) -> tuple[float, float, float]:
+def speed_ratio(
+    ours: list[list[float]], peer: list[list[float]], seed: int = 0, paired_steps: bool = False
+) -> tuple[float, float, float]:
     """Throughput ratio ours / peer from per-step seconds (one list per repeat; both sides run the same tokens per
     step): median peer step / median ours step, over all timed steps of all repeats, with a ``CONFIDENCE``
     percentile-bootstrap interval.
@@ -146,6 +150,9 @@ def speed_ratio(ours: list[list[float]], peer: list[list[float]], seed: int = 0)
     each drawn repeat. Repeats are the unit that carries the slow drifts of a shared machine; steps within a repeat
     carry the jitter. The medians shrug off the single steps another job's burst stretches. Seeded: the same
     timings give the same interval.
+
+    ``paired_steps``: step ``k`` of both sides ran back to back too (``fit_vs_plain.InterleavedSteps``), so
+    the same step indices are drawn for both, and a drift within a repeat moves both resampled medians alike.
     """
     import numpy as np
 
@@ -153,9 +160,13 @@ def speed_ratio(ours: list[list[float]], peer: list[list[float]], seed: int = 0)
     ratio = float(np.median(b) / np.median(a))
     rng = np.random.default_rng(seed)
     repeats = rng.integers(0, a.shape[0], size=(BOOTSTRAP_SAMPLES, a.shape[0]))
+    if paired_steps and a.shape != b.shape:
+        raise ValueError(f"Paired steps need as many steps on both sides, got {a.shape} and {b.shape}.")
+    shared = rng.integers(0, a.shape[1], size=(BOOTSTRAP_SAMPLES, a.shape[0], a.shape[1])) if paired_steps else None
     draws = []
     for side in (a, b):
-        steps = rng.integers(0, side.shape[1], size=(BOOTSTRAP_SAMPLES, a.shape[0], side.shape[1]))
+        size = (BOOTSTRAP_SAMPLES, a.shape[0], side.shape[1])
+        steps = shared if shared is not None else rng.integers(0, side.shape[1], size=size)
         draws.append(np.median(side[repeats[..., None], steps].reshape(BOOTSTRAP_SAMPLES, -1), axis=1))
     samples = draws[1] / draws[0]
     tail = (1 - CONFIDENCE) / 2
@@ -177,16 +188,13 @@ def verdict(low: float, high: float, target: float) -> str:
     return "≈"
 
 
-def ratio_cell(ours: list[list[float]], peer: list[list[float]], target: float | None = TARGET) -> str:
+def ratio_cell(
+    ours: list[list[float]], peer: list[list[float]], target: float | None = TARGET, paired_steps: bool = False
+) -> str:
     """``**ratio** [low, high] verdict`` from per-step seconds (``speed_ratio``); no verdict when ``target`` is None."""
-    ratio, low, high = speed_ratio(ours, peer)
+    ratio, low, high = speed_ratio(ours, peer, paired_steps=paired_steps)
     mark = "" if target is None else " " + verdict(low, high, target)
     return f"**{ratio:.3f}** [{low:.3f}, {high:.3f}]{mark}"
-
-
-def markdown_table(header: list[str], rows: list[list[str]]) -> str:
-    lines = ["| " + " | ".join(header) + " |", "|" + "|".join("---" for _ in header) + "|"]
-    return "\n".join(lines + ["| " + " | ".join(row) + " |" for row in rows])
 
 
 # ---------------------------------------------------------------------------------------------------- machine
@@ -241,10 +249,11 @@ def fit_workloads(settings: Settings) -> list[tuple[int, int, int, float]]:
 def fit_pair(
     settings: Settings, batch: int, steps: int, warmup: int, logdir: str
 ) -> tuple[list[list[float]], list[list[float]], int]:
-    """Per-step seconds of the plain loop and of Trainer.fit (one list per repeat, ``settings.repeats`` interleaved
-    runs each), and the non-padding tokens of the timed steps."""
+    """Per-step seconds of the plain loop and of Trainer.fit (one list per repeat: ``settings.repeats`` runs, each
+    stepping both sides alternately, see fit_vs_plain.InterleavedSteps), and the non-padding tokens of the
+    timed steps."""
     import lightning.pytorch as pl
-    from fit_vs_plain import fit_run, make_datamodule, plain_run, timed_tokens
+    from fit_vs_plain import make_datamodule, paired_run, timed_tokens
 
     from gym_lightning.models.loading import build_causal_lm
 
@@ -253,20 +262,15 @@ def fit_pair(
     init, dm = build_causal_lm(args.model), make_datamodule(args)
     tokens, fingerprint = timed_tokens(dm, warmup, steps)
     plain, fit = [], []
-    for repeat in range(settings.repeats):
-        for side in ("plain", "fit") if repeat % 2 == 0 else ("fit", "plain"):
-            if side == "plain":
-                step_seconds, seen = plain_run(init, dm, warmup, steps)
-                if seen != fingerprint:
-                    raise RuntimeError("The plain loop saw different batches than the data module's loader.")
-                plain.append(step_seconds)
-            else:
-                fit.append(fit_run(init, dm, warmup, steps, logdir))
+    for _ in range(settings.repeats):
+        plain_seconds, fit_seconds = paired_run(init, dm, warmup, steps, logdir, fingerprint)
+        plain.append(plain_seconds)
+        fit.append(fit_seconds)
     return plain, fit, tokens
 
 
 def fit_section(settings: Settings) -> str:
-    """Trainer.fit vs the plain loop of benchmarks/fit_vs_plain.py, alternating, in this process."""
+    """Trainer.fit vs the plain loop of benchmarks/fit_vs_plain.py, stepping alternately, in this process."""
     import warnings
 
     import torch
@@ -279,13 +283,20 @@ def fit_section(settings: Settings) -> str:
             plain, fit, tokens = fit_pair(settings, batch, steps, warmup, logdir)
             plain_tps, fit_tps = ([tokens / sum(r) for r in side] for side in (plain, fit))
             rows.append(
-                [f"batch {batch} (>= {target})", summary(plain_tps), summary(fit_tps), ratio_cell(fit, plain, target)]
+                [
+                    f"batch {batch} (>= {target})",
+                    summary(plain_tps),
+                    summary(fit_tps),
+                    ratio_cell(fit, plain, target, paired_steps=True),
+                ]
             )
             runs.append(f"batch {batch}: {steps} timed steps after {warmup} warm-up steps")
     header = ["step (target)", "plain PyTorch loop, tokens/s", "`Trainer.fit`, tokens/s", RATIO_HEADER]
     return (
         f"tiny-llama preset (0.49M parameters), `addition` data ({'; '.join(runs)}), {settings.repeats} "
-        "interleaved repeats, 1 process x 1 thread. Both sides: same initial weights, same collated batches in the "
+        "runs, 1 process x 1 thread; in each run the two sides step alternately (one plain step just before each even "
+        "fit step and just after each odd one, `fit_vs_plain.InterleavedSteps`), and the bootstrap draws step k "
+        "of both sides together. Both sides: same initial weights, same collated batches in the "
         "same order, same AdamW (the module's fused kernel, same groups) and schedule. fit: no validation/"
         "checkpointing, progress bar and CSV logging every 50 steps, `self.log` of the loss every step; no "
         "non-finite guard (the plain loop checks nothing; the overhead budget gives the guard's cost as its own "
@@ -356,17 +367,16 @@ def strategy_workloads(settings: Settings) -> list[tuple[str, int, int]]:
 def strategy_runs(settings: Settings, names: list[str]) -> list[dict[str, Any]]:
     seq = settings.strategy_batch[1]
     runs = []
-    for repeat in range(settings.repeats):
+    for _ in range(settings.repeats):
         for suffix, batch, steps in strategy_workloads(settings):
             base = {"batch_size": batch, "seq_len": seq, "steps": steps}
             base |= {"warmup": settings.strategy_warmup, "overrides": settings.strategy_model}
             for name in names:
-                sides = PAIRS[name] if repeat % 2 == 0 else PAIRS[name][::-1]
-                for kind in sides:
-                    run = {**base, "name": name + suffix, "kind": kind}
-                    if name.startswith("zero"):
-                        run["ds_config"] = zero_config(int(name[-1]), batch)
-                    runs.append(run)
+                gym, peer = PAIRS[name]
+                run = {**base, "name": name + suffix, "kind": gym, "peer": peer}  # one run, steps interleaved
+                if name.startswith("zero"):
+                    run["ds_config"] = zero_config(int(name[-1]), batch)
+                runs.append(run)
     return runs
 
 
@@ -389,9 +399,9 @@ RATIO_NOTE = (
     "Ratio: median step time of the peer / median step time of gym_lightning over every timed step of every "
     f"repeat (= tokens/s ratio: both sides run the same tokens per step), with a {CONFIDENCE:.0%} hierarchical, "
     f"paired bootstrap interval ({BOOTSTRAP_SAMPLES} samples: repeats drawn with both their sides, then steps "
-    "within them). Verdict: ✅ when the interval's lower bound reaches the target, ❌ when its upper bound is below "
-    "it, ≈ when the interval straddles it (undecided at this noise: not a pass). Three runs of the same code can "
-    "only disagree ✅ against ❌ when an interval misses the true ratio."
+    "within them, step k of both sides together). Verdict: ✅ when the interval's lower bound reaches the target, "
+    "❌ when its upper bound is below it, ≈ when the interval straddles it (undecided at this noise: not a pass). "
+    "Three runs of the same code can only disagree ✅ against ❌ when an interval misses the true ratio."
 )
 
 
@@ -412,7 +422,7 @@ def strategy_sections(settings: Settings, names: list[str], workdir: Path, gaps:
                     f"{name}, batch {batch} x {settings.strategy_batch[1]} (>= {target})",
                     f"{labels[PAIRS[name][0]]}: {summary(ours)}",
                     f"{labels[PAIRS[name][1]]}: {summary(peer)}",
-                    ratio_cell(*steps, target),
+                    ratio_cell(*steps, target, paired_steps=True),
                 ]
             )
     o = settings.strategy_model
@@ -422,15 +432,17 @@ def strategy_sections(settings: Settings, names: list[str], workdir: Path, gaps:
         f"layers ({param_count(o) / 1e6:.1f}M parameters), fp32, batch {batch} x {seq} tokens per rank "
         f"({settings.strategy_steps} timed steps){large_text(settings)} after {settings.strategy_warmup} warm-up, "
         f"{settings.repeats} "
-        "repeats interleaved in one torchrun job (side "
-        "order alternating). Same synthetic batches, same AdamW with the same two parameter groups (matrices / "
-        "biases and norms); gym_lightning runs `Trainer.fit(CausalLMModule)` (no validation, no checkpoints, no "
-        "progress bar, logging every 50 steps). Same mathematics on both sides: the loss is the step's summed token "
-        "cross-entropy over the step's target tokens summed over ranks, so every loop all-reduces the token count "
-        "once per step (launched before the forward, waited for after it; the HF Trainer's `num_items_in_batch`), "
-        "and both use the module's default fused AdamW. The non-finite guard, which the plain loops lack, is off "
-        "here; its cost is its own line in the overhead budget below. ZeRO: both sides get the JSON config below; "
-        "ZeROStrategy adds `managed_gradient_accumulation: false` and `engine.backward(scale_wrt_gas=False)`.\n\n"
+        "runs in one torchrun job; in each, `Trainer.fit` with the wrapper and its plain loop step alternately (a "
+        "plain step just before each even fit step and just after each odd one, `fit_vs_plain.InterleavedSteps`; the "
+        "bootstrap draws step k of both sides together). Same synthetic batches, same AdamW with the same two "
+        "parameter groups (matrices / biases and norms); gym_lightning runs `Trainer.fit(CausalLMModule)` (no "
+        "validation, no checkpoints, no progress bar, logging every 50 steps). Same mathematics on both sides: the "
+        "loss is the step's summed token cross-entropy over the step's target tokens summed over ranks, so every loop "
+        "all-reduces the token count once per step (launched before the forward, waited for after it; the HF Trainer's "
+        "`num_items_in_batch`), and both use the module's default fused AdamW. The non-finite guard, which the plain "
+        "loops lack, is off here; its cost is its own line in the overhead budget below. ZeRO: both sides get the JSON "
+        "config below; ZeROStrategy adds `managed_gradient_accumulation: false` and "
+        "`engine.backward(scale_wrt_gas=False)`.\n\n"
     )
     header = ["comparison (target)", "gym_lightning, tokens/s median (min-max)", "peer, tokens/s", RATIO_HEADER]
     config = json.dumps(zero_config(3, batch))
@@ -662,7 +674,7 @@ def document(report: Report, kept: dict[str, str] | None = None) -> str:
     s, kept, parts = report.sections, kept or {}, ["# Benchmarks", ""]
     parts.append(
         "Generated by `benchmarks/run.py`; do not edit by hand. Every comparison runs gym_lightning and the peer "
-        "side by side in one run, repeats interleaved; figures are medians with (min-max) over repeats, ratios "
+        "side by side in one run, stepping alternately; figures are medians with (min-max) over repeats, ratios "
         f"are gym_lightning / peer (targets: >= {TARGET} for the wrappers at the small step, >= {LARGE_TARGET} at "
         f"the larger one, DDP efficiency >= {DDP_TARGET})."
     )

@@ -15,7 +15,9 @@ import re
 from pathlib import Path
 
 from docs_section import replace_section
-from run import TITLES, markdown_table, previous_own_sections
+from run import TITLES, previous_own_sections
+
+from gym_lightning.callbacks.reports import markdown_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Verdict runs: the same code, three passes (issue 18)"

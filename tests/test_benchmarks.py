@@ -94,28 +94,51 @@ def test_speed_ratio_interval_covers_the_noise_and_is_reproducible(run_py: Modul
     assert run_py.speed_ratio(*slow)[0] == pytest.approx(run_py.speed_ratio([ours[0]], [peer[0]])[0])
 
 
+def test_paired_steps_cancel_a_drift_both_sides_share(run_py: ModuleType) -> None:
+    # Within each run the machine slows from 50 to 100 ms per step, on both sides alike (they step alternately);
+    # ours is 2 % slower at every step, with +-1 % jitter of its own.
+    import random
+
+    rng = random.Random(2)
+    peer = [[0.05 + 0.05 * k / 59 for k in range(60)] for _ in range(4)]
+    ours = [[1.02 * t * (1 + rng.uniform(-0.01, 0.01)) for t in run] for run in peer]
+    _, low, high = run_py.speed_ratio(ours, peer, paired_steps=True)
+    _, unpaired_low, unpaired_high = run_py.speed_ratio(ours, peer)
+    assert low < 1 / 1.02 < high and high - low < 0.02
+    assert high - low < (unpaired_high - unpaired_low) / 5  # drawn apart, the drift blurs the medians
+    with pytest.raises(ValueError, match="as many steps"):
+        run_py.speed_ratio(ours, [run[:-1] for run in peer], paired_steps=True)
+
+
+def test_fit_and_plain_step_alternately_on_the_same_batches(tmp_path: Path) -> None:
+    """benchmarks/fit_vs_plain.paired_run: both sides time every step from the warm-up on, and see the batches
+    their fingerprint names (a plain loop fed other batches raises)."""
+    from gym_lightning.models.loading import build_causal_lm
+
+    fit_vs_plain = _load(BENCH / "fit_vs_plain.py")
+
+    args = fit_vs_plain.argparse.Namespace(dataset="addition", batch_size=8, seed=0)
+    init, dm = build_causal_lm("tiny-llama"), fit_vs_plain.make_datamodule(args)
+    tokens, fingerprint = fit_vs_plain.timed_tokens(dm, 2, 4)
+    plain, fit = fit_vs_plain.paired_run(init, dm, 2, 4, str(tmp_path), fingerprint)
+    assert len(plain) == len(fit) == 4 and min(plain + fit) > 0 and tokens > 0
+    with pytest.raises(RuntimeError, match="different batches"):
+        fit_vs_plain.paired_run(init, dm, 2, 4, str(tmp_path), [fingerprint[0] + 1])
+
+
 def test_verdict_needs_the_whole_interval_on_one_side(run_py: ModuleType) -> None:
     assert run_py.verdict(0.96, 0.99, 0.95) == "✅"
     assert run_py.verdict(0.90, 0.949, 0.95) == "❌"
     assert run_py.verdict(0.94, 0.97, 0.95) == "≈"  # median may be above the target: still undecided
 
 
-def test_strategy_runs_interleave_sides(run_py: ModuleType) -> None:
+def test_strategy_runs_pair_each_wrapper_with_its_peer_in_one_run(run_py: ModuleType) -> None:
     settings = run_py.Settings(**{**run_py.QUICK.__dict__, "repeats": 2})
     runs = run_py.strategy_runs(settings, ["zero3", "fsdp"])
-    kinds = [(r["name"], r["kind"]) for r in runs]
-    assert kinds == [
-        ("zero3", "gym_zero"),
-        ("zero3", "ds_engine"),
-        ("fsdp", "gym_fsdp"),
-        ("fsdp", "fsdp2"),
-        ("zero3", "ds_engine"),  # second repeat: the peer goes first
-        ("zero3", "gym_zero"),
-        ("fsdp", "fsdp2"),
-        ("fsdp", "gym_fsdp"),
-    ]
+    kinds = [(r["name"], r["kind"], r["peer"]) for r in runs]
+    assert kinds == [("zero3", "gym_zero", "ds_engine"), ("fsdp", "gym_fsdp", "fsdp2")] * 2
     zero = [r for r in runs if r["name"] == "zero3"]
-    assert all(r["ds_config"] == zero[0]["ds_config"] for r in zero), "both ZeRO sides must get the same config"
+    assert all(r["ds_config"] == zero[0]["ds_config"] for r in zero)
     assert zero[0]["ds_config"]["zero_optimization"]["stage"] == 3
 
 
@@ -171,13 +194,8 @@ def test_scaling_verdict_names_the_smallest_size_reaching_the_target(run_py: Mod
 def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
     settings = run_py.Settings(**{**run_py.FULL.__dict__, "repeats": 1})
     runs = run_py.strategy_runs(settings, ["zero1"])
-    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [
-        ("zero1", 4, 30),
-        ("zero1", 4, 30),
-        ("zero1@16", 16, 12),
-        ("zero1@16", 16, 12),
-    ]
-    assert runs[2]["ds_config"]["train_micro_batch_size_per_gpu"] == 16
+    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [("zero1", 4, 30), ("zero1@16", 16, 12)]
+    assert runs[1]["ds_config"]["train_micro_batch_size_per_gpu"] == 16
     ddp = run_py.ddp_runs(settings)
     assert {(r["name"], r["batch_size"]) for r in ddp} >= {("h256_l4_b4", 4), ("h256_l4_b16", 16)}
 

@@ -1,10 +1,12 @@
 """2-rank CPU worker for benchmarks/run.py: gym_lightning strategies against the plain loops users would write instead.
 
 Launched by ``torchrun --nproc_per_node 2 --master_port <free port> benchmarks/workers/dist_bench.py spec.json``
-(``OMP_NUM_THREADS=1``). ``spec.json`` lists runs executed IN ORDER in this one job (benchmarks/run.py interleaves
-the two sides of each comparison), so both sides share the process group, the warm imports and the same load from
-other processes. Every run trains the same synthetic batches (per rank), the same model shape and AdamW; the first
-``warmup`` optimizer steps are not timed. Rank 0 appends one JSON line per run to ``<out>/results.jsonl``:
+(``OMP_NUM_THREADS=1``). ``spec.json`` lists runs executed IN ORDER in this one job, so all runs share the process
+group, the warm imports and the same load from other processes. A gym run with a ``"peer"`` kind steps that plain
+loop alternately with its own steps (``fit_vs_plain.InterleavedSteps``): benchmarks/run.py compares each wrapper with
+its peer that way, step k of both sides within milliseconds of each other. Every run trains the same synthetic
+batches (per rank), the same model shape and AdamW; the first ``warmup`` optimizer steps are not timed. Rank 0
+appends one JSON line per run (two for a run with a peer, one per side) to ``<out>/results.jsonl``:
 ``{"name", "kind", "seconds", "steps", "tokens", "step_tokens", "step_seconds"[, "probe"]}`` (tokens: the job's
 tokens in the timed steps; step_seconds: rank 0's duration of each timed step; probe: workers/probe.py's per-step
 component timings of a probed gym run). The plain data-parallel loops all-reduce each step's target-token count and
@@ -31,6 +33,7 @@ import os
 import sys
 import time
 import warnings
+from collections.abc import Callable
 from contextlib import nullcontext
 from pathlib import Path
 from typing import Any
@@ -43,7 +46,7 @@ from torch.utils.data import DataLoader
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (fit_vs_plain's StepClock)
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/workers/ (probe.py)
 
-from fit_vs_plain import StepClock
+from fit_vs_plain import InterleavedSteps, StepClock
 from probe import StepProbe
 
 from gym_lightning.data.loader import STEP_TOKENS_KEY
@@ -127,7 +130,31 @@ def timed_loop(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], step
 
 
 # ------------------------------------------------------------------------------------------------- plain loops
-def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> list[float]:
+Step = Callable[[dict[str, torch.Tensor]], None]
+
+
+def peer_stepper(run: dict[str, Any], kind: str) -> tuple[Step, Callable[[], None]]:
+    """The training step of a plain loop (``ds_engine``, ``fsdp2``, ``ddp``, ``ddp_nosync``) on a fresh model, and
+    what releases it after the run."""
+    if kind == "ds_engine":
+        return _ds_engine_step(run)
+    model = build_model(run)
+    if kind == "fsdp2":
+        from torch.distributed.fsdp import fully_shard
+
+        for layer in model.model.layers:  # one unit per decoder layer, then the root (torchtitan's recipe)
+            fully_shard(layer)
+        fully_shard(model)
+        return _torch_step(run, model), lambda: None
+    if kind in ("ddp", "ddp_nosync"):
+        from torch.nn.parallel import DistributedDataParallel
+
+        model = DistributedDataParallel(model)
+        return _torch_step(run, model, sync=model.no_sync if kind == "ddp_nosync" else nullcontext), lambda: None
+    raise ValueError(f"{kind!r} is not a plain data-parallel loop; expected ds_engine, fsdp2, ddp or ddp_nosync")
+
+
+def _ds_engine_step(run: dict[str, Any]) -> tuple[Step, Callable[[], None]]:
     import deepspeed
 
     deepspeed.init_distributed(dist_backend="gloo")  # wraps the existing process group
@@ -148,33 +175,22 @@ def run_ds_engine(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -
         engine.backward(loss)
         engine.step()
 
+    return step, engine.destroy
+
+
+def run_peer(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], kind: str) -> list[float]:
+    """A plain loop alone (section 4's scaling runs, and any spec run without a ``peer``)."""
+    step, close = peer_stepper(run, kind)
     seconds = timed_loop(run, batches, step)
-    engine.destroy()
+    close()
     return seconds
-
-
-def run_fsdp2(run: dict[str, Any], batches: list[dict[str, torch.Tensor]]) -> list[float]:
-    from torch.distributed.fsdp import fully_shard
-
-    model = build_model(run)
-    for layer in model.model.layers:  # one unit per decoder layer, then the root (torchtitan's recipe)
-        fully_shard(layer)
-    fully_shard(model)
-    return _torch_loop(run, batches, model)
-
-
-def run_ddp(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], no_sync: bool) -> list[float]:
-    from torch.nn.parallel import DistributedDataParallel
-
-    model = DistributedDataParallel(build_model(run))
-    return _torch_loop(run, batches, model, sync=model.no_sync if no_sync else nullcontext)
 
 
 def run_single(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], flag: Path) -> list[float]:
     """Rank 0 trains alone; rank 1 sleeps (polling a file, so it burns no CPU in a collective) until it is done."""
     seconds = [0.0]
     if dist.get_rank() == 0:
-        seconds = _torch_loop(run, batches, build_model(run), loss_fn=local_loss)
+        seconds = timed_loop(run, batches, _torch_step(run, build_model(run), loss_fn=local_loss))
         flag.write_text("done")
     else:
         while not flag.exists():
@@ -185,14 +201,8 @@ def run_single(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], flag
     return seconds
 
 
-def _torch_loop(
-    run: dict[str, Any],
-    batches: list[dict[str, torch.Tensor]],
-    model: Any,
-    sync: Any = nullcontext,
-    loss_fn: Any = None,
-) -> list[float]:
-    """Plain training steps; the loss is ``step_loss`` (token count all-reduced) unless the run sets
+def _torch_step(run: dict[str, Any], model: Any, sync: Any = nullcontext, loss_fn: Any = None) -> Step:
+    """A plain training step; the loss is ``step_loss`` (token count all-reduced) unless the run sets
     ``"step_tokens": false`` (section 4's scaling runs compare against one rank, which has nothing to reduce)."""
     optimizer = adamw(model)
     if loss_fn is None:
@@ -204,7 +214,7 @@ def _torch_loop(
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
 
-    return timed_loop(run, batches, step)
+    return step
 
 
 # ------------------------------------------------------------------------------------------------- gym_lightning
@@ -223,6 +233,8 @@ def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Pa
 
     ``run["guard"]``: add ``NonFiniteGuard`` (``gym fit`` adds it to every run; the plain loops have no such check,
     so the ratio runs go without it). ``run["probe"]``: time the wrapper's own per-step costs (workers/probe.py).
+    ``run["peer"]``: a plain loop's kind, stepped alternately with the fit on the same batches
+    (``fit_vs_plain.InterleavedSteps``); its per-step seconds come back as ``peer_step_seconds``.
     """
     from gym_lightning.callbacks import NonFiniteGuard
     from gym_lightning.module import CausalLMModule
@@ -231,7 +243,8 @@ def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Pa
     module = CausalLMModule(
         model="tiny-llama", config_overrides=run.get("overrides") or None, lr=LR, scheduler="constant"
     )
-    clock = StepClock(run["warmup"])
+    peer = peer_stepper(run, run["peer"]) if run.get("peer") else None
+    clock = InterleavedSteps(lambda index: peer[0](batches[index]), run["warmup"]) if peer else StepClock(run["warmup"])
     guard = NonFiniteGuard() if run.get("guard") else None
     probe = StepProbe(run["warmup"]) if run.get("probe") else None
     callbacks = [c for c in (clock, guard, probe) if c is not None]
@@ -255,6 +268,9 @@ def run_gym(run: dict[str, Any], batches: list[dict[str, torch.Tensor]], out: Pa
     if probe is not None:
         probe.install(trainer, module, guard)
     trainer.fit(module, datamodule=ReadyBatches(batches, run["batch_size"]))
+    if peer is not None:
+        peer[1]()
+        return {"step_seconds": clock.fit_seconds, "peer_step_seconds": clock.peer_seconds}
     if probe is None:
         return {"step_seconds": clock.step_seconds}
     probe.uninstall()
@@ -284,15 +300,23 @@ def execute(run: dict[str, Any], out: Path) -> dict[str, Any]:
     kind = run["kind"]
     if kind.startswith("gym_"):
         return run_gym(run, batches, out)
-    if kind == "ds_engine":
-        return {"step_seconds": run_ds_engine(run, batches)}
-    if kind == "fsdp2":
-        return {"step_seconds": run_fsdp2(run, batches)}
-    if kind in ("ddp", "ddp_nosync"):
-        return {"step_seconds": run_ddp(run, batches, no_sync=kind == "ddp_nosync")}
     if kind == "single":
         return {"step_seconds": run_single(run, batches, out / "single.flag")}
+    if kind in KINDS:
+        return {"step_seconds": run_peer(run, batches, kind)}
     raise ValueError(f"unknown run kind {kind!r}; expected one of {KINDS}")
+
+
+def record(run: dict[str, Any], kind: str, measured: dict[str, Any], out: Path) -> None:
+    """Append one side's result line to ``<out>/results.jsonl`` and print its throughput."""
+    seconds = sum(measured["step_seconds"])
+    world = 1 if kind == "single" else dist.get_world_size()
+    tokens = world * run["steps"] * run["batch_size"] * run["seq_len"]
+    line = {"name": run["name"], "kind": kind, "seconds": seconds, "steps": run["steps"], "tokens": tokens}
+    line |= {"step_tokens": world * run["batch_size"] * run["seq_len"], **measured}
+    with (out / "results.jsonl").open("a") as handle:
+        handle.write(json.dumps(line) + "\n")
+    print(f"{run['name']:>24} {kind:>10} {tokens / seconds:10,.0f} tok/s", flush=True)
 
 
 def main() -> None:
@@ -304,15 +328,11 @@ def main() -> None:
     for run in spec["runs"]:
         dist.barrier()
         measured = execute(run, out)
-        seconds = sum(measured["step_seconds"])
-        world = 1 if run["kind"] == "single" else dist.get_world_size()
-        tokens = world * run["steps"] * run["batch_size"] * run["seq_len"]
+        peer_seconds = measured.pop("peer_step_seconds", None)
         if dist.get_rank() == 0:
-            record = {**{k: run[k] for k in ("name", "kind")}, "seconds": seconds, "steps": run["steps"]}
-            record |= {"tokens": tokens, "step_tokens": world * run["batch_size"] * run["seq_len"], **measured}
-            with (out / "results.jsonl").open("a") as handle:
-                handle.write(json.dumps(record) + "\n")
-            print(f"{run['name']:>24} {run['kind']:>10} {tokens / seconds:10,.0f} tok/s", flush=True)
+            record(run, run["kind"], measured, out)
+            if peer_seconds is not None:
+                record(run, run["peer"], {"step_seconds": peer_seconds}, out)
     dist.barrier()
     dist.destroy_process_group()
 
