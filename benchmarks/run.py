@@ -317,6 +317,7 @@ def free_port() -> int:
 def torchrun(spec: dict[str, Any], workdir: Path, timeout: float) -> list[dict[str, Any]]:
     """Run benchmarks/workers/dist_bench.py on 2 ranks; rank 0's results, one dict per run."""
     workdir.mkdir(parents=True, exist_ok=True)
+    (workdir / "results.jsonl").unlink(missing_ok=True)  # the worker appends: a kept folder may hold a former job's
     (workdir / "spec.json").write_text(json.dumps({**spec, "out": str(workdir)}))
     cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
     cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
@@ -720,9 +721,12 @@ def other_sections(previous: str) -> str:
     return "".join("\n## " + chunk.rstrip("\n") + "\n" for chunk in kept)
 
 
-def run_sections(report: Report, sections: list[str], gpu_results: Path) -> None:
+def run_sections(report: Report, sections: list[str], gpu_results: Path, keep: Path | None = None) -> None:
+    """Run the chosen sections into ``report``; ``keep``: the torchrun jobs' folders (spec.json, the per-step
+    results.jsonl) go there and stay, to look at the raw timings later (default: a temporary folder)."""
     settings = report.settings
-    with tempfile.TemporaryDirectory() as tmp:
+    with tempfile.TemporaryDirectory() as scratch:
+        tmp = keep or scratch
         if "fit" in sections:
             print("section fit ...", file=sys.stderr, flush=True)
             report.sections["fit"] = fit_section(settings)
@@ -753,6 +757,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, help="interleaved repeats per comparison (default: 3 quick, 5 full)")
     parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md", help="markdown to write")
     parser.add_argument("--gpu-results", type=Path, default=DEFAULT_GPU_RESULTS, help="benchmarks/gpu.sh output")
+    parser.add_argument("--keep", type=Path, help="keep the 2-rank jobs' per-step timings (results.jsonl) here")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     if args.repeats is not None:
@@ -760,7 +765,7 @@ def main(argv: list[str] | None = None) -> None:
     report = Report(settings, ["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])
     report.load_before = os.getloadavg()
     start = time.perf_counter()
-    run_sections(report, args.sections, args.gpu_results)
+    run_sections(report, args.sections, args.gpu_results, args.keep)
     report.seconds, report.load_after = time.perf_counter() - start, os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = args.out.read_text() if args.out.exists() else ""

@@ -13,7 +13,7 @@ import pytest
 
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.data.formats import tokenize_record
-from gym_lightning.data.prepare import DataSource
+from gym_lightning.data.prepare import DataSource, mix
 from gym_lightning.data.sources import Record
 from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
@@ -87,6 +87,47 @@ def test_mix_with_weights_and_caps(tmp_path):
     assert {d for d in decoded if "=" in d} == {f"{i}={i}<|endoftext|>" for i in range(4)}
     with pytest.raises(ValueError, match=r"sources\[0\].weight=0"):
         CausalLMDataModule(sources=[DataSource(str(texts), weight=0)])
+
+
+def entry_of(cache: Path) -> Path:
+    (entry,) = [p for p in cache.iterdir() if p.is_dir() and p.name != "hf"]
+    return entry
+
+
+def test_the_cache_entry_holds_the_tokenized_rows_once(tmp_path):
+    """Dataset.map writes into the cache entry (2 num_proc workers: 2 files), and those files are the entry: no copy
+    by save_to_disk, nothing left in datasets' own cache folder; a mix is written out in the mix's order."""
+    texts = write_jsonl(tmp_path / "t.jsonl", [{"text": f"doc {i}"} for i in range(40)])
+    pairs = write_jsonl(tmp_path / "p.jsonl", [{"prompt": f"{i}=", "completion": str(i)} for i in range(40)])
+    dm = CausalLMDataModule(train_files=str(texts), val_split=0.25, num_proc=2, cache_dir=str(tmp_path / "one"))
+    dm.prepare_data()
+    entry = entry_of(tmp_path / "one")
+    done = json.loads((entry / "done.json").read_text())
+    assert done["train"] == {"rows": 30, "files": ["train-0_00000_of_00002.arrow", "train-0_00001_of_00002.arrow"]}
+    assert done["val"]["rows"] == 10 and len(done["val"]["files"]) == 2
+    assert sorted(p.name for p in entry.iterdir()) == sorted(
+        ["done.json", *done["train"]["files"], *done["val"]["files"]]
+    )
+    assert not list((tmp_path / "one" / "hf").rglob("cache-*.arrow"))  # datasets' map cache: not written
+    decoded = [dm.tokenizer.decode(ids) for ids in dm.train_dataloader().dataset["input_ids"]]
+    assert len(set(decoded)) == 30 and all(d.startswith("doc ") for d in decoded)
+
+    parts = []
+    for path in (texts, pairs):
+        single = CausalLMDataModule(train_files=str(path), cache_dir=str(tmp_path / "parts"))
+        parts.append(single.train_dataloader().dataset)
+    mixed = CausalLMDataModule(sources=[DataSource(str(texts)), DataSource(str(pairs))], cache_dir=str(tmp_path / "m"))
+    train = mixed.train_dataloader().dataset
+    expected = mix(parts, [1.0, 1.0], mixed.seed)
+    assert train["input_ids"] == expected["input_ids"]
+    assert train["input_ids"][:40] != parts[0]["input_ids"]  # mixed, not one set after the other
+    assert json.loads((entry_of(tmp_path / "m") / "done.json").read_text())["train"]["files"] == ["train.arrow"]
+
+    packed = CausalLMDataModule(train_files=str(texts), packing=True, cache_dir=str(tmp_path / "packed"))
+    packed.prepare_data()
+    entry = entry_of(tmp_path / "packed")
+    assert sorted(p.name for p in entry.iterdir()) == ["done.json", "packed.arrow"]  # the tokenized rows: removed
+    assert sum(len(row) for row in packed.train_dataloader().dataset["seq_lens"]) == 40
 
 
 def test_hub_name_offline_is_a_clear_error(tmp_path, monkeypatch):

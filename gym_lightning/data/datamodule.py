@@ -310,14 +310,17 @@ class CausalLMDataModule(LightningDataModule):
             rank_zero_info(f"Training data: {len(self._splits['train'])}{packed} rows (int32, memory-mapped).")
         return self._splits
 
-    def _tokenize(self, rows: datasets.Dataset, format: str, with_prompts: bool, label: str) -> datasets.Dataset:
-        return tokenize_dataset(rows, format, self.tokenizer, self._settings(), with_prompts, label)
+    def _tokenize(
+        self, rows: datasets.Dataset, format: str, with_prompts: bool, label: str, cache_file: Path
+    ) -> datasets.Dataset:
+        return tokenize_dataset(rows, format, self.tokenizer, self._settings(), with_prompts, label, cache_file)
 
     def _build(self, staging: Path) -> dict[str, datasets.Dataset]:
         """Read, split, tokenize, mix and pack (runs once per cache entry)."""
         if self.dataset is not None:
             bundled = BUNDLED_DATASETS[self.dataset]()
-            train_parts = [self._tokenize(records_to_dataset(bundled.train), "prompt_completion", False, self.dataset)]
+            rows = records_to_dataset(bundled.train)
+            train_parts = [self._tokenize(rows, "prompt_completion", False, self.dataset, staging / "train-0.arrow")]
             weights, val_parts = (
                 [1.0],
                 []
@@ -326,22 +329,31 @@ class CausalLMDataModule(LightningDataModule):
             )
             self._train_format = "prompt_completion"
         else:
-            train_parts, weights, val_parts = self._build_sources()
+            train_parts, weights, val_parts = self._build_sources(staging)
         if self.val_files:
             rows, label = load_records_dataset(DataSource(self.val_files, columns=self.columns), self.cache_dir)
             val_parts = [
                 (rows, self._train_format or resolve_source_format(DataSource(self.val_files), rows, label), label)
             ]
         train = mix(train_parts, weights, self.seed)
-        splits = {"train": pack_dataset(train, self.max_seq_length, staging) if self.packing else train}
-        val = [self._tokenize(rows, format, True, label) for rows, format, label in val_parts]
+        if self.packing:
+            train = pack_dataset(train, self.max_seq_length, staging)
+        elif len(train_parts) > 1:  # the mix is an indices mapping over the parts: write it out in order
+            train = train.flatten_indices(cache_file_name=str(staging / "train.arrow"))
+        splits = {"train": train}
+        val = [
+            self._tokenize(rows, format, True, label, staging / f"val-{index}.arrow")
+            for index, (rows, format, label) in enumerate(val_parts)
+        ]
         if val:
             splits["val"] = datasets.concatenate_datasets(val) if len(val) > 1 else val[0]
         return splits
 
-    def _build_sources(self) -> tuple[list[datasets.Dataset], list[float], list[tuple[datasets.Dataset, str, str]]]:
+    def _build_sources(
+        self, staging: Path
+    ) -> tuple[list[datasets.Dataset], list[float], list[tuple[datasets.Dataset, str, str]]]:
         train_parts, weights, val_parts = [], [], []
-        for source in self._train_sources():
+        for index, source in enumerate(self._train_sources()):
             rows, label = load_records_dataset(source, self.cache_dir)
             format = resolve_source_format(source, rows, label)
             self._train_format = self._train_format or format
@@ -349,7 +361,7 @@ class CausalLMDataModule(LightningDataModule):
                 train_index, val_index = split_indices(len(rows), self.val_split, self.seed)
                 val_parts.append((rows.select(val_index), format, f"{label} [val_split]"))
                 rows = rows.select(train_index)
-            train_parts.append(self._tokenize(rows, format, False, label))
+            train_parts.append(self._tokenize(rows, format, False, label, staging / f"train-{index}.arrow"))
             weights.append(source.weight)
         return train_parts, weights, val_parts
 
