@@ -106,6 +106,10 @@ def test_paired_steps_cancel_a_drift_both_sides_share(run_py: ModuleType) -> Non
     _, unpaired_low, unpaired_high = run_py.speed_ratio(ours, peer)
     assert low < 1 / 1.02 < high and high - low < 0.02
     assert high - low < (unpaired_high - unpaired_low) / 5  # drawn apart, the drift blurs the medians
+    # Each pair's ratio is taken first: a step both sides ran slow (another job's burst) is one ordinary pair.
+    burst = [[t * (3 if k % 7 == 0 else 1) for k, t in enumerate(run)] for run in peer]
+    burst_ours = [[t * 1.02 * (3 if k % 7 == 0 else 1) for k, t in enumerate(run)] for run in peer]
+    assert run_py.speed_ratio(burst_ours, burst, paired_steps=True)[0] == pytest.approx(1 / 1.02)
     with pytest.raises(ValueError, match="as many steps"):
         run_py.speed_ratio(ours, [run[:-1] for run in peer], paired_steps=True)
 
@@ -194,7 +198,7 @@ def test_scaling_verdict_names_the_smallest_size_reaching_the_target(run_py: Mod
 def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
     settings = run_py.Settings(**{**run_py.FULL.__dict__, "repeats": 1})
     runs = run_py.strategy_runs(settings, ["zero1"])
-    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [("zero1", 4, 30), ("zero1@16", 16, 12)]
+    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [("zero1", 4, 30), ("zero1@16", 16, 24)]
     assert runs[1]["ds_config"]["train_micro_batch_size_per_gpu"] == 16
     ddp = run_py.ddp_runs(settings)
     assert {(r["name"], r["batch_size"]) for r in ddp} >= {("h256_l4_b4", 4), ("h256_l4_b16", 16)}
