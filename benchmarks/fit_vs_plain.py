@@ -4,8 +4,9 @@ Both sides train the same initial weights on the same collated batches, in the s
 training loader, seeded), with the same AdamW parameter groups and learning-rate schedule, in this one CPU process.
 They step alternately within one run (a plain step just before each even fit step and just after each odd one, see
 ``InterleavedSteps``), so that whatever slows the machine down hits both sides alike; the first ``--warmup``
-steps of every run are not timed. Both sides process the same tokens per step, so the ratio of median step times
-is the ratio of throughputs.
+steps of every run are not timed. Both sides process the same tokens per step, so a ratio of step times is a ratio
+of throughputs; the one printed is run.py's (benchmarks/ratios.py: the median of the per-step-pair ratios, with a
+bootstrap interval).
 
 The fit run is configured the way a user would for a speed run: no validation, no checkpointing, no export,
 progress bar refreshed every 50 steps, metrics logged every 50 steps (CSV logger).
@@ -30,6 +31,7 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
+from ratios import CONFIDENCE, speed_ratio
 from torch.optim.lr_scheduler import LambdaLR
 
 from gym_lightning import CausalLMDataModule, CausalLMModule
@@ -230,22 +232,26 @@ def main() -> None:
     with tempfile.TemporaryDirectory() as logdir:
         for _ in range(args.repeats):
             plain_seconds, fit_seconds = paired_run(init, dm, args.warmup, args.steps, logdir, fingerprint)
-            plain.append(statistics.median(plain_seconds) * 1e3)
-            fit.append(statistics.median(fit_seconds) * 1e3)
+            plain.append(plain_seconds)
+            fit.append(fit_seconds)
     report(args, tokens, plain, fit)
 
 
-def report(args: argparse.Namespace, tokens: int, plain: list[float], fit: list[float]) -> None:
-    ratio = statistics.median(plain) / statistics.median(fit)
-    pairs = [p / f for f, p in zip(fit, plain, strict=True)]
+def report(args: argparse.Namespace, tokens: int, plain: list[list[float]], fit: list[list[float]]) -> None:
+    """Per-run median step times of both sides, and the ratio as run.py's section 1 computes it."""
+    ratio, low, high = speed_ratio(fit, plain, paired_steps=True)
+    plain_ms, fit_ms = ([statistics.median(run) * 1e3 for run in side] for side in (plain, fit))
     print(
         f"\n{args.model}, batch {args.batch_size}, {args.steps} timed steps after {args.warmup} warm-up steps, "
         f"{tokens:,} non-padding tokens per run, {args.repeats} runs, steps interleaved, {args.threads} thread(s).\n"
         "fit: no validation, no checkpointing, progress bar every 50 steps, CSV logging every 50 steps.\n"
     )
     print("| loop | median ms per step, per run: median (min-max) |\n|---|---|")
-    print(f"| plain PyTorch | {summary(plain)} |\n| Trainer.fit | {summary(fit)} |")
-    print(f"\nratio plain/fit step (= fit/plain tokens/s): {ratio:.3f} (per run {min(pairs):.3f}-{max(pairs):.3f})")
+    print(f"| plain PyTorch | {summary(plain_ms)} |\n| Trainer.fit | {summary(fit_ms)} |")
+    print(
+        f"\nratio plain/fit step (= fit/plain tokens/s), median of the per-step-pair ratios: {ratio:.3f} "
+        f"[{CONFIDENCE:.0%} interval {low:.3f}, {high:.3f}] (benchmarks/ratios.py)"
+    )
 
 
 if __name__ == "__main__":

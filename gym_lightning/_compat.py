@@ -14,6 +14,7 @@ upgrade, and tests/test_compat.py checks that each member declared below still e
 from __future__ import annotations
 
 import ast
+import dataclasses
 import functools
 import inspect
 import textwrap
@@ -29,6 +30,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
+from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
@@ -36,6 +38,7 @@ from torch import nn
 # inserts ``_checkpoint_wrapped_module`` into every key); torchtitan and torch's own FSDP2 tests use it.
 from torch.distributed._composable import checkpoint as checkpoint_activations
 from torch.utils.hooks import RemovableHandle
+from torchmetrics import Metric
 
 try:  # public since torch 2.5
     from torch.distributed.tensor import DTensor
@@ -81,6 +84,7 @@ PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
     ("lightning.fabric.strategies.registry", "_StrategyRegistry"),
     ("lightning.pytorch.loops.fit_loop", "_FitLoop"),
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultMetric"),
     ("torch.distributed._composable", "checkpoint"),
 )
 
@@ -137,6 +141,53 @@ ZERO_OPTIMIZER_MEMORY_ATTRIBUTES: tuple[str, ...] = tuple(
 
 
 # ------------------------------------------------------------------------------------------------------ Lightning
+def skip_same_device_result_moves() -> None:
+    """Make every ``self.log`` of a tensor skip a walk that moves nothing (process-wide, idempotent).
+
+    Lightning's ``_ResultCollection.log`` calls ``_ResultMetric.to(value.device)`` for every logged value at every
+    step, and that ``to`` rebuilds the metric's whole ``__dict__`` with ``apply_to_collection`` (deep copies of its
+    metadata included) even when every tensor in it is on that device already: 0.4 of the 0.55 ms that one
+    ``self.log`` call cost on this 2-core CPU (cProfile of 300 calls, lightning 2.6.6, 1 Dec 2026), i.e. ~1 % of the
+    45 ms step at which the benchmarks compare ``Trainer.fit`` with a plain loop (docs/benchmarks.md, section 1).
+    Lightning issue #20388; the upstream fix (pull request #21769) is not released. The wrapper returns early only
+    when the walk would move nothing: one device argument, no keyword, and every tensor the metric holds already on
+    that device (a metric held in it, a dtype or another device take Lightning's own path).
+    """
+    if getattr(_ResultMetric.to, "_gym_same_device_skip", False):
+        return
+    move = _ResultMetric.to
+
+    @functools.wraps(move)
+    def to(self: _ResultMetric, *args: Any, **kwargs: Any) -> _ResultMetric:
+        one_device = not kwargs and len(args) == 1 and isinstance(args[0], str | torch.device)
+        if one_device and _all_tensors_on(vars(self), torch.device(args[0])):
+            return self
+        return move(self, *args, **kwargs)
+
+    to._gym_same_device_skip = True  # type: ignore[attr-defined]
+    _ResultMetric.to = to  # type: ignore[method-assign]
+
+
+def _all_tensors_on(value: Any, device: torch.device) -> bool:
+    """Whether every tensor in ``value`` (through dicts, lists, tuples and dataclass fields) is on ``device``; False
+    at any ``torchmetrics.Metric`` inside (``apply_to_collection`` would move it)."""
+    if isinstance(value, torch.Tensor):
+        return value.device == device
+    if isinstance(value, dict):
+        items = value.values()
+    elif isinstance(value, list | tuple):
+        items = value
+    elif value is None or isinstance(value, str | int | float):  # most of a metric's state: skip the checks below
+        return True
+    elif isinstance(value, Metric):
+        return False
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
+        items = vars(value).values()
+    else:
+        return True
+    return all(_all_tensors_on(item, device) for item in items)
+
+
 def per_batch_lightning_calls(trainer: pl.Trainer) -> list[tuple[Any, str, str]]:
     """``(owner, method name, label)`` of what Lightning's training loop runs on every batch that a plain loop does
     not: the SIGTERM flag broadcast (a blocking collective + host read), the scheduler update, the logger
@@ -332,6 +383,7 @@ __all__ = [
     "save_topk_and_last_checkpoint",
     "set_model_parallel_sizes",
     "set_zero3_hook_handles",
+    "skip_same_device_result_moves",
     "training_dataloader",
     "wrapped_optimizer",
     "zero3_full_shape",

@@ -19,6 +19,8 @@ BENCH = REPO_ROOT / "benchmarks"
 
 
 def _load(path: Path) -> ModuleType:
+    if str(BENCH) not in sys.path:  # as `python benchmarks/x.py` has it: the scripts import their siblings
+        sys.path.insert(0, str(BENCH))
     spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
     module = importlib.util.module_from_spec(spec)
     sys.modules[spec.name] = module  # dataclasses look their module up while the class is built

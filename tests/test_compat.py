@@ -310,3 +310,37 @@ def test_memory_callback_is_quiet_when_it_finds_them() -> None:
         warnings.simplefilter("error")
         MemoryCallback()._measure(_trainer(_zero_optimizer(ipg_buckets={})))
         MemoryCallback()._measure(_trainer(torch.optim.SGD(nn.Linear(2, 2).parameters(), lr=0.1)))
+
+
+# ------------------------------------------------------------------------------ (d) self.log's device walk
+def _result_metric(value: torch.Tensor) -> Any:
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
+
+    meta = _Metadata("training_step", "train/loss", prog_bar=True, on_step=True, on_epoch=False)
+    meta.sync = _Sync()
+    metric = _ResultMetric(meta, is_tensor=True)
+    metric.update(value, 1)
+    return metric
+
+
+def test_result_metric_move_is_skipped_only_when_nothing_would_move() -> None:
+    from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
+    from torchmetrics import MeanMetric
+
+    import gym_lightning.module  # noqa: F401  (applies the wrapper)
+
+    wrapper = _ResultMetric.to
+    assert getattr(wrapper, "_gym_same_device_skip", False)
+    _compat.skip_same_device_result_moves()
+    assert _ResultMetric.to is wrapper  # applied once, however often it is asked for
+
+    metric = _result_metric(torch.tensor(2.0))
+    meta = metric.meta
+    assert metric.to(torch.device("cpu")) is metric and metric.meta is meta  # all on the CPU: no walk
+    assert metric.to(device="cpu").meta is not meta  # a keyword: Lightning's own walk (it copies meta)
+    moved = metric.to("meta")  # another device: Lightning's own walk moves everything
+    assert moved.value.device.type == "meta" and moved._defaults["value"].device.type == "meta"
+
+    moved._defaults["value"] = torch.zeros(())  # one nested tensor elsewhere: Lightning's walk moves it too
+    assert moved.to("meta")._defaults["value"].device.type == "meta"
+    assert not _compat._all_tensors_on({"a": [torch.zeros(1)], "m": MeanMetric()}, torch.device("cpu"))
