@@ -181,8 +181,8 @@ def _all_tensors_on(value: Any, device: torch.device) -> bool:
         return True
     elif isinstance(value, Metric):
         return False
-    elif dataclasses.is_dataclass(value) and not isinstance(value, type):
-        items = vars(value).values()
+    elif dataclasses.is_dataclass(value) and not isinstance(value, type):  # as apply_to_collection reads them
+        items = (getattr(value, field.name) for field in dataclasses.fields(value))
     else:
         return True
     return all(_all_tensors_on(item, device) for item in items)
