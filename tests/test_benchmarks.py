@@ -208,7 +208,7 @@ def test_scaling_verdict_names_the_smallest_size_reaching_the_target(run_py: Mod
 def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
     settings = run_py.Settings(**{**run_py.FULL.__dict__, "repeats": 1})
     runs = run_py.strategy_runs(settings, ["zero1"])
-    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [("zero1", 4, 40), ("zero1@16", 16, 48)]
+    assert [(r["name"], r["batch_size"], r["steps"]) for r in runs] == [("zero1", 4, 80), ("zero1@16", 16, 48)]
     assert runs[1]["ds_config"]["train_micro_batch_size_per_gpu"] == 16
     ddp = run_py.ddp_runs(settings)
     assert {(r["name"], r["batch_size"]) for r in ddp} >= {("h256_l4_b4", 4), ("h256_l4_b16", 16)}

@@ -4,6 +4,9 @@ ZeRO resolves from a plain module on one CPU rank."""
 from __future__ import annotations
 
 import ast
+import inspect
+import subprocess
+import sys
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -11,6 +14,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
+from helpers.dist import free_port
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -148,6 +152,39 @@ def test_fsdp_mixed_precision_policy_follows_trainer_precision() -> None:
 @pytest.mark.parametrize(("ranks", "cpus", "threads"), [(2, 2, 1), (1, 2, 2), (2, 16, 8), (4, 2, 1)])
 def test_threads_per_rank_never_oversubscribes(ranks: int, cpus: int, threads: int) -> None:
     assert threads_per_rank(ranks, cpus) == threads
+
+
+_EXIT_PROBE = """
+import atexit, sys
+import torch
+import torch.distributed as dist
+# registered first, so it runs last (atexit is last-in first-out): it sees what the handler under test left
+atexit.register(lambda: print("initialized at exit:", dist.is_initialized(), flush=True))
+from gym_lightning.strategies._common import destroy_process_group_at_exit
+dist.init_process_group("gloo", init_method="tcp://127.0.0.1:" + sys.argv[1], rank=0, world_size=1)
+dist.all_reduce(torch.ones(3), async_op=True).wait()
+destroy_process_group_at_exit()
+destroy_process_group_at_exit()  # the strategy sets up again on a second fit: still one handler
+if sys.argv[2] == "raise":
+    raise RuntimeError("training failed")
+"""
+
+
+@pytest.mark.parametrize(("ending", "destroyed"), [("clean", True), ("raise", False)])
+def test_the_process_group_is_destroyed_before_the_interpreter_shuts_down(ending: str, destroyed: bool) -> None:
+    # Left to the interpreter's finalisation, gloo's threads could abort a finished run (exit -6). A program ended by
+    # an unhandled exception keeps the group: destroying it could wait for a peer stuck in a collective.
+    done = subprocess.run(
+        [sys.executable, "-c", _EXIT_PROBE, str(free_port()), ending], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == (0 if ending == "clean" else 1), done.stderr[-2000:]
+    assert done.stdout.count("initialized at exit:") == 1
+    assert f"initialized at exit: {not destroyed}" in done.stdout, done.stdout + done.stderr[-2000:]
+
+
+@pytest.mark.parametrize("strategy", [GymDDPStrategy, GymFSDPStrategy, ZeROStrategy])
+def test_every_strategy_registers_the_exit_cleanup(strategy: type) -> None:
+    assert "destroy_process_group_at_exit()" in inspect.getsource(strategy.setup_environment)
 
 
 def test_bucket_sizes_are_capped_at_the_model_size() -> None:

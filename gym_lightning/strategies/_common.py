@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import atexit
 import os
+import sys
 from collections.abc import Iterable
 
 import torch
@@ -71,6 +73,31 @@ def return_freed_host_memory(device: torch.device) -> None:
         libc.malloc_trim(0)  # what loading already freed
     except (OSError, AttributeError):  # not glibc (musl, macOS, Windows)
         return
+
+
+def destroy_process_group_at_exit() -> None:
+    """Destroy the default process group (and every subgroup) when the program ends cleanly, while Python still runs.
+
+    Lightning leaves the process group up after ``fit`` (a ``test`` may follow), so it used to die in the
+    interpreter's finalisation. There, gloo's worker threads can still hold finished work that refers to tensors;
+    releasing them needs an interpreter that is going away, and the process aborts ("terminate called without an
+    active exception", exit code -6 / 134) after a run that succeeded. Seen once in CI at the end of the 2-rank
+    gym_fsdp memory test (tests/test_callbacks_memory.py); PyTorch's own atexit fix was proposed and dropped
+    (pytorch/pytorch#179291; #190489 reports the abort). Lightning registers the same cleanup for NCCL only
+    (``_init_dist_connection``, Lightning #19931). Registering twice keeps one handler. atexit runs handlers
+    last-in first-out, so this one, registered when the strategy sets up, runs after handlers added later.
+    """
+    atexit.unregister(_destroy_process_group)
+    atexit.register(_destroy_process_group)
+
+
+def _destroy_process_group() -> None:
+    # A program ended by an unhandled exception keeps the old behaviour: a rank that failed between launching an
+    # async collective and waiting for it would wait in the destructor for its peers until the collective timeout.
+    if getattr(sys, "last_value", None) is not None:
+        return
+    if torch.distributed.is_available() and torch.distributed.is_initialized():
+        torch.distributed.destroy_process_group()
 
 
 # Precisions whose optimizer updates fp32 master weights and computes in half precision (autocast / FSDP's policy).

@@ -23,6 +23,7 @@ from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
     cpu_state_dict,
+    destroy_process_group_at_exit,
     fp32_trainable_parameters,
     raise_if_problems,
     return_freed_host_memory,
@@ -120,6 +121,7 @@ class GymDDPStrategy(DDPStrategy):
     def setup_environment(self) -> None:
         configure_cpu_threads(self.root_device, self.num_processes)
         return_freed_host_memory(self.root_device)
+        destroy_process_group_at_exit()
         super().setup_environment()
 
     @override

@@ -57,7 +57,12 @@ from gym_lightning._compat import (
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager, materialise
-from gym_lightning.strategies._common import configure_cpu_threads, raise_if_problems, return_freed_host_memory
+from gym_lightning.strategies._common import (
+    configure_cpu_threads,
+    destroy_process_group_at_exit,
+    raise_if_problems,
+    return_freed_host_memory,
+)
 from gym_lightning.strategies.construction import (
     WEIGHTS_SOURCE_ATTRIBUTE,
     WeightsSource,
@@ -327,6 +332,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         )
         configure_cpu_threads(self.root_device, self.num_processes)
         return_freed_host_memory(self.root_device)
+        destroy_process_group_at_exit()
         if self.root_device.type == "cuda":
             super().setup_environment()
             return

@@ -32,6 +32,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
+    destroy_process_group_at_exit,
     fp32_trainable_parameters,
     raise_if_problems,
     return_freed_host_memory,
@@ -147,6 +148,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
     def setup_environment(self) -> None:
         configure_cpu_threads(self.root_device, self.num_processes)
         return_freed_host_memory(self.root_device)
+        destroy_process_group_at_exit()
         # Lightning's mesh (data_parallel x tensor_parallel) becomes pure data parallel; it stays available to
         # the module's configure_model and drives the distributed sampler.
         set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
