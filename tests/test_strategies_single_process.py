@@ -4,7 +4,6 @@ ZeRO resolves from a plain module on one CPU rank."""
 from __future__ import annotations
 
 import ast
-import inspect
 import subprocess
 import sys
 from collections.abc import Callable, Iterator
@@ -189,9 +188,27 @@ def test_the_process_group_is_destroyed_before_the_interpreter_shuts_down() -> N
         assert stdout.count("initialized at exit:") == 1 and seen in stdout, f"{ending}: {stdout}{stderr[-2000:]}"
 
 
-@pytest.mark.parametrize("strategy", [GymDDPStrategy, GymFSDPStrategy, ZeROStrategy])
-def test_every_strategy_registers_the_exit_cleanup(strategy: type) -> None:
-    assert "destroy_process_group_at_exit()" in inspect.getsource(strategy.setup_environment)
+class _CleanupRegistered(Exception):
+    """Raised by the stand-in for the exit cleanup, so that ``setup_environment`` stops before it starts a group."""
+
+
+@pytest.mark.parametrize("strategy_class", [GymDDPStrategy, GymFSDPStrategy, ZeROStrategy])
+def test_every_strategy_registers_the_exit_cleanup_before_the_group_starts(
+    strategy_class: type, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    module = sys.modules[strategy_class.__module__]
+    # The thread and allocator settings would outlive this test in this process; they are not what is checked here.
+    monkeypatch.setattr(module, "configure_cpu_threads", lambda *args: None)
+    monkeypatch.setattr(module, "return_freed_host_memory", lambda *args: None)
+
+    def register() -> None:
+        raise _CleanupRegistered
+
+    monkeypatch.setattr(module, "destroy_process_group_at_exit", register)
+    strategy = strategy_class()
+    strategy.parallel_devices = [torch.device("cpu")]  # what the Trainer's connector sets
+    with pytest.raises(_CleanupRegistered):  # raised before super().setup_environment() could start a group
+        strategy.setup_environment()
 
 
 def test_bucket_sizes_are_capped_at_the_model_size() -> None:
