@@ -13,7 +13,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.dist import free_port
+from helpers.dist import free_port, rank_env
 from lightning.pytorch.strategies import StrategyRegistry
 from torch.utils.data import DataLoader, TensorDataset
 from transformers import LlamaConfig, LlamaForCausalLM
@@ -176,6 +176,7 @@ def test_the_process_group_is_destroyed_before_the_interpreter_shuts_down() -> N
     probes = {  # both at once: each spends ~10 s importing Lightning
         ending: subprocess.Popen(
             [sys.executable, "-c", _EXIT_PROBE, str(free_port()), ending],
+            env=rank_env(),  # one thread each, the repository importable: as every other child run of the tests
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
@@ -225,7 +226,6 @@ def test_bucket_sizes_are_capped_at_the_model_size() -> None:
 def test_fsdp_descends_into_module_lists() -> None:
     """``fully_shard`` refuses containers without a forward; their children become the shard units instead."""
     import torch.distributed as dist
-    from helpers.dist import free_port
     from torch import nn
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import FSDPModule
