@@ -8,9 +8,10 @@ import random
 import pytest
 from tokenizers import processors
 
-from gym_lightning.data.formats import has_target, tokenize_examples
+from gym_lightning.data.formats import has_target, tokenize_examples, uniform_plain_slots
 from gym_lightning.data.prepare import Tokenize
 from gym_lightning.data.sources import Record
+from gym_lightning.errors import GymUserError
 from gym_lightning.tokenizer import load_tokenizer
 
 # Words that stress segment boundaries: digits (split one by one), accents, an emoji, a special token written in the
@@ -64,12 +65,20 @@ def reference(rows: list[dict], format: str, tokenizer, max_seq_length: int, mas
     return [[ids for ids, labels in pairs if has_target(labels)], [labels for _, labels in pairs if has_target(labels)]]
 
 
-@pytest.mark.parametrize("format", ["alpaca", "prompt_completion", "text", "sharegpt"])
+def plain_alpaca(count: int) -> list[dict]:
+    """Alpaca records without ``system`` or ``history`` (the common case), half of them without an ``input``."""
+    return [{key: row[key] for key in ("instruction", "input", "output")} for row in records("alpaca", count)]
+
+
+@pytest.mark.parametrize("format", ["alpaca", "plain alpaca", "prompt_completion", "text", "sharegpt"])
 def test_fast_path_equals_the_reference(format: str):
     shipped = load_tokenizer(None)
+    rows = plain_alpaca(300) if format == "plain alpaca" else records(format, 300)
+    format = format.removeprefix("plain ")
+    batch = {key: [row.get(key) for row in rows] for key in rows[0]}
+    # The slot path (no Python object per record) takes every plain batch but those with system/history.
+    assert (uniform_plain_slots(batch, format) is None) == (format == "sharegpt" or "history" in batch)
     for tokenizer, mask_prompt, max_seq_length in ((shipped, True, 48), (with_bos(shipped), False, 1024)):
-        rows = records(format, 300)
-        batch = {key: [row.get(key) for row in rows] for key in rows[0]}
         tokenize = Tokenize(format, tokenizer, max_seq_length, mask_prompt, format != "text", "t")
         got = tokenize(batch, list(range(len(rows))))
         ids, labels = reference(rows, format, tokenizer, max_seq_length, mask_prompt)
@@ -92,3 +101,16 @@ def test_fast_path_ignores_a_truncation_left_on_the_backend():
     got = Tokenize("alpaca", tokenizer, 1024, True, False, "t")(batch, list(range(20)))
     assert got.column("input_ids").to_pylist() == reference(rows, "alpaca", tokenizer, 1024, True)[0]
     assert min(len(ids) for ids in got.column("input_ids").to_pylist()) > 4
+
+
+@pytest.mark.parametrize(
+    ("bad", "message"),
+    [(None, "lacks 'output'"), (7, "field 'output' must be a string, got int")],
+)
+def test_a_bad_field_in_a_plain_batch_is_named_with_its_record(bad, message: str):
+    rows = plain_alpaca(5)
+    rows[3]["output"] = bad
+    batch = {key: [row[key] for row in rows] for key in rows[0]}
+    assert uniform_plain_slots(batch, "alpaca") is None
+    with pytest.raises(GymUserError, match=f"t record 4: .*{message}"):
+        Tokenize("alpaca", load_tokenizer(None), 1024, True, False, "t")(batch, list(range(5)))

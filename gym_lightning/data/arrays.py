@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from itertools import chain
+from itertools import chain, repeat
 
 import numpy as np
 import pyarrow as pa
@@ -74,6 +74,13 @@ def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
     return backend
 
 
+# Texts per call of the Rust tokenizer when only ids are wanted. Short calls keep a call's encodings in the CPU caches:
+# on the 40k segments of 20k generated alpaca records (benchmarks/data_prep.py's), 32-128 texts per call took
+# 3.8-4.1 CPU-s against 4.5 for the 2,000 of one map batch in one call (medians of 5 interleaved repeats, idle
+# machine, 2 Dec 2026); 1,000-record map batches were already 1.3x faster than 10,000 (30 Nov, docs/benchmarks.md).
+ENCODE_CHUNK = 64
+
+
 def encode_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
     """``tokenizer(texts, add_special_tokens=False)["input_ids"]`` (straight from the Rust backend when fast)."""
     if not tokenizer.is_fast:
@@ -83,7 +90,12 @@ def encode_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list
     # an earlier single measurement at load ~8 had it slower, which three interleaved repeats did not confirm.
     backend = plain_backend(tokenizer)
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21
-    return [encoding.ids for encoding in encode_batch(list(texts), add_special_tokens=False)]
+    texts = list(texts)
+    return [
+        encoding.ids
+        for start in range(0, len(texts), ENCODE_CHUNK)
+        for encoding in encode_batch(texts[start : start + ENCODE_CHUNK], add_special_tokens=False)
+    ]
 
 
 def offsets_array(encoding: Encoding) -> np.ndarray:
@@ -99,22 +111,26 @@ def from_pieces(
     pieces: list[list[int]], targets: np.ndarray, piece_record: np.ndarray, num_records: int, max_seq_length: int
 ) -> Columns:
     """Concatenate each record's pieces (token id lists, in order), label its target pieces, cut each record to
-    ``max_seq_length`` tokens and drop those with no target after their first token (``formats.has_target``)."""
+    ``max_seq_length`` tokens and drop those with no target after their first token (``formats.has_target``).
+    The cut and the target test work on pieces (a few per record); token-length arrays are built only when some
+    record is cut or dropped (every full-length int64 array costs ~1 s per 100M tokens here)."""
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
     ids = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
-    labels = np.where(np.repeat(targets, lengths), ids, np.int32(IGNORE_INDEX)).astype(np.int32)
+    labels = np.where(np.repeat(targets, lengths), ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)
     record_lengths = np.bincount(piece_record, weights=lengths, minlength=num_records).astype(np.int64)
-    starts = np.cumsum(record_lengths) - record_lengths
-    position = np.arange(len(ids)) - np.repeat(starts, record_lengths)
-    record = np.repeat(np.arange(num_records), record_lengths)
-    within = position < max_seq_length
-    trained = within & (position >= 1) & (labels != IGNORE_INDEX)
-    has_target = np.bincount(record[trained], minlength=num_records) > 0
+    record_starts = np.cumsum(record_lengths) - record_lengths
+    start = np.cumsum(lengths) - lengths - record_starts[piece_record]  # each piece's first position in its record
+    # A piece trains a token when it is a target overlapping positions [1, max_seq_length) of its record.
+    trains = targets & (np.minimum(start + lengths, max_seq_length) > np.maximum(start, 1))
+    has_target = np.bincount(piece_record[trains], minlength=num_records) > 0
     kept = np.nonzero(has_target)[0]
-    keep = within & has_target[record]
     cut = np.minimum(record_lengths[kept], max_seq_length)
     offsets = np.concatenate([[0], np.cumsum(cut)]).astype(np.int32)
-    return Columns(ids[keep], labels[keep], offsets, kept)
+    if len(kept) < num_records or bool((record_lengths > max_seq_length).any()):
+        position = np.arange(len(ids)) - np.repeat(record_starts, record_lengths)
+        keep = (position < max_seq_length) & np.repeat(has_target, record_lengths)
+        ids, labels = ids[keep], labels[keep]
+    return Columns(ids, labels, offsets, kept)
 
 
 def segment_texts(all_segments: Sequence[Segments]) -> list[str]:
@@ -152,3 +168,23 @@ def pair_columns(pairs: Sequence[tuple[list[int], list[int]]]) -> Columns:
     ids = np.fromiter(chain.from_iterable(pairs[i][0] for i in kept), dtype=np.int32, count=total)
     labels = np.fromiter(chain.from_iterable(pairs[i][1] for i in kept), dtype=np.int32, count=total)
     return Columns(ids, labels, np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32), kept)
+
+
+def slot_columns(
+    slots: Sequence[Sequence[str]],
+    flags: Sequence[bool],
+    tokenizer: PreTrainedTokenizerBase,
+    max_seq_length: int,
+    mask_prompt: bool,
+) -> Columns:
+    """``plain_columns`` of records laid out as ``formats.uniform_plain_slots`` gives them (segment j of every
+    record in ``slots[j]``, a target when ``flags[j]``; then the eos), without Python work per segment: ~0.8 of
+    ~12 CPU-s on 50k generated alpaca records, one process (2 Dec 2026)."""
+    count = len(slots[0])
+    encoded = [encode_ids(tokenizer, texts) for texts in slots]
+    prefix, eos = special_prefix(tokenizer), [tokenizer.eos_token_id]
+    pieces = [piece for row in zip(repeat(prefix, count), *encoded, repeat(eos, count), strict=True) for piece in row]
+    # The bos is never a target and the eos always is (as in plain_columns).
+    targets = np.tile(np.asarray([False, *(flag or not mask_prompt for flag in flags), True]), count)
+    piece_record = np.repeat(np.arange(count, dtype=np.int64), len(flags) + 2)
+    return from_pieces(pieces, targets, piece_record, count, max_seq_length)

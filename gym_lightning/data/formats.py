@@ -186,6 +186,36 @@ def plain_segments(record: Record, format: str) -> tuple[Segments, str | None]:
     return [(data["prompt"], False), (data["completion"], True), (EOS, True)], data["completion"]
 
 
+def _all_strings(column: list | None, optional: bool) -> bool:
+    if column is None:
+        return optional
+    return all(type(value) is str or (optional and value is None) for value in column)
+
+
+def uniform_plain_slots(batch: dict[str, list], format: str) -> tuple[list[list[str]], tuple[bool, ...]] | None:
+    """A batch of plain records (column -> values) as text columns when every record has the same segments, as
+    ``plain_segments`` would give them: the texts of segment j of every record, and whether segment j is a target
+    (the closing ``EOS`` left out). ``None`` sends the batch through the per-record path: a field missing or not a
+    string there (``check_fields`` words the error), or alpaca ``system``/``history`` (the segment count varies)."""
+    if format not in ("text", "alpaca", "prompt_completion"):
+        return None
+    fields_ok = all(_all_strings(batch.get(key), False) for key in TRAIN_FIELDS[format]) and all(
+        _all_strings(batch.get(key), True) for key in OPTIONAL_TEXT_FIELDS.get(format, ())
+    )
+    if not fields_ok:
+        return None
+    if format == "text":
+        return [batch["text"]], (True,)
+    if format == "prompt_completion":
+        return [batch["prompt"], batch["completion"]], (False, True)
+    if any(batch.get("system") or ()) or any(batch.get("history") or ()):
+        return None
+    inputs = batch.get("input") or [None] * len(batch["instruction"])
+    pairs = zip(batch["instruction"], inputs, strict=True)
+    prompts = [_alpaca_prompt({"instruction": instruction, "input": input}) for instruction, input in pairs]
+    return [prompts, batch["output"]], (False, True)
+
+
 # ------------------------------------------------------------------------------------------------- chat formats
 def _parse_json(value: Any, what: str, origin: str) -> Any:
     if not isinstance(value, str):

@@ -36,7 +36,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gym_lightning._compat import rank_zero_info
 from gym_lightning.atomic import atomic_directory
-from gym_lightning.data.arrays import Columns, pair_columns, plain_columns
+from gym_lightning.data.arrays import Columns, pair_columns, plain_columns, slot_columns
 from gym_lightning.data.formats import (
     CHAT_FORMATS,
     TRAIN_FIELDS,
@@ -47,6 +47,7 @@ from gym_lightning.data.formats import (
     prompt_text,
     report_dropped,
     tokenize_examples,
+    uniform_plain_slots,
 )
 from gym_lightning.data.sources import Record, load_source, source_fingerprint
 from gym_lightning.errors import GymUserError
@@ -165,8 +166,12 @@ class Tokenize:
         self.mask_prompt, self.with_prompts, self.label, self.arrow = mask_prompt, with_prompts, label, arrow
 
     def __call__(self, batch: dict[str, list], indices: list[int]) -> pa.Table | dict[str, list]:
-        records = batch_records(batch, indices, self.label)
-        columns = self.columns(records)
+        slots = None if self.format in CHAT_FORMATS else uniform_plain_slots(batch, self.format)
+        records = batch_records(batch, indices, self.label) if slots is None or self.with_prompts else []
+        if slots is not None:  # the common case, without a Python object per record
+            columns = slot_columns(*slots, self.tokenizer, self.max_seq_length, self.mask_prompt)
+        else:
+            columns = self.columns(records)
         out: dict[str, pa.Array] = columns.arrow()
         if self.with_prompts:
             prompts = [prompt_text(records[i], self.format, self.tokenizer) for i in columns.kept.tolist()]
