@@ -15,8 +15,9 @@ Full size (the issue's targets: growth < 300 MB per rank, cache hit < 5 s, first
 ``--floor`` measures, instead of a preparation, what any preparation of the alpaca file must spend on this machine
 before gym_lightning's own work: ``datasets.load_dataset`` of the JSONL (wall and CPU seconds, its Arrow cache in a
 fresh folder), and the Rust tokenizer alone (``encode_batch_fast``, one thread) on every text segment of every
-record, in batches of 1,000 records as ``Dataset.map`` hands them over, in CPU seconds. With all the machine's cores
-tokenizing, a preparation cannot take less than the load plus tokenizer CPU / cores:
+record, in batches of 1,000 records as ``Dataset.map`` hands them over, ``ENCODE_CHUNK`` texts per call as the
+preparation makes them, in CPU seconds. With all the machine's cores tokenizing, a preparation cannot take less than
+the load plus tokenizer CPU / cores:
     python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 0 --floor --workdir /tmp/dp
 """
 
@@ -93,7 +94,7 @@ def floor(data: Path, work: Path) -> dict[str, float]:
 
     import datasets
 
-    from gym_lightning.data.arrays import plain_backend, segment_texts
+    from gym_lightning.data.arrays import ENCODE_CHUNK, plain_backend, segment_texts
     from gym_lightning.data.formats import plain_segments
     from gym_lightning.data.prepare import batch_records
     from gym_lightning.tokenizer import load_tokenizer
@@ -110,10 +111,11 @@ def floor(data: Path, work: Path) -> dict[str, float]:
         batch = rows[start : start + 1_000]
         records = batch_records(batch, range(start, start + len(batch["instruction"])), str(data))
         texts = segment_texts([plain_segments(record, "alpaca")[0] for record in records])
-        cpu = time.process_time()
-        encodings = backend.encode_batch_fast(texts, add_special_tokens=False)
-        tokenizer_cpu += time.process_time() - cpu
-        tokens += sum(len(encoding) for encoding in encodings)
+        for chunk in range(0, len(texts), ENCODE_CHUNK):  # as the preparation feeds it
+            cpu = time.process_time()
+            encodings = backend.encode_batch_fast(texts[chunk : chunk + ENCODE_CHUNK], add_special_tokens=False)
+            tokenizer_cpu += time.process_time() - cpu
+            tokens += sum(len(encoding) for encoding in encodings)
     shutil.rmtree(hf_cache, ignore_errors=True)
     cores = os.cpu_count() or 1
     return {
