@@ -176,14 +176,17 @@ def _alpaca_segments(record: Record) -> Segments:
     return [*segments, (_alpaca_prompt(data), False), (data["output"], True), (EOS, True)]
 
 
+# Formats whose segments are their fields as written: (field, is_target) in order, before the closing eos.
+FIELD_SEGMENTS = {"text": (("text", True),), "prompt_completion": (("prompt", False), ("completion", True))}
+
+
 def plain_segments(record: Record, format: str) -> tuple[Segments, str | None]:
     """The (text, is_target) segments of a non-chat record and its reference completion, if any."""
     data = record.data
-    if format == "text":
-        return [(data["text"], True), (EOS, True)], None
     if format == "alpaca":
         return _alpaca_segments(record), data["output"]
-    return [(data["prompt"], False), (data["completion"], True), (EOS, True)], data["completion"]
+    segments: Segments = [(data[field], is_target) for field, is_target in FIELD_SEGMENTS[format]]
+    return [*segments, (EOS, True)], data["completion"] if format == "prompt_completion" else None
 
 
 def _all_strings(column: list | None, optional: bool) -> bool:
@@ -204,10 +207,8 @@ def uniform_plain_slots(batch: dict[str, list], format: str) -> tuple[list[list[
     )
     if not fields_ok:
         return None
-    if format == "text":
-        return [batch["text"]], (True,)
-    if format == "prompt_completion":
-        return [batch["prompt"], batch["completion"]], (False, True)
+    if format in FIELD_SEGMENTS:
+        return [batch[field] for field, _ in FIELD_SEGMENTS[format]], tuple(t for _, t in FIELD_SEGMENTS[format])
     if any(batch.get("system") or ()) or any(batch.get("history") or ()):
         return None
     inputs = batch.get("input") or [None] * len(batch["instruction"])
