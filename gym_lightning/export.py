@@ -287,13 +287,26 @@ def write_export(
     with atomic_directory(output_dir) as staging:
         if source.lora_config is not None and lora == "adapter":
             write_shards(tensors, staging, limit, "adapter_model", target)
-            source.lora_config.save_pretrained(staging)
+            _write_adapter_config(source, staging)
         else:
             write_shards(tensors, staging, limit, "model", target)
             _write_configs(source.base, staging, target or torch.float32)
         if source.tokenizer is not None:
             source.tokenizer.save_pretrained(staging)
     return Path(output_dir)
+
+
+def _write_adapter_config(source: ExportSource, folder: Path) -> None:
+    """PEFT's adapter_config.json, the same whichever path exported it: ``target_modules`` sorted (peft keeps them
+    as a set, which it writes in the order of the process's string hashing), ``base_model_name_or_path`` the
+    folder or hub name the run started from (``None`` for a preset, which no name loads) and ``inference_mode`` on,
+    as ``PeftModel.save_pretrained`` writes it."""
+    config = copy.copy(source.lora_config)
+    if isinstance(config.target_modules, set | list | tuple):
+        config.target_modules = sorted(config.target_modules)
+    config.base_model_name_or_path = source.base.config.name_or_path or None
+    config.inference_mode = True  # as PeftModel.save_pretrained writes it
+    config.save_pretrained(folder)
 
 
 def _write_configs(base: PreTrainedModel, folder: Path, dtype: torch.dtype) -> None:

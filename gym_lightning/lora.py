@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, fields
+from typing import Any
 
 import torch
 from transformers import PreTrainedModel
@@ -39,22 +41,45 @@ class LoRAArgs:
     def scaling(self) -> float:
         return self.alpha / self.r
 
+    @classmethod
+    def from_value(cls, value: LoRAArgs | Mapping[str, Any] | None) -> LoRAArgs | None:
+        """``value`` as ``LoRAArgs``: as given, or built from a mapping of its fields; ``None`` stays ``None``.
 
-def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
-    """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable."""
+        A checkpoint made by ``gym fit`` stores the module's hyper-parameters as the command line parsed them, so
+        ``lora`` is a plain dict there (LightningCLI's instantiator); Python callers pass ``LoRAArgs``. Both mean the
+        same settings, and every reader of a ``lora`` value goes through here.
+        """
+        if value is None or isinstance(value, cls):
+            return value
+        if not isinstance(value, Mapping):
+            raise GymUserError(f"lora must be LoRA settings (r, alpha, dropout, target_modules), got {value!r}.")
+        known = {spec.name for spec in fields(cls)}
+        if unknown := sorted(set(value) - known):
+            raise GymUserError(f"lora has unknown settings {unknown}; the settings are {sorted(known)}.")
+        return cls(**value)
+
+
+def peft_lora_config(args: LoRAArgs) -> Any:
+    """The ``peft.LoraConfig`` of ``args`` (for training, and for the adapter_config.json of an export)."""
     try:
-        from peft import LoraConfig, get_peft_model
+        from peft import LoraConfig
     except ImportError as err:
         raise GymUserError("LoRA needs the 'peft' package: pip install 'gym-lightning[lora]'.") from err
     target = args.target_modules
-    config = LoraConfig(
+    return LoraConfig(
         r=args.r,
         lora_alpha=args.alpha,
         lora_dropout=args.dropout,
         target_modules="all-linear" if target == ["all-linear"] else target,
         task_type="CAUSAL_LM",
     )
-    return get_peft_model(model, config)
+
+
+def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
+    """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable."""
+    from peft import get_peft_model
+
+    return get_peft_model(model, peft_lora_config(args))
 
 
 def materialize_adapters(model: torch.nn.Module) -> None:

@@ -138,6 +138,7 @@ class CausalLMModule(pl.LightningModule):
         loss_chunk_tokens: int = 1024,
     ) -> None:
         super().__init__()
+        lora = LoRAArgs.from_value(lora)  # a dict where the settings come as plain data (YAML, a checkpoint)
         _validate(locals())
         self.save_hyperparameters()
         self.model_source = model

@@ -7,6 +7,7 @@ import os
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,6 +46,22 @@ def two_rank_memory_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
             run_two_ranks(strategy, out)
             done[strategy] = out
         return done[strategy]
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], Any]:
+    """A ``gym fit`` run of a shipped config on 2 CPU ranks (``helpers.cli_runs``), made at most once per session
+    for each (strategy, LoRA) pair: the export, damaged-checkpoint and hung-rank tests share them."""
+    from helpers.cli_runs import cli_run as make_run
+
+    done: dict[tuple[str, bool], Any] = {}
+
+    def run(strategy: str, lora: bool = False) -> Any:
+        if (strategy, lora) not in done:
+            done[strategy, lora] = make_run(strategy, lora, tmp_path_factory.mktemp(f"cli-{strategy}-{int(lora)}"))
+        return done[strategy, lora]
 
     return run
 

@@ -134,3 +134,19 @@ def test_validation_metrics_and_predict(tmp_path: Path) -> None:
     predictions = trainer.predict(module, data)
     assert len(predictions[0]) == 128 and {"prompt", "completion"} <= set(predictions[0][0])
     assert predictions[0][0]["prompt"].endswith("=")
+
+
+def test_lora_settings_given_as_plain_data_mean_the_same_as_lora_args() -> None:
+    # What a gym fit checkpoint stores (LightningCLI's instantiator keeps the parsed config: a dict) and what a
+    # YAML-minded Python caller passes: both are read through LoRAArgs.from_value.
+    from gym_lightning import LoRAArgs
+    from gym_lightning.errors import GymUserError
+
+    settings = {"r": 4, "alpha": 8, "target_modules": ["q_proj"]}
+    assert LoRAArgs.from_value(settings) == LoRAArgs(r=4, alpha=8, target_modules=["q_proj"])
+    assert LoRAArgs.from_value(None) is None
+    assert CausalLMModule(lora=settings).lora == LoRAArgs(r=4, alpha=8, target_modules=["q_proj"])
+    with pytest.raises(GymUserError, match=r"unknown settings \['rank'\]"):
+        LoRAArgs.from_value({"rank": 4})
+    with pytest.raises(GymUserError, match="lora.r must be >= 1"):
+        CausalLMModule(lora={"r": 0})

@@ -164,32 +164,20 @@ def _meta_base_model(hparams: dict[str, Any]) -> Any:
     from transformers import AutoModelForCausalLM, GenerationConfig
 
     from gym_lightning.models.loading import load_model_config
+    from gym_lightning.models.presets import is_preset
 
     config = load_model_config(hparams["model"], hparams.get("config_overrides"), trust_remote_code=False)
     with torch.device("meta"):
         base = AutoModelForCausalLM.from_config(config)
-    with contextlib.suppress(OSError, ValueError):  # the source folder's own settings, as in a live run
-        base.generation_config = GenerationConfig.from_pretrained(hparams["model"])
+    if not is_preset(hparams["model"]):  # a preset has no folder (and asking the hub for one would go online)
+        with contextlib.suppress(OSError, ValueError):  # the source folder's own settings, as in a live run
+            base.generation_config = GenerationConfig.from_pretrained(hparams["model"])
     return base
-
-
-def _lora_config(hparams: dict[str, Any]) -> Any:
-    from peft import LoraConfig
-
-    lora = hparams["lora"]
-    target = lora.target_modules
-    return LoraConfig(
-        r=lora.r,
-        lora_alpha=lora.alpha,
-        lora_dropout=lora.dropout,
-        target_modules="all-linear" if target == ["all-linear"] else target,
-        task_type="CAUSAL_LM",
-        base_model_name_or_path=hparams["model"],
-    )
 
 
 def checkpoint_source(checkpoint: str | Path) -> ExportSource:
     """The ``ExportSource`` of a ``CausalLMModule`` checkpoint of any strategy."""
+    from gym_lightning.lora import LoRAArgs, peft_lora_config
     from gym_lightning.module import resolve_tokenizer_source
     from gym_lightning.tokenizer import load_tokenizer
 
@@ -204,9 +192,9 @@ def checkpoint_source(checkpoint: str | Path) -> ExportSource:
         for key, value in contents.tensors.items()
         if key.startswith(_MODULE_PREFIX)
     }
-    lora = hparams.get("lora")
+    lora = LoRAArgs.from_value(hparams.get("lora"))
     tokenizer = load_tokenizer(resolve_tokenizer_source(hparams["model"], hparams.get("tokenizer")), False)
-    lora_config = _lora_config(hparams) if lora is not None else None
+    lora_config = peft_lora_config(lora) if lora is not None else None
     scaling = lora.scaling if lora is not None else None
     return ExportSource(tensors, _meta_base_model(hparams), lora_config, scaling, tokenizer)
 

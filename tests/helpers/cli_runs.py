@@ -1,0 +1,91 @@
+"""Training runs made the way users make them: a shipped YAML, changed as a user would, run by ``gym fit``.
+
+``cli_run(strategy, lora, out)`` copies ``configs/<strategy>.yaml``, shortens it (4 optimizer steps, a checkpoint
+every 2 steps) and, for LoRA, adds ``model.lora`` and a second ``HFExport`` callback that writes the PEFT adapter
+beside the merged export of the ``export:`` section. Both ranks start together under ``torchrun`` (one import time
+instead of two in a row; Lightning's own launcher is exercised by the failure tests), and the run's checkpoints and
+end-of-fit exports are what ``gym export`` and resume tests compare against.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from helpers.dist import REPO_ROOT, free_port, rank_env
+
+CONFIGS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
+LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+STEPS, EVERY = 4, 2
+
+
+@dataclass(frozen=True)
+class CliRun:
+    """Where a ``gym fit`` run left its files."""
+
+    root: Path  # trainer.default_root_dir
+    config: Path  # the YAML it ran
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    def export(self, lora: str = "merged") -> Path:
+        """The end-of-fit Hugging Face folder (``adapter``: the PEFT adapter of a LoRA run)."""
+        return self.root / ("hf-adapter" if lora == "adapter" else "hf")
+
+
+def run_config(strategy: str, lora: bool, out: Path, **changes: Any) -> Path:
+    """``configs/<strategy>.yaml`` as a user would shorten it, written to ``out/run.yaml``; ``changes`` are dotted
+    ``section.key`` settings applied on top (``{"trainer.max_steps": 6}``)."""
+    config = yaml.safe_load((REPO_ROOT / "configs" / f"{CONFIGS[strategy]}.yaml").read_text())
+    trainer = config["trainer"]
+    trainer.update(accelerator="cpu", max_steps=STEPS, default_root_dir=str(out))
+    callbacks = list(trainer["callbacks"])
+    for callback in callbacks:
+        if callback["class_path"].endswith("StepCheckpoint"):
+            callback["init_args"] = {"dirpath": str(out / "checkpoints"), "every_n_steps": EVERY, "keep_last": 3}
+    config["export"]["output_dir"] = str(out / "hf")
+    if lora:
+        config["model"]["lora"] = dict(LORA)
+        adapter = {"output_dir": str(out / "hf-adapter"), "lora": "adapter"}
+        callbacks.append({"class_path": "gym_lightning.callbacks.HFExport", "init_args": adapter})
+    trainer["callbacks"] = callbacks
+    config["data"].update(batch_size=4, eval_batch_size=16)
+    for dotted, value in changes.items():
+        section, _, key = dotted.rpartition(".")
+        node = config
+        for part in section.split("."):
+            node = node.setdefault(part, {})
+        node[key] = value
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / "run.yaml"
+    path.write_text(f"# python -m gym_lightning fit --config {path.name}\n" + yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def torchrun(args: list[str], timeout: float = 600, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node N -m gym_lightning ARGS``; raises with the output's tail if it fails."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "-m", "gym_lightning", *args,
+    ]  # fmt: skip
+    proc = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
+    if proc.returncode != 0:
+        raise AssertionError(
+            f"`gym {' '.join(args)}` exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+            f"--- stderr ---\n{proc.stderr[-8000:]}"
+        )
+    return proc
+
+
+def cli_run(strategy: str, lora: bool, out: Path) -> CliRun:
+    """Train ``strategy``'s shipped config (shortened) on 2 CPU ranks with ``gym fit``."""
+    config = run_config(strategy, lora, out)
+    torchrun(["fit", "--config", str(config)])
+    return CliRun(out, config)
