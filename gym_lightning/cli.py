@@ -25,10 +25,11 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from gym_lightning.callbacks import HFExport, NonFiniteGuard
+from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_problems
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.commands import COMMANDS
 from gym_lightning.data.datamodule import CausalLMDataModule
-from gym_lightning.errors import GymUserError
+from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
 from gym_lightning.prediction_writer import JsonlPredictionWriter
 from gym_lightning.quiet import cli_trainer_defaults
@@ -105,8 +106,9 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
     """Fail early, in one line, on a ``--ckpt_path`` that is missing or not a readable, safe checkpoint file.
 
     Lightning's CLI reads the file's hyper-parameters before anything else, and a broken file would end there in a
-    torch traceback. Memory-mapped, so only the pickled metadata is read, not the tensors. Folders (sharded FSDP and
-    DeepSpeed checkpoints) are checked by their strategy when they are loaded.
+    torch traceback. A file with a manifest is checked against it first (``checkpointing.manifest``; the strategy
+    does not hash it again in this process); then it is memory-mapped, so only the pickled metadata is read.
+    Folders (sharded FSDP and DeepSpeed checkpoints) are checked by their strategy when they are loaded.
     """
     if not ckpt_path or ckpt_path in CKPT_KEYWORDS:
         return
@@ -117,6 +119,8 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
             "newest checkpoint of this run."
         )
     if path.is_file():
+        if problems := file_problems(path):  # before the file is read: a damaged one is named, with what to do
+            raise damaged_checkpoint_error(path, problems)
         load_lightning_checkpoint(path, required=("state_dict", "pytorch-lightning_version"))
 
 
@@ -171,8 +175,16 @@ def main(argv: list[str] | None = None) -> None:
     except (GymUserError, argparse.ArgumentError) as err:
         if os.environ.get(DEBUG_ENV_VAR):
             raise
-        print(f"gym_lightning: error: {one_line(err)}", file=sys.stderr)
+        if not isinstance(err, EveryRankError) or global_rank() == 0:  # the same error on N ranks: shown once
+            print(f"gym_lightning: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
+
+
+def global_rank() -> int:
+    """This process's rank in the job's process group (0 without one)."""
+    import torch.distributed as dist
+
+    return dist.get_rank() if dist.is_available() and dist.is_initialized() else 0
 
 
 def one_line(err: BaseException) -> str:

@@ -17,6 +17,11 @@ class GymUserError(ValueError):
     """A problem with the user's input (a setting, flag, file or checkpoint), with its fix in the message."""
 
 
+class EveryRankError(GymUserError):
+    """A user error that every rank of a job raises at the same point, after the ranks agreed on it (a damaged
+    checkpoint file found by one rank): the command line prints it on global rank 0 only, once per job."""
+
+
 def raise_if_problems(subject: str, problems: Iterable[str]) -> None:
     """Raise one ``GymUserError`` about ``subject`` that lists every problem; do nothing when there is none.
 
@@ -30,4 +35,4 @@ def raise_if_problems(subject: str, problems: Iterable[str]) -> None:
     raise GymUserError(f"{subject} ({len(problems)} problem(s)):\n{lines}")
 
 
-__all__ = ["GymUserError", "raise_if_problems"]
+__all__ = ["EveryRankError", "GymUserError", "raise_if_problems"]

@@ -50,8 +50,10 @@ def fit(
 def test_step_checkpoints_keep_newest_k_and_link_last(tmp_path: Path) -> None:
     fit(tiny_module(), tmp_path, [StepCheckpoint(tmp_path / "ck", every_n_steps=2, keep_last=2)], max_steps=7)
     names = sorted(os.listdir(tmp_path / "ck"))
-    # steps 2, 4, 6 by the period, 7 at the end of training; the newest two are kept; nothing hidden is left over
-    assert names == ["last.ckpt", "step-00000006.ckpt", "step-00000007.ckpt"]
+    # steps 2, 4, 6 by the period, 7 at the end of training; the newest two are kept (each with its manifest);
+    # nothing hidden is left over
+    manifests = ["step-00000006.ckpt.manifest.json", "step-00000007.ckpt.manifest.json"]
+    assert names == sorted(["last.ckpt", "step-00000006.ckpt", "step-00000007.ckpt", *manifests])
     assert os.readlink(tmp_path / "ck" / "last.ckpt") == "step-00000007.ckpt"
     assert load_weights_only(tmp_path / "ck" / "last.ckpt")["global_step"] == 7
 
@@ -77,7 +79,8 @@ def test_a_crash_while_saving_leaves_last_on_the_previous_complete_checkpoint(tm
     callback = StepCheckpoint(folder, every_n_steps=2)
     resumed = fit(tiny_module(), tmp_path, [callback], max_steps=6, ckpt_path="last")
     assert resumed.global_step == 6
-    assert sorted(os.listdir(folder)) == ["last.ckpt", "step-00000002.ckpt", "step-00000004.ckpt", "step-00000006.ckpt"]
+    steps = [f"step-0000000{step}.ckpt" for step in (2, 4, 6)]
+    assert sorted(os.listdir(folder)) == sorted(["last.ckpt", *steps, *(f"{name}.manifest.json" for name in steps)])
 
 
 def test_publish_and_link_replace_atomically(tmp_path: Path) -> None:

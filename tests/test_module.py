@@ -148,5 +148,5 @@ def test_lora_settings_given_as_plain_data_mean_the_same_as_lora_args() -> None:
     assert CausalLMModule(lora=settings).lora == LoRAArgs(r=4, alpha=8, target_modules=["q_proj"])
     with pytest.raises(GymUserError, match=r"unknown settings \['rank'\]"):
         LoRAArgs.from_value({"rank": 4})
-    with pytest.raises(GymUserError, match="lora.r must be >= 1"):
+    with pytest.raises(GymUserError, match=r"lora\.r must be >= 1"):
         CausalLMModule(lora={"r": 0})

@@ -9,7 +9,9 @@ then linking or copying, so a process killed at the wrong moment leaves a trunca
   every rank has finished (``rename`` is atomic on POSIX file systems);
 - ``last.ckpt`` is a symbolic link that is replaced atomically (a new link renamed over the old one) right after
   the new checkpoint is in place and before any old checkpoint is deleted, so it always names a complete one;
-- old checkpoints are renamed to a hidden name before they are deleted, so a half-deleted one is never listed.
+- old checkpoints are renamed to a hidden name before they are deleted, so a half-deleted one is never listed;
+- before the rename, every file's size and checksum go into the checkpoint's manifest (``checkpointing.manifest``),
+  which the strategies and ``gym export`` check before they read a file.
 
 The per-rank random number generator states are gathered into the checkpoint and restored on resume (Lightning
 does not store them), so dropout and other random draws continue as in an uninterrupted run.
@@ -23,16 +25,15 @@ import os
 import shutil
 import uuid
 from pathlib import Path
-from typing import Any
 from weakref import proxy
 
 import lightning.pytorch as pl
-import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_warn, record_checkpoint_saved, save_topk_and_last_checkpoint
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
+from gym_lightning.checkpointing.manifest import all_gather, hash_owned_files, manifest_path, write_manifest
 from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
 from gym_lightning.errors import GymUserError
 
@@ -92,14 +93,6 @@ def link_atomically(target: str | os.PathLike[str], link: str | os.PathLike[str]
     if link.is_dir() and not link.is_symlink():
         remove_path(link)  # a real folder named last (written by plain ModelCheckpoint): rename cannot replace it
     os.replace(temporary, link)
-
-
-def _gather_objects(obj: Any) -> list[Any]:
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return [obj]
-    gathered: list[Any] = [None] * torch.distributed.get_world_size()
-    torch.distributed.all_gather_object(gathered, obj)
-    return gathered
 
 
 class StepCheckpoint(ModelCheckpoint):
@@ -168,6 +161,7 @@ class StepCheckpoint(ModelCheckpoint):
         trainer.strategy.barrier("gym_checkpoint_stage")
         try:
             trainer.save_checkpoint(str(staging), self.save_weights_only)  # every rank writes; ends with a barrier
+            self._write_manifest(trainer, staging, filepath)
         except OSError as err:
             if err.errno not in DISK_FULL_ERRNOS:
                 raise
@@ -184,6 +178,14 @@ class StepCheckpoint(ModelCheckpoint):
                 logger.after_save_checkpoint(proxy(self))
 
     @staticmethod
+    def _write_manifest(trainer: pl.Trainer, staging: Path, filepath: str) -> None:
+        """Every rank hashes the files it wrote; rank 0 writes the manifest (collective)."""
+        records = all_gather(hash_owned_files(staging, trainer.global_rank, trainer.world_size))
+        if trainer.is_global_zero:
+            info = {"global_step": trainer.global_step, "world_size": trainer.world_size}
+            write_manifest(staging, filepath, records, {**info, "strategy": type(trainer.strategy).__name__})
+
+    @staticmethod
     @override
     def _link_checkpoint(trainer: pl.Trainer, filepath: str, linkpath: str) -> None:
         if trainer.is_global_zero and os.path.abspath(filepath) != os.path.abspath(linkpath):
@@ -194,6 +196,7 @@ class StepCheckpoint(ModelCheckpoint):
     def _remove_checkpoint(self, trainer: pl.Trainer, filepath: str) -> None:
         if trainer.is_global_zero:
             remove_path(filepath)
+            remove_path(manifest_path(filepath), missing_ok=True)  # a single file's manifest lies beside it
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -207,7 +210,7 @@ class StepCheckpoint(ModelCheckpoint):
 
     @override
     def on_save_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:
-        checkpoint[RNG_KEY] = _gather_objects(capture_rng_state())  # collective: every rank saves together
+        checkpoint[RNG_KEY] = all_gather(capture_rng_state())  # collective: every rank saves together
 
     @override
     def on_load_checkpoint(self, trainer: pl.Trainer, pl_module: pl.LightningModule, checkpoint: dict) -> None:

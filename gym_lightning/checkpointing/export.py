@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 
+from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import (
     deepspeed_safe_globals,
     load_lightning_checkpoint,
@@ -146,6 +147,7 @@ def read_checkpoint(path: str | Path) -> CheckpointContents:
     path = Path(path)
     if path.is_dir() and (path / "last.ckpt").exists():
         path = (path / "last.ckpt").resolve()
+    verify_checkpoint(path)  # every file, against the manifest the run wrote
     if path.is_file():
         return read_single_file(path)
     if (path / ".metadata").is_file():

@@ -19,6 +19,7 @@ from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
+from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
@@ -148,6 +149,7 @@ class GymDDPStrategy(DDPStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
         # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects.
         with refuse_unsafe_pickles(checkpoint_path):
             return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)

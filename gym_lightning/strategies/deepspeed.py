@@ -54,6 +54,7 @@ from gym_lightning._compat import (
     training_dataloader,
     zero3_full_shape,
 )
+from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager, materialise
@@ -522,6 +523,7 @@ class ZeROStrategy(DeepSpeedStrategy):
     # ----------------------------------------------------------------------------------------------- checkpoints
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
         if not (self.load_full_weights and self.zero_stage_3):
             raise_if_zero_world_size_changed(checkpoint_path, self.world_size)
         # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a

@@ -27,6 +27,7 @@ from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
+from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
@@ -240,6 +241,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
         # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects. A sharded folder
         # reshards on load (torch distributed checkpoint), so it may be resumed on a different number of ranks.
         with refuse_unsafe_pickles(checkpoint_path):
