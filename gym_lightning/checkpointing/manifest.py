@@ -189,7 +189,7 @@ def previous_checkpoint_advice(checkpoint: str | os.PathLike[str]) -> str:
     older = sorted(p for p in checkpoint.parent.glob("step-*.ckpt") if p.name < checkpoint.name)
     if older:
         previous = older[-1]
-        return f"Use the previous checkpoint instead: gym fit ... --ckpt_path {previous} (gym export --checkpoint {previous})."
+        return f"Use the previous checkpoint instead: --ckpt_path {previous} (gym export: --checkpoint {previous})."
     return "There is no earlier checkpoint beside it: start the run again without --ckpt_path."
 
 
