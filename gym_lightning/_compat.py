@@ -18,6 +18,7 @@ import dataclasses
 import functools
 import inspect
 import textwrap
+from datetime import timedelta
 from typing import Any, NamedTuple
 
 import lightning.pytorch as pl
@@ -86,6 +87,7 @@ PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop"),
     ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultMetric"),
     ("torch.distributed._composable", "checkpoint"),
+    ("torch.distributed.distributed_c10d", "_set_pg_timeout"),
 )
 
 
@@ -213,6 +215,14 @@ def load_combined_loader_states(trainer: pl.Trainer) -> None:
         )
         return
     restore()
+
+
+def set_collective_timeout(timeout: timedelta, group: Any = None) -> None:
+    """The timeout of a process group's collectives from now on (every backend of it, gloo and NCCL), separate
+    from the rendezvous timeout it was created with; torch keeps this private (``_set_pg_timeout``, torch 2.3+)."""
+    from torch.distributed.distributed_c10d import _set_pg_timeout
+
+    _set_pg_timeout(timeout, group)
 
 
 def init_deepspeed_distributed(strategy: DeepSpeedStrategy) -> None:
@@ -381,6 +391,7 @@ __all__ = [
     "rank_zero_warn",
     "record_checkpoint_saved",
     "save_topk_and_last_checkpoint",
+    "set_collective_timeout",
     "set_model_parallel_sizes",
     "set_zero3_hook_handles",
     "skip_same_device_result_moves",

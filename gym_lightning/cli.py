@@ -6,8 +6,10 @@ only when used.
 
 One way to fail: a mistake in the user's input raises ``gym_lightning.errors.GymUserError`` wherever it is found
 (a setting, a flag, a data file, a checkpoint), and argument-parsing errors raise jsonargparse's/argparse's
-``ArgumentError``; the CLI prints either as one line and exits with status 2. Every other exception is a bug (or an
-environment failure) and keeps its traceback. ``GYM_DEBUG=1`` shows the traceback of user errors too.
+``ArgumentError``; the CLI prints either as one line and exits with status 2. A collective that failed because
+another rank stopped answering or died carries the strategy's one-line diagnosis (``strategies.rank_failure``):
+printed alone, exit status 1. Every other exception is a bug (or an environment failure) and keeps its traceback.
+``GYM_DEBUG=1`` shows the traceback of these errors too.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from gym_lightning.prediction_writer import JsonlPredictionWriter
 from gym_lightning.quiet import cli_trainer_defaults
 from gym_lightning.strategies import strategy_name_problem
 from gym_lightning.strategies.hf_deepspeed_config import accumulation_from_strategy_config
+from gym_lightning.strategies.rank_failure import NOTE_PREFIX, exit_within, rank_failure_line
 
 # LightningCLI's subcommands, with the one line ``gym --help`` shows for each.
 LIGHTNING_COMMANDS: dict[str, str] = {
@@ -46,6 +49,7 @@ LIGHTNING_COMMANDS: dict[str, str] = {
 # ``fit --ckpt_path`` values that are not paths (Lightning resolves them itself).
 CKPT_KEYWORDS: tuple[str, ...] = ("last", "best", "hpc", "registry")
 DEBUG_ENV_VAR = "GYM_DEBUG"
+RANK_FAILURE_EXIT_SECONDS = 10.0  # after a failed collective, the longest the interpreter's own exit may take
 
 
 class GymCLI(LightningCLI):
@@ -178,6 +182,15 @@ def main(argv: list[str] | None = None) -> None:
         if not isinstance(err, EveryRankError) or global_rank() == 0:  # the same error on N ranks: shown once
             print(f"gym_lightning: error: {one_line(err)}", file=sys.stderr)
         raise SystemExit(2) from None
+    except Exception as err:
+        if (line := rank_failure_line(err)) is None or os.environ.get(DEBUG_ENV_VAR):
+            raise
+        # A rank stopped answering or died (strategies.rank_failure): one line, not a bug's traceback, and an exit
+        # that a process group whose peer vanished cannot block.
+        if line.startswith(NOTE_PREFIX):
+            print(f"gym_lightning: error: {one_line(line.removeprefix(NOTE_PREFIX))}", file=sys.stderr)
+        exit_within(RANK_FAILURE_EXIT_SECONDS, 1)
+        raise SystemExit(1) from None
 
 
 def global_rank() -> int:

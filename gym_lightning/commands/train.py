@@ -44,6 +44,9 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 - ``--report_to``: one or more of ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` (``all``: those installed), written
   under ``<output_dir>/logs``; ``--run_name`` names the run. ``none`` (HF's default: no external service) keeps
   ``gym fit``'s local CSV + TensorBoard logs, which ``trainer_state.json`` and ``curves.png`` do not need.
+- ``--ddp_timeout SECONDS`` (HF's default 1800 is Lightning's too): the strategy's collective ``timeout``; a rank
+  that does not arrive within it is named and the job ends (``strategies.rank_failure``). Without ``--strategy`` or
+  ``--deepspeed`` it selects ``gym_ddp`` (the strategy Lightning's ``auto`` would pick is plain DDP).
 - ``--deepspeed ds.json``: ``trainer.strategy = ZeROStrategy(config=ds.json)`` (stage from the JSON, ``"auto"``
   resolved from these flags). ``--gradient_accumulation_steps`` and ``--max_grad_norm`` left at HF's defaults take
   the JSON's explicit numbers (they are one setting each, see ``strategies/hf_deepspeed_config.py``).
@@ -62,6 +65,7 @@ import argparse
 import dataclasses
 import difflib
 import importlib.util
+import inspect
 import json
 import math
 import os
@@ -70,6 +74,7 @@ import sys
 import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
@@ -89,6 +94,7 @@ LOGGERS = {
     "wandb": ("lightning.pytorch.loggers.WandbLogger", "wandb"),
     "mlflow": ("lightning.pytorch.loggers.MLFlowLogger", "mlflow"),
 }
+HF_DDP_TIMEOUT = 1800  # seconds, TrainingArguments' default: Lightning's default collective timeout too
 LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 # TrainingArguments fields mapped below (or without effect here, e.g. local_rank: the launcher's rank, which
 # Lightning reads from the environment). Every other field is refused unless at its default (refused_flags).
@@ -133,6 +139,7 @@ MAPPED_FIELDS = frozenset(
         "resume_from_checkpoint",
         "local_rank",
         "deepspeed",
+        "ddp_timeout",
         "log_level",
         "log_level_replica",
     ]
@@ -446,6 +453,8 @@ def _trainer_values(args: argparse.Namespace, accumulation: int, clip: float) ->
         values["trainer.strategy"] = {"class_path": "gym_lightning.strategies.ZeROStrategy", "init_args": init_args}
     elif args.strategy:
         values["trainer.strategy"] = args.strategy
+    if args.ddp_timeout != HF_DDP_TIMEOUT:
+        values["trainer.strategy"] = with_timeout(values.get("trainer.strategy"), args.ddp_timeout)
     if loggers := _report_to(args.report_to):
         values["trainer.logger"] = [
             _logger(name, values["trainer.default_root_dir"], args.run_name) for name in loggers
@@ -455,6 +464,26 @@ def _trainer_values(args: argparse.Namespace, accumulation: int, clip: float) ->
     else:
         values |= {"trainer.max_epochs": math.ceil(args.num_train_epochs)}
     return values | _eval_values(args, accumulation) | _callback_values(args)
+
+
+def with_timeout(strategy: str | dict[str, Any] | None, seconds: int) -> dict[str, Any]:
+    """HF's ``--ddp_timeout``: ``strategy`` (a registered name, a class dict, or ``None`` for auto, which becomes
+    ``gym_ddp``) as a class dict whose ``timeout`` is ``seconds``."""
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    import gym_lightning.strategies  # noqa: F401 - registers gym_lightning's names
+
+    if isinstance(strategy, dict):
+        return {**strategy, "init_args": {**strategy.get("init_args", {}), "timeout": str(timedelta(seconds=seconds))}}
+    name = "gym_ddp" if strategy in (None, "auto") else strategy
+    if name not in StrategyRegistry:
+        raise GymUserError(f"--strategy {name!r} is not a registered strategy name; see gym fit --help.")
+    entry = StrategyRegistry[name]
+    cls = entry["strategy"]
+    if "timeout" not in inspect.signature(cls).parameters:
+        raise GymUserError(f"--ddp_timeout: strategy {name!r} ({cls.__name__}) has no collective timeout; drop it.")
+    init_args = {**entry["init_params"], "timeout": str(timedelta(seconds=seconds))}
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
 
 
 def _steps(value: float, max_steps: int) -> int:

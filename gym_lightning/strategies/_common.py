@@ -6,11 +6,17 @@ import atexit
 import os
 import sys
 from collections.abc import Iterable
+from datetime import timedelta
+from typing import TYPE_CHECKING, Any
 
 import torch
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 
 from gym_lightning import errors
 from gym_lightning._compat import rank_zero_info
+
+if TYPE_CHECKING:
+    from gym_lightning.strategies.rank_failure import RankWatch
 
 # The standard OpenMP variable: a user who sets it chose the per-rank thread count, so torch's setting is left alone.
 THREADS_ENV_VAR = "OMP_NUM_THREADS"
@@ -91,13 +97,49 @@ def destroy_process_group_at_exit() -> None:
     atexit.register(_destroy_process_group)
 
 
+_LEAVE_AT_EXIT = False
+
+
+def leave_process_group_at_exit() -> None:
+    """Do not destroy the process group at exit: a collective on it failed because a peer stopped or died
+    (``strategies.rank_failure``), and destroying it would wait for that peer."""
+    global _LEAVE_AT_EXIT
+    _LEAVE_AT_EXIT = True
+
+
 def _destroy_process_group() -> None:
     # A program ended by an unhandled exception keeps the old behaviour: a rank that failed between launching an
     # async collective and waiting for it would wait in the destructor for its peers until the collective timeout.
-    if getattr(sys, "last_value", None) is not None:
+    if getattr(sys, "last_value", None) is not None or _LEAVE_AT_EXIT:
         return
     if torch.distributed.is_available() and torch.distributed.is_initialized():
         torch.distributed.destroy_process_group()
+
+
+def rendezvous_timeout(collective: timedelta | None) -> timedelta:
+    """The timeout a strategy starts its process group with: at least torch's default (30 minutes).
+
+    torch uses the one ``timeout`` of ``init_process_group`` for the rendezvous too: rank 0 waits that long for the
+    others to connect. A collective timeout short enough to catch a hung rank quickly (30 s) failed the start of a
+    2-rank CPU run whose second rank took 16 s to import (Lightning starts it after rank 0 has imported): starting
+    takes as long as it takes, and the strategy's ``timeout`` applies to collectives once every rank has arrived
+    (``watch_collectives``)."""
+    return max(collective, default_pg_timeout) if collective is not None else default_pg_timeout
+
+
+def watch_collectives(timeout: timedelta | None, groups: Iterable[Any] = ()) -> RankWatch | None:
+    """Right after a strategy's process group is up: its collectives (and ``groups``') time out after ``timeout``,
+    and a multi-rank job gets its ``RankWatch`` (a collective); ``None`` for one process, where no peer can stop
+    answering."""
+    from gym_lightning._compat import set_collective_timeout
+    from gym_lightning.strategies.rank_failure import RankWatch
+
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    if timeout is not None:
+        for group in (None, *groups):
+            set_collective_timeout(timeout, group)
+    return RankWatch(timeout) if torch.distributed.get_world_size() > 1 else None
 
 
 # Precisions whose optimizer updates fp32 master weights and computes in half precision (autocast / FSDP's policy).

@@ -27,9 +27,12 @@ from gym_lightning.strategies._common import (
     destroy_process_group_at_exit,
     fp32_trainable_parameters,
     raise_if_problems,
+    rendezvous_timeout,
     return_freed_host_memory,
+    watch_collectives,
 )
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
+from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure
 
 GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
 GRADIENT_COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
@@ -77,7 +80,9 @@ class GymDDPStrategy(DDPStrategy):
         find_unused_parameters: Let DDP handle parameters that get no gradient in a step (slower; needed for
             models with conditional branches).
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
-        timeout: Timeout of collective operations.
+        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
+            (``strategies.rank_failure``); it must cover the longest wait of a healthy run (the first data
+            preparation, a checkpoint save). gym train: ``--ddp_timeout`` (seconds).
         start_method: How Lightning starts the other local ranks: ``"popen"`` (default), ``"spawn"``, ``"fork"``,
             ``"forkserver"``.
     """
@@ -109,12 +114,14 @@ class GymDDPStrategy(DDPStrategy):
             checkpoint_io=checkpoint_io if checkpoint_io is not None else PartialFileCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timeout,
+            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
             start_method=start_method,
             static_graph=static_graph,
             find_unused_parameters=find_unused_parameters,
         )
         self.gradient_compression = gradient_compression
+        self.collective_timeout = timeout
+        self._rank_watch: RankWatch | None = None
         self.powersgd_rank = powersgd_rank or 1
         self.powersgd_start_iter = powersgd_start_iter or 10
 
@@ -124,6 +131,12 @@ class GymDDPStrategy(DDPStrategy):
         return_freed_host_memory(self.root_device)
         destroy_process_group_at_exit()
         super().setup_environment()
+        self._rank_watch = watch_collectives(self.collective_timeout)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
 
     @override
     def setup(self, trainer: Trainer) -> None:

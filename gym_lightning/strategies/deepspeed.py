@@ -62,7 +62,9 @@ from gym_lightning.strategies._common import (
     configure_cpu_threads,
     destroy_process_group_at_exit,
     raise_if_problems,
+    rendezvous_timeout,
     return_freed_host_memory,
+    watch_collectives,
 )
 from gym_lightning.strategies.construction import (
     WEIGHTS_SOURCE_ATTRIBUTE,
@@ -84,6 +86,7 @@ from gym_lightning.strategies.hf_deepspeed_config import (
     zero_plus_plus_problems,
 )
 from gym_lightning.strategies.materialize import checkpoint_key
+from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure
 from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -257,7 +260,8 @@ class ZeROStrategy(DeepSpeedStrategy):
         cluster_environment: As for ``DeepSpeedStrategy`` (torchrun, SLURM, ... detected by the Trainer).
         precision_plugin: As for ``DeepSpeedStrategy``.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
-        timeout: Timeout of collective operations.
+        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
+            (``strategies.rank_failure``). gym train: ``--ddp_timeout`` (seconds).
 
     Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
     CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
@@ -316,11 +320,13 @@ class ZeROStrategy(DeepSpeedStrategy):
             load_full_weights=load_full_weights,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=timeout,
+            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
             exclude_frozen_parameters=exclude_frozen_parameters,
         )
         self.stage = resolved_stage
         self.cpu_optimizer = cpu_optimizer
+        self.collective_timeout = timeout
+        self._rank_watch: RankWatch | None = None
         offload_param = zero_section.get("offload_param", {}).get("device") if zero_section else offload_parameters
         self.remote_device = offload_param if offload_param in ("cpu", "nvme") else None
         self._hf_deepspeed_config: Any = None
@@ -336,14 +342,20 @@ class ZeROStrategy(DeepSpeedStrategy):
         destroy_process_group_at_exit()
         if self.root_device.type == "cuda":
             super().setup_environment()
-            return
-        precision = str(self.precision_plugin.precision)
-        if precision in ("16-mixed", "16-true"):
-            raise GymUserError(
-                f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
-            )
-        # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
-        DDPStrategy.setup_environment(self)
+        else:
+            precision = str(self.precision_plugin.precision)
+            if precision in ("16-mixed", "16-true"):
+                raise GymUserError(
+                    f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
+                )
+            # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
+            DDPStrategy.setup_environment(self)
+        self._rank_watch = watch_collectives(self.collective_timeout)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
 
     @override
     def setup_distributed(self) -> None:

@@ -36,10 +36,13 @@ from gym_lightning.strategies._common import (
     destroy_process_group_at_exit,
     fp32_trainable_parameters,
     raise_if_problems,
+    rendezvous_timeout,
     return_freed_host_memory,
+    watch_collectives,
 )
 from gym_lightning.strategies.construction import deferred_weights
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
+from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
 SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
@@ -111,7 +114,8 @@ class GymFSDPStrategy(ModelParallelStrategy):
         save_distributed_checkpoint: ``True``: each rank writes its shard (a checkpoint folder, torch distributed
             checkpoint format). ``False``: rank 0 gathers a single full file.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
-        timeout: Timeout of collective operations.
+        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
+            (``strategies.rank_failure``).
 
     The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
     gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
@@ -134,7 +138,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         super().__init__(
             save_distributed_checkpoint=save_distributed_checkpoint,
             process_group_backend=process_group_backend,
-            timeout=timeout,
+            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
         )
         # save_distributed_checkpoint=False writes one file through the CheckpointIO: in place, not via TMPDIR.
         self.checkpoint_io = PartialFileCheckpointIO()
@@ -143,6 +147,8 @@ class GymFSDPStrategy(ModelParallelStrategy):
         self.activation_checkpointing = activation_checkpointing
         self.cpu_offload = cpu_offload
         self.gradient_compression = gradient_compression
+        self.collective_timeout = timeout
+        self._rank_watch: RankWatch | None = None
         self._shard_mesh: DeviceMesh | None = None
 
     @override
@@ -155,6 +161,12 @@ class GymFSDPStrategy(ModelParallelStrategy):
         set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
         self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
+        self._rank_watch = watch_collectives(self.collective_timeout, self._shard_mesh.get_all_groups())
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
 
     @contextmanager
     @override

@@ -40,13 +40,16 @@ class CliRun:
         return self.root / ("hf-adapter" if lora == "adapter" else "hf")
 
 
-def run_config(strategy: str, lora: bool, out: Path, **changes: Any) -> Path:
-    """``configs/<strategy>.yaml`` as a user would shorten it, written to ``out/run.yaml``; ``changes`` are dotted
-    ``section.key`` settings applied on top (``{"trainer.max_steps": 6}``)."""
+def run_config(
+    strategy: str, lora: bool, out: Path, callbacks: list[dict[str, Any]] = (), name: str = "run.yaml", **changes: Any
+) -> Path:
+    """``configs/<strategy>.yaml`` as a user would shorten it, written to ``out/<name>``; ``callbacks`` are added to
+    the trainer's (``{"class_path": ..., "init_args": ...}``), ``changes`` are dotted ``section.key`` settings
+    applied on top (``{"trainer.max_steps": 6}``)."""
     config = yaml.safe_load((REPO_ROOT / "configs" / f"{CONFIGS[strategy]}.yaml").read_text())
     trainer = config["trainer"]
     trainer.update(accelerator="cpu", max_steps=STEPS, default_root_dir=str(out))
-    callbacks = list(trainer["callbacks"])
+    extra, callbacks = list(callbacks), list(trainer["callbacks"])
     for callback in callbacks:
         if callback["class_path"].endswith("StepCheckpoint"):
             callback["init_args"] = {"dirpath": str(out / "checkpoints"), "every_n_steps": EVERY, "keep_last": 3}
@@ -55,7 +58,7 @@ def run_config(strategy: str, lora: bool, out: Path, **changes: Any) -> Path:
         config["model"]["lora"] = dict(LORA)
         adapter = {"output_dir": str(out / "hf-adapter"), "lora": "adapter"}
         callbacks.append({"class_path": "gym_lightning.callbacks.HFExport", "init_args": adapter})
-    trainer["callbacks"] = callbacks
+    trainer["callbacks"] = [*callbacks, *extra]
     config["data"].update(batch_size=4, eval_batch_size=16)
     for dotted, value in changes.items():
         section, _, key = dotted.rpartition(".")
@@ -64,7 +67,7 @@ def run_config(strategy: str, lora: bool, out: Path, **changes: Any) -> Path:
             node = node.setdefault(part, {})
         node[key] = value
     out.mkdir(parents=True, exist_ok=True)
-    path = out / "run.yaml"
+    path = out / name
     path.write_text(f"# python -m gym_lightning fit --config {path.name}\n" + yaml.safe_dump(config, sort_keys=False))
     return path
 

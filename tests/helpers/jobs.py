@@ -59,8 +59,10 @@ def run_job(args: list[str], timeout: float, env: dict[str, str] | None = None, 
     leftovers = []
     for member in members:
         try:
-            leftovers.append(f"{member.pid} ({member.status()})")
-            member.kill()
+            status = member.status()
+            if status != psutil.STATUS_ZOMBIE:  # exited, not yet reaped (a container's init may never reap it)
+                leftovers.append(f"{member.pid} ({status})")
+                member.kill()
         except psutil.Error:
             continue
     return JobResult(proc.returncode, stdout, stderr, seconds, leftovers)
