@@ -26,6 +26,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
+from gym_lightning._compat import rank_zero_info
 from gym_lightning.callbacks import HFExport, NonFiniteGuard
 from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_problems
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
@@ -49,6 +50,9 @@ LIGHTNING_COMMANDS: dict[str, str] = {
 # ``fit --ckpt_path`` values that are not paths (Lightning resolves them itself).
 CKPT_KEYWORDS: tuple[str, ...] = ("last", "best", "hpc", "registry")
 DEBUG_ENV_VAR = "GYM_DEBUG"
+# Where a run whose config names no trainer.default_root_dir writes (Lightning's default, the current directory,
+# received config.yaml, curves.png and the JSON reports loose beside the user's own files when there was no logger).
+DEFAULT_ROOT_DIR = "outputs/run"
 RANK_FAILURE_EXIT_SECONDS = 10.0  # after a failed collective, the longest the interpreter's own exit may take
 
 
@@ -61,7 +65,9 @@ class GymCLI(LightningCLI):
     - adopts a DeepSpeed JSON's ``gradient_accumulation_steps`` into ``trainer.accumulate_grad_batches`` before the
       Trainer exists (the strategy only checks that the two agree);
     - gives every run TensorBoard + CSV logs, a progress bar without ``v_num``, the learning rate and ``curves.png``
-      (``gym_lightning.quiet.cli_trainer_defaults``).
+      (``gym_lightning.quiet.cli_trainer_defaults``);
+    - writes nothing outside ``trainer.default_root_dir``: without one, the run's folder is ``DEFAULT_ROOT_DIR``
+      (``outputs/run``), and the run says so.
     """
 
     @override
@@ -91,6 +97,12 @@ class GymCLI(LightningCLI):
         trainer["accumulate_grad_batches"] = accumulation_from_strategy_config(
             strategy, trainer["accumulate_grad_batches"]
         )
+        if trainer.get("default_root_dir") is None:
+            trainer["default_root_dir"] = DEFAULT_ROOT_DIR
+            rank_zero_info(
+                f"gym_lightning: trainer.default_root_dir is not set: this run's files (config.yaml, logs, reports, "
+                f"curves.png, checkpoints) go to {Path(DEFAULT_ROOT_DIR).resolve()}; set it to choose the folder."
+            )
 
     @override
     def instantiate_trainer(self, **kwargs: Any) -> Trainer:

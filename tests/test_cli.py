@@ -123,3 +123,31 @@ def test_a_local_model_folder_trains_from_the_cli(tmp_path: Path) -> None:
         "--export.output_dir", "null",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
+
+
+def files_under(folder: Path) -> list[str]:
+    return sorted(str(path.relative_to(folder)) for path in folder.rglob("*") if path.is_file())
+
+
+@pytest.mark.parametrize("root", ["unset", "given"])
+def test_a_run_writes_nothing_outside_its_folder(tmp_path: Path, root: str) -> None:
+    """With no logger, config.yaml, curves.png and the JSON reports used to land loose in the current directory
+    (overwriting a config.yaml of the user's). Without a default_root_dir the run now says which folder it uses."""
+    cwd, folder = tmp_path / "cwd", tmp_path / "run"
+    cwd.mkdir()
+    (cwd / "config.yaml").write_text("mine\n")
+    given = ["--trainer.default_root_dir", str(folder)] if root == "given" else ["--trainer.default_root_dir", "null"]
+    proc = subprocess.run(
+        [sys.executable, "-m", "gym_lightning", "fit", "--config", str(REPO / "configs/quickstart.yaml"),
+         "--trainer.logger", "false", "--trainer.max_steps", "2", "--trainer.limit_val_batches", "0",
+         "--export.output_dir", "null", *given],
+        cwd=cwd, capture_output=True, text=True, timeout=600,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    expected = ["config.yaml", "curves.png", "memory.json", "throughput.json"]
+    if root == "given":
+        assert files_under(cwd) == ["config.yaml"] and files_under(folder) == expected
+    else:
+        assert files_under(cwd) == ["config.yaml", *(f"outputs/run/{name}" for name in expected)]
+        assert f"go to {cwd / 'outputs' / 'run'}" in proc.stdout + proc.stderr
+    assert (cwd / "config.yaml").read_text() == "mine\n"
