@@ -107,6 +107,8 @@ _COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator.Partitioned
 # Engine configuration and ZeRO-3's module hooks (strategies/zero3_trace.py, checkpointing/safe_load.py).
 DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember("deepspeed.runtime.engine.DeepSpeedEngine", "_config"),
+    # Read by the engine's load_checkpoint (checkpoint.load_universal of the JSON), set per load (zero_universal.py).
+    DeepSpeedMember("deepspeed.runtime.config.DeepSpeedConfig", "load_universal_checkpoint"),
     DeepSpeedMember(_STAGE_3, "parameter_offload"),
     DeepSpeedMember(_OFFLOAD, "forward_hooks"),
     DeepSpeedMember(_OFFLOAD, "backward_hooks"),
@@ -294,6 +296,12 @@ def deepspeed_engine_config(engine: Any) -> Any:
     return engine._config
 
 
+def load_universal_next(engine: Any) -> None:
+    """Make the engine's next ``load_checkpoint`` read a universal checkpoint (``latest_universal``), as if its JSON
+    had ``"checkpoint": {"load_universal": true}``; the engine reads that setting from its config on every load."""
+    deepspeed_engine_config(engine).load_universal_checkpoint = True
+
+
 def zero3_parameter_offload(engine: Any) -> Any | None:
     """DeepSpeed's ZeRO-3 hook owner (``DeepSpeedZeRoOffload``) of ``engine``, or None if it has none.
 
@@ -385,6 +393,7 @@ __all__ = [
     "init_deepspeed_distributed",
     "is_zero_optimizer",
     "load_combined_loader_states",
+    "load_universal_next",
     "module_forward_hook_dicts",
     "per_batch_lightning_calls",
     "rank_zero_info",

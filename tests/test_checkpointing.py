@@ -214,15 +214,16 @@ def test_rng_states_round_trip_through_a_weights_only_file(tmp_path: Path) -> No
     assert (random.random(), float(np.random.rand()), torch.rand(1).item()) == expected
 
 
-def test_zero_checkpoint_on_another_rank_count_fails_with_the_reason(tmp_path: Path) -> None:
-    from gym_lightning.strategies.deepspeed import raise_if_zero_world_size_changed
+def test_the_ranks_that_wrote_a_zero_checkpoint_are_counted_from_its_files(tmp_path: Path) -> None:
+    from gym_lightning.strategies.zero_universal import checkpoint_world_size
 
+    assert checkpoint_world_size(tmp_path) is None
+    (tmp_path / "latest").write_text("checkpoint")
     (tmp_path / "checkpoint").mkdir()
     for rank in (0, 1):
-        (tmp_path / "checkpoint" / f"zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").touch()
-    raise_if_zero_world_size_changed(tmp_path, world_size=2)  # same count: fine
-    with pytest.raises(ValueError, match=r"written by 2 data-parallel ranks and this run has 1.*Resume on 2 ranks"):
-        raise_if_zero_world_size_changed(tmp_path, world_size=1)
+        (tmp_path / "checkpoint" / f"bf16_zero_pp_rank_{rank}_mp_rank_00_optim_states.pt").touch()
+    (tmp_path / "checkpoint" / "mp_rank_00_model_states.pt").touch()
+    assert checkpoint_world_size(tmp_path) == 2
 
 
 # ------------------------------------------------------------------------------------------------ LoRA export

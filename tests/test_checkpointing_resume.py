@@ -49,7 +49,7 @@ def build_strategy(name: str) -> Any:
         return GymDDPStrategy(timeout=timeout)
     if name == "gym_fsdp":
         return GymFSDPStrategy(timeout=timeout)
-    return ZeROStrategy(stage=3, timeout=timeout)
+    return ZeROStrategy(stage=int(name.removeprefix("zero")), timeout=timeout)  # zero1 / zero2 / zero3
 
 
 class KillRank(__import__("lightning.pytorch", fromlist=["Callback"]).Callback):

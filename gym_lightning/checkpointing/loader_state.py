@@ -7,6 +7,11 @@ learning-rate schedule does) makes Lightning set up the training data *before* t
 its first batch (Lightning 2.6, ``fit_loop.py``: ``setup_data`` returns early once a combined loader exists).
 Calling the loop's own loader-restoring step again from ``on_train_start`` (after the restore, before the first
 batch is drawn) fixes that; it is a no-op when Lightning already did it or when there is nothing to restore.
+
+A run resumed on another number of ranks (or per-rank batch) also needs the fit loop's count of the interrupted
+epoch's batches in the new layout: Lightning saved it per rank (6 batches of 2 on each of 2 ranks is 12 batches
+on 1 rank), and it decides from it when the accumulation window closes and when the epoch ends. ``align_batch_progress``
+shifts every counter by the same amount, so the relations Lightning's restart logic reads between them stay.
 """
 
 from __future__ import annotations
@@ -14,8 +19,37 @@ from __future__ import annotations
 import lightning.pytorch as pl
 
 from gym_lightning._compat import load_combined_loader_states
+from gym_lightning.data.loader import StepTokenDataLoader
 
 
 def load_pending_loader_states(trainer: pl.Trainer) -> None:
-    """Give the training DataLoaders the positions saved in the checkpoint being resumed, if not done yet."""
+    """Give the training DataLoaders the positions saved in the checkpoint being resumed, if not done yet, and the
+    fit loop the count of batches they stand for."""
     load_combined_loader_states(trainer)
+    align_batch_progress(trainer)
+
+
+def _resumed_loaders(trainer: pl.Trainer) -> list[StepTokenDataLoader]:
+    loaders = trainer.train_dataloader
+    values = (
+        loaders.values() if isinstance(loaders, dict) else loaders if isinstance(loaders, list | tuple) else [loaders]
+    )
+    return [
+        loader for loader in values if isinstance(loader, StepTokenDataLoader) and loader.resumed_batches is not None
+    ]
+
+
+def align_batch_progress(trainer: pl.Trainer) -> None:
+    """Set the epoch loop's batch counters to the batches the resumed loader already trained in its own layout (a
+    no-op when the layout is the one the checkpoint was taken with, or nothing was resumed)."""
+    loop = trainer.fit_loop.epoch_loop
+    loaders = _resumed_loaders(trainer)
+    if not loop.restarting or not loaders:
+        return
+    progress = loop.batch_progress
+    delta = loaders[0].resumed_batches - progress.current.processed
+    if delta == 0:
+        return
+    for tracker in (progress.current, progress.total):
+        for name in ("ready", "started", "processed", "completed"):
+            setattr(tracker, name, getattr(tracker, name) + delta)

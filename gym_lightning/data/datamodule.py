@@ -9,10 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import datasets
-import torch
 from datasets.distributed import split_dataset_by_node
 from lightning.pytorch import LightningDataModule
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, DistributedSampler
 from transformers import PreTrainedTokenizerBase
 from typing_extensions import override
 
@@ -74,31 +73,30 @@ class PromptView(Dataset):
         )
 
 
-class EpochShuffleSampler(RandomSampler):
-    """A new permutation every pass, fixed by ``(seed, epoch)``, so a resumed run sees the same order again.
+class EpochShuffleSampler(DistributedSampler):
+    """A new permutation every pass, fixed by ``(seed, epoch)``, dealt out to the data-parallel ranks.
 
-    Lightning calls ``set_epoch`` at the start of every epoch (for any sampler that has it); without that, each pass
-    takes the next epoch. It is a ``RandomSampler`` so that Lightning still replaces it by its ``DistributedSampler``
-    (seeded the same way, by ``seed_everything``) on several ranks. ``RandomSampler`` with a generator would continue
-    the generator's stream instead, which a resumed process cannot reproduce.
+    Rank ``r`` of ``W`` takes ``permutation[r::W]`` (``DistributedSampler``'s order, padded to a multiple of ``W``),
+    so the first ``n`` batches of all ranks together are the permutation's first ``n x batch x W`` samples whatever
+    ``W`` is: a run resumed on another number of ranks continues with the same samples (``data.loader``), and one
+    process sees what ``W`` ranks see together. Lightning leaves a ``DistributedSampler`` alone; its own would be
+    seeded by ``seed_everything`` instead of ``seed``, so one process and ``W`` ranks would order the data
+    differently whenever the two seeds differ. Lightning calls ``set_epoch`` at the start of every epoch; without
+    that, each pass takes the next epoch.
 
     Args:
         data_source: The data set.
         seed: Seed of the permutations.
+        num_replicas: Data-parallel ranks.
+        rank: This rank among them.
     """
 
-    def __init__(self, data_source: Dataset, seed: int) -> None:
-        super().__init__(data_source)
-        self.seed = seed
-        self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
+    def __init__(self, data_source: Dataset, seed: int, num_replicas: int = 1, rank: int = 0) -> None:
+        super().__init__(data_source, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
 
     def __iter__(self) -> Iterator[int]:
-        generator = torch.Generator().manual_seed(self.seed + self.epoch)
+        yield from super().__iter__()
         self.epoch += 1
-        yield from torch.randperm(len(self.data_source), generator=generator).tolist()
 
 
 class CausalLMDataModule(LightningDataModule):
@@ -224,23 +222,33 @@ class CausalLMDataModule(LightningDataModule):
         return StepTokenDataLoader(
             dataset,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(dataset, self.seed),
+            sampler=EpochShuffleSampler(dataset, self.seed, **self._data_parallel_place()),
             collate_fn=Collator(self.tokenizer.pad_token_id),
             num_workers=self.num_workers,
             accumulate_grad_batches=accumulate,
         )
 
+    def _data_parallel_place(self) -> dict[str, int]:
+        """``num_replicas``/``rank`` of this process among the data-parallel ranks (the strategy's sampler
+        arguments, as Lightning gives its own distributed sampler); one replica without a parallel strategy."""
+        kwargs = getattr(self.trainer.strategy, "distributed_sampler_kwargs", None) if self.trainer else None
+        if not kwargs:
+            return {"num_replicas": 1, "rank": 0}
+        return {"num_replicas": int(kwargs["num_replicas"]), "rank": int(kwargs["rank"])}
+
     def _stream_loader(self, accumulate: int) -> DataLoader:
         streams = [stream_dataset(s, self.tokenizer, self._settings(), self.cache_dir) for s in self._train_sources()]
         stream = mix(streams, [s.weight for s in self._train_sources()], self.seed)
-        if self.trainer is not None and self.trainer.world_size > 1:
+        place = self._data_parallel_place()
+        if place["num_replicas"] > 1:
             # Lightning gives iterable data sets no distributed sampler: each rank takes its share here.
-            stream = split_dataset_by_node(stream, rank=self.trainer.global_rank, world_size=self.trainer.world_size)
+            stream = split_dataset_by_node(stream, rank=place["rank"], world_size=place["num_replicas"])
         return StepTokenDataLoader(
             stream,
             batch_size=self.batch_size,
             collate_fn=Collator(self.tokenizer.pad_token_id),
             accumulate_grad_batches=accumulate,
+            stream_ranks=place["num_replicas"],
         )
 
     @override

@@ -65,10 +65,12 @@ class StepTokenDataLoader(DataLoader):
     Args:
         *args: As for ``torch.utils.data.DataLoader``.
         accumulate_grad_batches: Micro-batches per optimizer step (the Trainer's ``accumulate_grad_batches``).
+        stream_ranks: For a streamed data set already split between the data-parallel ranks
+            (``split_dataset_by_node``): how many ranks share it (a map-style set's sampler says so itself).
         **kwargs: As for ``torch.utils.data.DataLoader``.
     """
 
-    def __init__(self, *args: Any, accumulate_grad_batches: int = 1, **kwargs: Any) -> None:
+    def __init__(self, *args: Any, accumulate_grad_batches: int = 1, stream_ranks: int = 1, **kwargs: Any) -> None:
         if not isinstance(accumulate_grad_batches, int) or accumulate_grad_batches < 1:
             raise GymUserError(
                 f"accumulate_grad_batches must be a positive integer, got {accumulate_grad_batches!r}; "
@@ -76,13 +78,16 @@ class StepTokenDataLoader(DataLoader):
             )
         super().__init__(*args, **kwargs)
         self.accumulate_grad_batches = accumulate_grad_batches
+        self.stream_ranks = stream_ranks
         self._yielded = 0  # batches handed out in the current pass
         self._skip = 0  # batches the next pass skips (set by load_state_dict)
+        self._resumed_at: int | None = None  # batches of the interrupted epoch already trained (resumed_batches)
         self._position: Any = None  # a streamed data set's state after the last batch handed out (or in use)
         self._pending: dict[int, Any] = {}  # streamed: positions of batches handed out, by index (see mark_in_use)
 
     def __iter__(self) -> Iterator[dict[str, Any]]:  # type: ignore[override]
         skip, self._skip = self._skip, 0
+        self._resumed_at = None
         self._yielded = 0
         batches = self._with_positions(super().__iter__())
         index = 0
@@ -125,29 +130,81 @@ class StepTokenDataLoader(DataLoader):
             yield batch, (copy.deepcopy(self.dataset.state_dict()) if stateful else None)
 
     def _num_replicas(self) -> int:
-        return self.sampler.num_replicas if isinstance(self.sampler, DistributedSampler) else 1
+        if isinstance(self.sampler, DistributedSampler):
+            return self.sampler.num_replicas
+        return self.stream_ranks if self._stateful_dataset() else 1
 
     def state_dict(self) -> dict[str, Any]:
-        """Position in the current pass, as samples consumed over all ranks (see ``batches_to_skip``)."""
+        """Position in the current pass, as samples consumed over all ranks (see ``batches_to_skip``), and the layout
+        it was consumed with (per-rank batch, ranks, accumulation)."""
         state = {
             "samples_consumed": self._yielded * int(self.batch_size or 1) * self._num_replicas(),
             "accumulate_grad_batches": self.accumulate_grad_batches,
+            "batch_size": int(self.batch_size or 1),
+            "num_replicas": self._num_replicas(),
         }
         if self._stateful_dataset():
             state["dataset_state"] = self._position  # a streamed data set: its own position (datasets' state_dict)
         return state
 
+    @property
+    def resumed_batches(self) -> int | None:
+        """Batches of the interrupted epoch already trained, counted in this loader's batches (all of them when it
+        ended), from the position loaded last; ``None`` until one is loaded, and once the next pass has begun."""
+        return self._resumed_at
+
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
-        """Make the next pass start after the saved position."""
-        saved = state_dict.get("accumulate_grad_batches", self.accumulate_grad_batches)
-        if saved != self.accumulate_grad_batches and state_dict.get("samples_consumed", 0):
-            raise GymUserError(
-                f"The checkpoint was taken mid-epoch with accumulate_grad_batches={saved}, this run uses "
-                f"{self.accumulate_grad_batches}: the accumulation windows of the interrupted epoch would not line up. "
-                f"Resume with trainer.accumulate_grad_batches={saved}, or from an end-of-epoch checkpoint."
-            )
+        """Make the next pass start after the saved position, also on another number of ranks or per-rank batch:
+        then the position must fall on an accumulation window of the new layout (``resume_problem``)."""
         if self._stateful_dataset():
+            if (problem := self._stream_resume_problem(state_dict)) is not None:
+                raise GymUserError(problem)
             if state_dict.get("dataset_state") is not None:
                 self.dataset.load_state_dict(state_dict["dataset_state"])
             return
-        self._skip = batches_to_skip(state_dict, int(self.batch_size or 1), self._num_replicas(), len(self))
+        skip = batches_to_skip(state_dict, int(self.batch_size or 1), self._num_replicas(), len(self))
+        if (problem := self._window_problem(state_dict, skip)) is not None:
+            raise GymUserError(problem)
+        self._skip = skip
+        per_batch = int(self.batch_size or 1) * self._num_replicas()
+        self._resumed_at = min(len(self), int(state_dict["samples_consumed"]) // per_batch)
+
+    def _layout(self) -> tuple[int, int, int]:
+        return int(self.batch_size or 1), self._num_replicas(), self.accumulate_grad_batches
+
+    def _window_problem(self, state: dict[str, Any], skip: int) -> str | None:
+        """Why the resumed pass would not group its batches as the interrupted one did, else ``None``.
+
+        Windows group ``accumulate_grad_batches`` batches from the start of every pass, skipped ones included. With the
+        layout unchanged any position continues the interrupted window; with another one (more ranks, another
+        batch or accumulation) the position must be a whole number of the new windows, as a checkpoint taken after
+        an optimizer step is when the global batch (batch x ranks x accumulation) stays the same."""
+        saved = (state.get("batch_size"), state.get("num_replicas"), state.get("accumulate_grad_batches"))
+        known = tuple(value if value is not None else now for value, now in zip(saved, self._layout(), strict=True))
+        if known == self._layout() or skip % self.accumulate_grad_batches == 0:
+            return None
+        batch, ranks, accumulate = known
+        return (
+            f"Cannot resume the data position: the checkpoint was taken {state['samples_consumed']} samples into the "
+            f"epoch with {batch} per rank x {ranks} rank(s) x {accumulate} accumulation, and with this run's "
+            f"{self._layout()[0]} x {self._layout()[1]} x {self.accumulate_grad_batches} that is not a whole number of "
+            "optimizer steps. Resume with the same global batch (batch x ranks x accumulation), or the same layout."
+        )
+
+    def _stream_resume_problem(self, state: dict[str, Any]) -> str | None:
+        # Each rank reads every world-size-th row of a stream and keeps its own position in it.
+        saved_ranks = state.get("num_replicas")
+        if saved_ranks is not None and saved_ranks != self._num_replicas() and state.get("samples_consumed"):
+            return (
+                f"A streamed data set was checkpointed mid-epoch on {saved_ranks} rank(s) and this run has "
+                f"{self._num_replicas()}: each rank's position in the stream cannot be mapped onto another number of "
+                "ranks. Resume on the same number of ranks, or from an end-of-epoch checkpoint."
+            )
+        saved = state.get("accumulate_grad_batches", self.accumulate_grad_batches)
+        if saved != self.accumulate_grad_batches and state.get("samples_consumed"):
+            return (
+                f"The checkpoint was taken mid-epoch with accumulate_grad_batches={saved}, this run uses "
+                f"{self.accumulate_grad_batches}: the accumulation windows of a streamed epoch would not line up. "
+                f"Resume with trainer.accumulate_grad_batches={saved}, or from an end-of-epoch checkpoint."
+            )
+        return None

@@ -49,6 +49,7 @@ from gym_lightning._compat import (
     _StrategyRegistry,
     init_deepspeed_config_if_needed,
     init_deepspeed_distributed,
+    load_universal_next,
     rank_zero_info,
     rank_zero_warn,
     training_dataloader,
@@ -88,6 +89,13 @@ from gym_lightning.strategies.hf_deepspeed_config import (
 from gym_lightning.strategies.materialize import checkpoint_key
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure
 from gym_lightning.strategies.zero3_trace import keep_zero3_trace_valid
+from gym_lightning.strategies.zero_universal import (
+    UNIVERSAL_TAG,
+    checkpoint_world_size,
+    convert_to_universal,
+    refuse_unsafe_files,
+    unshare_step_counters,
+)
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
 OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
@@ -536,12 +544,41 @@ class ZeROStrategy(DeepSpeedStrategy):
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
         verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
-        if not (self.load_full_weights and self.zero_stage_3):
-            raise_if_zero_world_size_changed(checkpoint_path, self.world_size)
+        saved = None if self.load_full_weights and self.zero_stage_3 else checkpoint_world_size(checkpoint_path)
+        universal = saved is not None and saved != self.world_size
+        if universal:
+            self._prepare_universal(checkpoint_path, saved)
         # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a
         # weights_only=True one (gym_lightning.checkpointing.safe_load), and a full-weights file loads the same way.
         with refuse_unsafe_pickles(checkpoint_path):
-            return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
+            state = super().load_checkpoint(checkpoint_path, weights_only=weights_only is None or weights_only)
+        if universal:
+            unshare_step_counters(self.deepspeed_engine)
+        return state
+
+    def _prepare_universal(self, checkpoint_path: Any, saved: int) -> None:
+        """A checkpoint of ``saved`` ranks on this run's number: rank 0 converts it to a universal checkpoint (once;
+        ``strategies.zero_universal``), every rank will then load that. A failed conversion fails every rank."""
+        problem = None
+        if self.is_global_zero:
+            rank_zero_info(
+                f"gym_lightning: {checkpoint_path} was written by {saved} ranks, this run has {self.world_size}: "
+                "loading it as a DeepSpeed universal checkpoint (converted once, into its 'universal' folder)."
+            )
+            try:
+                convert_to_universal(checkpoint_path)
+            except Exception as err:  # reported on every rank below, so none waits for rank 0 in a collective
+                problem = f"{type(err).__name__}: {err}"
+        problem = self.broadcast(problem)
+        if problem is not None:
+            raise GymUserError(
+                f"The ZeRO checkpoint {os.fspath(checkpoint_path)!r} was written by {saved} ranks and this run has "
+                f"{self.world_size}; converting it to a DeepSpeed universal checkpoint failed ({problem}). Resume "
+                "on the original number of ranks, or export it (gym export) and start a new run from that folder."
+            )
+        if not self.is_global_zero:
+            refuse_unsafe_files(Path(checkpoint_path) / UNIVERSAL_TAG)
+        load_universal_next(self.deepspeed_engine)
 
     def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None:
         """``None``: the engine owns the gradients (``.grad`` stays empty) and always steps, so ``NonFiniteGuard``
@@ -589,26 +626,6 @@ class ZeROStrategy(DeepSpeedStrategy):
             offload_optimizer="nvme",
             offload_parameters="nvme",
             nvme_path=DEFAULT_NVME_PATH,
-        )
-
-
-def zero_checkpoint_world_size(checkpoint_path: str | os.PathLike[str]) -> int | None:
-    """Data-parallel ranks that wrote a DeepSpeed checkpoint folder (one optimizer-state file each), or ``None``."""
-    files = list(Path(checkpoint_path).glob("*/zero_pp_rank_*_mp_rank_*_optim_states.pt"))
-    return len(files) or None
-
-
-def raise_if_zero_world_size_changed(checkpoint_path: str | os.PathLike[str], world_size: int) -> None:
-    """DeepSpeed cannot re-partition ZeRO optimizer state for another rank count: say so before it fails."""
-    saved = zero_checkpoint_world_size(checkpoint_path)
-    if saved is not None and saved != world_size:
-        raise GymUserError(
-            f"The ZeRO checkpoint {os.fspath(checkpoint_path)!r} was written by {saved} data-parallel ranks and this "
-            f"run has {world_size}: DeepSpeed cannot re-partition ZeRO optimizer state for another number of ranks. "
-            f"Resume on {saved} ranks; or export the weights (python -m gym_lightning export --checkpoint ... "
-            "--output_dir ...) and start a new run from that folder (optimizer state is lost); or convert it with "
-            "DeepSpeed's ds_to_universal.py and load it as a universal checkpoint. FSDP (gym_fsdp) checkpoints reshard "
-            "on load."
         )
 
 

@@ -1,0 +1,145 @@
+"""A checkpoint resumed on another number of ranks continues as if the run had never changed: 2 -> 1 and 1 -> 2.
+
+This file is also the worker: ``python tests/test_checkpointing_world_size.py SPEC.json`` runs one list of phases
+in one set of processes (Lightning's launcher re-runs it for rank 1).
+
+Scenario (the data and model of test_checkpointing_resume.py): 24 prompt/completion pairs, 2 samples per rank and
+micro-batch, the same global batch of 8 samples on both layouts (2 ranks x accumulate 2, or 1 rank x accumulate 4),
+3 optimizer steps per epoch, 2 epochs, AdamW with weight decay and a linear schedule; a checkpoint after every
+optimizer step. The step-4 checkpoint is taken one step into epoch 1 (mid-epoch). ``full2``/``full1`` train
+uninterrupted on 2 ranks / 1 rank; ``resume1`` continues ``full2``'s step-4 checkpoint on 1 rank, ``resume2``
+``full1``'s on 2 ranks. ZeRO checkpoints are converted to DeepSpeed universal checkpoints for that
+(``strategies.zero_universal``), FSDP's torch distributed checkpoints reshard on load.
+
+What is exact and what is not: every optimizer step sees the same samples on both layouts (the data order is dealt
+out to the ranks from one permutation, and the position is kept as samples consumed, ``data.loader``); the step's
+loss and gradient are the same sums taken in another order (an all-reduce of 2 partial sums, or one process's
+sum), so losses and weights agree to fp32 rounding: measured here below 1e-6 on losses and 2e-6 on weights after
+two more AdamW steps. Random states (dropout; none in this model) continue only on the same number of ranks.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+
+STRATEGIES = ["gym_fsdp", "zero1", "zero2", "zero3"]
+GLOBAL_BATCH_RANKS = {2: 2, 1: 4}  # ranks -> accumulation for the same global batch of 8
+LOSS_ATOL, WEIGHT_ATOL = 5e-6, 2e-5
+
+
+# ------------------------------------------------------------------------------------------------------ worker
+class StepLosses(__import__("lightning.pytorch", fromlist=["Callback"]).Callback):
+    """The loss of each optimizer step over all ranks: the sum over the step's micro-batches of their outputs'
+    mean over ranks (each rank's output is its summed token loss x ranks / the step's tokens: the module undoes the
+    strategies' mean over ranks, Lightning divides by the accumulation count it multiplied in)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+        self._step: list[float] = []
+
+    def on_train_batch_end(self, trainer: Any, module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        self._step.append(float(trainer.strategy.reduce(loss.detach().float(), reduce_op="mean")))
+        if len(self._step) == trainer.accumulate_grad_batches:
+            self.losses.append(sum(self._step))
+            self._step = []
+
+
+def run_phase(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
+    import lightning.pytorch as pl
+    from test_checkpointing_resume import build_strategy, seeded_module_and_data
+
+    from gym_lightning.checkpointing import StepCheckpoint
+
+    out = Path(spec["out"])
+    module, data = seeded_module_and_data(spec)
+    recorder = StepLosses()
+    callbacks = [recorder, StepCheckpoint(dirpath=out / f"{phase['name']}-ckpt", every_n_steps=1, keep_last=-1)]
+    trainer = pl.Trainer(
+        accelerator="cpu", devices=phase["devices"], strategy=build_strategy(spec["strategy"]),
+        precision="32-true", max_epochs=2, accumulate_grad_batches=GLOBAL_BATCH_RANKS[phase["devices"]],
+        callbacks=callbacks, logger=False, enable_progress_bar=False, enable_model_summary=False,
+        num_sanity_val_steps=0, limit_val_batches=0,
+    )  # fmt: skip
+    trainer.fit(module, datamodule=data, ckpt_path=phase.get("resume_from"))
+    state = trainer.strategy.full_model_state_dict(module.model)
+    if trainer.is_global_zero:
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, out / f"{phase['name']}.pt")
+    trainer.strategy.barrier()
+    return {"losses": recorder.losses, "global_step": trainer.global_step}
+
+
+def worker_main(spec_path: str) -> None:
+    spec = json.loads(Path(spec_path).read_text())
+    torch.set_num_threads(1)
+    results = {phase["name"]: run_phase(spec, phase) for phase in spec["phases"]}
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        (Path(spec["out"]) / f"results-{spec['launch']}.json").write_text(json.dumps(results))
+
+
+# ------------------------------------------------------------------------------------------------------ tests
+def launch(spec: dict[str, Any], name: str, phases: list[dict[str, Any]]) -> dict[str, Any]:
+    from helpers.dist import rank_env
+
+    path = Path(spec["out"]) / f"spec-{name}.json"
+    path.write_text(json.dumps({**spec, "launch": name, "phases": phases}))
+    proc = subprocess.run(
+        [sys.executable, __file__, str(path)], env=rank_env(), capture_output=True, text=True, timeout=600
+    )
+    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"
+    return json.loads((Path(spec["out"]) / f"results-{name}.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    from conftest import write_jsonl
+    from helpers.strategy_worker import save_tiny_pretrained
+    from test_checkpointing_resume import records
+
+    root = tmp_path_factory.mktemp("world_size_shared")
+    return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())
+
+
+def assert_close_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+    assert actual.keys() == expected.keys()
+    for key, value in expected.items():
+        torch.testing.assert_close(actual[key], value, rtol=0, atol=WEIGHT_ATOL, msg=f"weights differ at {key}")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", STRATEGIES)
+def test_a_checkpoint_resumes_on_another_number_of_ranks_as_if_nothing_changed(
+    strategy: str, pretrained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    model_dir, train_file = pretrained
+    spec = {"strategy": strategy, "out": str(tmp_path), "model_dir": str(model_dir), "train_file": str(train_file)}
+    step4 = "step-00000004.ckpt"
+    two = launch(spec, "two", [{"name": "full2", "devices": 2}])
+    one = launch(spec, "one", [
+        {"name": "full1", "devices": 1},
+        {"name": "resume1", "devices": 1, "resume_from": str(tmp_path / "full2-ckpt" / step4)},
+    ])  # fmt: skip
+    resume2 = {"name": "resume2", "devices": 2, "resume_from": str(tmp_path / "full1-ckpt" / step4)}
+    back = launch(spec, "back", [resume2])
+
+    full2, full1 = two["full2"], one["full1"]
+    assert len(full2["losses"]) == len(full1["losses"]) == 6, "3 optimizer steps per epoch on both layouts"
+    torch.testing.assert_close(full1["losses"], full2["losses"], rtol=0, atol=LOSS_ATOL)
+    for name, result in (("resume1", one["resume1"]), ("resume2", back["resume2"])):
+        assert result["global_step"] == 6 and len(result["losses"]) == 2, f"{name}: steps 5 and 6 only"
+        torch.testing.assert_close(result["losses"], full2["losses"][4:], rtol=0, atol=LOSS_ATOL, msg=name)
+        assert_close_weights(torch.load(tmp_path / f"{name}.pt"), torch.load(tmp_path / "full2.pt"))
+    if strategy.startswith("zero"):  # converted once, into the checkpoint it came from
+        assert (tmp_path / "full2-ckpt" / step4 / "universal").is_dir()
+        assert (tmp_path / "full1-ckpt" / step4 / "universal").is_dir()
+
+
+if __name__ == "__main__":
+    worker_main(sys.argv[1])
