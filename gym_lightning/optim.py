@@ -8,6 +8,8 @@ from typing import Any, Literal
 
 import torch
 
+from gym_lightning._compat import zero3_full_shape
+
 SchedulerName = Literal["cosine", "linear", "constant"]
 # HF Trainer --optim names built here, as Trainer.get_optimizer_cls_and_kwargs builds them (torch's optimizers and
 # transformers' Adafactor; the others need bitsandbytes, torchao, galore, ... or an XLA/NPU device).
@@ -48,7 +50,9 @@ def weight_decay_groups(
     decay, no_decay = [], []
     for name, param in named_parameters:
         if param.requires_grad:
-            decayed = param.ndim >= 2 if decay_names is None else name in decay_names
+            # A ZeRO-3 parameter is an empty 1-D partition when the optimizer is built: its full shape decides.
+            ndim = len(zero3_full_shape(param) or param.shape)
+            decayed = ndim >= 2 if decay_names is None else name in decay_names
             (decay if decayed else no_decay).append(param)
     groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
     return [group for group in groups if group["params"]]

@@ -76,6 +76,15 @@ def test_weight_decay_skips_biases_and_norm_weights() -> None:
     assert norm_weights and all(any(p is q for q in plain["params"]) for p in norm_weights)
 
 
+def test_weight_decay_reads_the_full_shape_of_a_zero3_partition() -> None:
+    # Under ZeRO-3 configure_optimizers sees each parameter as an empty 1-D partition with its shape in ds_shape;
+    # reading ndim there put every matrix in the no-decay group (weight decay silently off under zero3).
+    matrix, norm = torch.nn.Parameter(torch.empty(0)), torch.nn.Parameter(torch.empty(0))
+    matrix.ds_shape, norm.ds_shape = torch.Size([64, 32]), torch.Size([32])
+    decayed, plain = weight_decay_groups([("w", matrix), ("n", norm)], 0.1)
+    assert decayed["params"] == [matrix] and plain["params"] == [norm]
+
+
 @pytest.mark.parametrize(
     ("name", "step", "expected"),
     [
