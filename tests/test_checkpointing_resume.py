@@ -67,12 +67,15 @@ def seeded_module_and_data(spec: dict[str, Any]) -> tuple[Any, Any]:
     """The run every kill/resume test trains (seeded): CausalLMModule on ``spec``'s model folder and its data."""
     import lightning.pytorch as pl
 
-    from gym_lightning import CausalLMDataModule, CausalLMModule
+    from gym_lightning import CausalLMDataModule, CausalLMModule, LoRAArgs
 
     pl.seed_everything(7, workers=True)
+    # LoRA: adapters on q/v with a larger step (B starts at zero and must move for the comparison to mean anything).
+    lora = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if spec.get("lora") else None
     module = CausalLMModule(
-        model=spec["model_dir"], lr=3e-3, weight_decay=0.01, scheduler="linear", warmup_steps=2, min_lr_ratio=0.1
-    )
+        model=spec["model_dir"], lr=3e-2 if lora else 3e-3, weight_decay=0.01, scheduler="linear", warmup_steps=2,
+        min_lr_ratio=0.1, lora=lora,
+    )  # fmt: skip
     data = CausalLMDataModule(
         train_files=spec["train_file"], tokenizer=spec["model_dir"], batch_size=2, max_seq_length=32
     )
@@ -169,6 +172,33 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(
     final = torch.load(tmp_path / "resume.pt", weights_only=True)
     assert_same_weights(final, torch.load(tmp_path / "full.pt", weights_only=True))
     assert_export_round_trip(tmp_path / "ckpt", final, model_dir, tmp_path / "hf")
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", ["gym_fsdp", "zero3"])
+def test_a_lora_run_killed_and_resumed_matches_uninterrupted(
+    strategy: str, pretrained: tuple[Path, Path], tmp_path: Path
+) -> None:
+    """Every rank's slice of the adapters (sharded by FSDP, partitioned by ZeRO-3) and of their optimizer state is
+    in the checkpoint and comes back: peers have lost them (accelerate PR 4206)."""
+    from safetensors.torch import load_file
+
+    model_dir, train_file = pretrained
+    spec = {"strategy": strategy, "out": str(tmp_path), "model_dir": str(model_dir), "train_file": str(train_file)}
+    spec["lora"] = True
+    assert launch(spec, ["crash"]).returncode != 0, "the killed run should fail"
+    assert os.readlink(tmp_path / "ckpt" / "last.ckpt") == "step-00000004.ckpt"
+    results = results_of(spec, ["resume", "full"])
+    resumed, full = results["resume"], results["full"]
+    assert (resumed["global_step"], full["global_step"], len(resumed["losses"])) == (6, 6, 4)
+    torch.testing.assert_close(resumed["losses"], full["losses"][-4:], rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    final, expected = torch.load(tmp_path / "resume.pt"), torch.load(tmp_path / "full.pt")
+    assert_same_weights(final, expected)
+    adapters = {k: v for k, v in final.items() if ".lora_B." in k}
+    assert adapters and all(v.abs().max() > 0 for v in adapters.values()), "the adapters trained"
+    pretrained_weights = load_file(model_dir / "model.safetensors")
+    base = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"
+    assert torch.equal(final[base], pretrained_weights["model.layers.0.self_attn.q_proj.weight"]), "base frozen"
 
 
 PROBE = torch.tensor([[5, 9, 12, 40, 7, 3, 22, 8, 100, 41]])
