@@ -66,6 +66,17 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], A
     return run
 
 
+@pytest.fixture(scope="session")
+def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """The kill/resume tests' tiny pretrained Llama folder and their 24 prompt/completion records (one copy per
+    session: test_checkpointing_resume.py, test_checkpointing_elastic.py, test_checkpointing_world_size.py)."""
+    from helpers.strategy_worker import save_tiny_pretrained
+    from test_checkpointing_resume import records
+
+    root = tmp_path_factory.mktemp("resume_shared")
+    return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())
+
+
 def write_jsonl(path: Path, records: list[dict]) -> Path:
     path.write_text("".join(json.dumps(record) + "\n" for record in records))
     return path

@@ -53,6 +53,7 @@ def gpu_bench() -> ModuleType:
         "scale.py",
         "verdicts.py",
         "data_prep.py",
+        "checkpoint_manifest.py",
     ],
 )
 def test_entry_point_help(script: str) -> None:

@@ -88,16 +88,6 @@ def torchrun(spec: dict[str, Any], timeout: float = 240) -> subprocess.Completed
     )
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from conftest import write_jsonl
-    from helpers.strategy_worker import save_tiny_pretrained
-    from test_checkpointing_resume import records
-
-    root = tmp_path_factory.mktemp("elastic_shared")
-    return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())
-
-
 def markers(out: Path) -> dict[str, dict[str, Any]]:
     return {path.stem: json.loads(path.read_text()) for path in sorted(out.glob("attempt-*.json"))}
 

@@ -134,19 +134,12 @@ def results_of(spec: dict[str, Any], phases: list[str]) -> dict[str, Any]:
     return json.loads((Path(spec["out"]) / f"results-{'-'.join(phases)}.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from conftest import write_jsonl
-    from helpers.strategy_worker import save_tiny_pretrained
-
-    root = tmp_path_factory.mktemp("resume_shared")
-    return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())
-
-
-def assert_same_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
+def assert_same_weights(
+    actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor], atol: float = WEIGHT_ATOL
+) -> None:
     assert actual.keys() == expected.keys()
     for key, value in expected.items():
-        torch.testing.assert_close(actual[key], value, rtol=0, atol=WEIGHT_ATOL, msg=f"weights differ at {key}")
+        torch.testing.assert_close(actual[key], value, rtol=0, atol=atol, msg=f"weights differ at {key}")
 
 
 @pytest.mark.slow

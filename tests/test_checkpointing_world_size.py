@@ -28,6 +28,7 @@ from typing import Any
 
 import pytest
 import torch
+from test_checkpointing_resume import assert_same_weights
 
 STRATEGIES = ["gym_fsdp", "zero1", "zero2", "zero3"]
 GLOBAL_BATCH_RANKS = {2: 2, 1: 4}  # ranks -> accumulation for the same global batch of 8
@@ -97,22 +98,6 @@ def launch(spec: dict[str, Any], name: str, phases: list[dict[str, Any]]) -> dic
     return json.loads((Path(spec["out"]) / f"results-{name}.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    from conftest import write_jsonl
-    from helpers.strategy_worker import save_tiny_pretrained
-    from test_checkpointing_resume import records
-
-    root = tmp_path_factory.mktemp("world_size_shared")
-    return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())
-
-
-def assert_close_weights(actual: dict[str, torch.Tensor], expected: dict[str, torch.Tensor]) -> None:
-    assert actual.keys() == expected.keys()
-    for key, value in expected.items():
-        torch.testing.assert_close(actual[key], value, rtol=0, atol=WEIGHT_ATOL, msg=f"weights differ at {key}")
-
-
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", STRATEGIES)
 def test_a_checkpoint_resumes_on_another_number_of_ranks_as_if_nothing_changed(
@@ -135,7 +120,7 @@ def test_a_checkpoint_resumes_on_another_number_of_ranks_as_if_nothing_changed(
     for name, result in (("resume1", one["resume1"]), ("resume2", back["resume2"])):
         assert result["global_step"] == 6 and len(result["losses"]) == 2, f"{name}: steps 5 and 6 only"
         torch.testing.assert_close(result["losses"], full2["losses"][4:], rtol=0, atol=LOSS_ATOL, msg=name)
-        assert_close_weights(torch.load(tmp_path / f"{name}.pt"), torch.load(tmp_path / "full2.pt"))
+        assert_same_weights(torch.load(tmp_path / f"{name}.pt"), torch.load(tmp_path / "full2.pt"), WEIGHT_ATOL)
     if strategy.startswith("zero"):  # converted once, into the checkpoint it came from
         assert (tmp_path / "full2-ckpt" / step4 / "universal").is_dir()
         assert (tmp_path / "full1-ckpt" / step4 / "universal").is_dir()

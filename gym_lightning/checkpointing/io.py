@@ -21,6 +21,7 @@ from lightning.fabric.utilities.cloud_io import get_filesystem
 from typing_extensions import override
 
 from gym_lightning.atomic import atomic_file
+from gym_lightning.checkpointing.manifest import HashingFile
 
 
 class PartialFileCheckpointIO(TorchCheckpointIO):
@@ -38,7 +39,9 @@ class PartialFileCheckpointIO(TorchCheckpointIO):
             super().save_checkpoint(checkpoint, path, storage_options)  # raises on storage_options, as Lightning's
             return
         with atomic_file(path) as file:
-            torch.save(checkpoint, file)
+            hashing = HashingFile(file)  # the manifest's digest, taken as the bytes go out (no second read)
+            torch.save(checkpoint, hashing)
+        hashing.remember(path)
 
 
 __all__ = ["PartialFileCheckpointIO"]

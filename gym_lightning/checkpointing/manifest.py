@@ -6,7 +6,8 @@ node, a copy interrupted), or altered on disk, used to end in a traceback that n
 state loaded and training diverged two steps later. Here:
 
 - when ``StepCheckpoint`` has written a checkpoint under its staging name, each rank hashes the files it wrote
-  (``owner_of``: the rank named in a shard's file name, rank 0 for the rest), rank 0 gathers the records and writes
+  (``owner_of``: the rank named in a shard's file name, rank 0 for the rest; files written through ``HashingFile``,
+  single-file checkpoints and DeepSpeed's, were hashed as they were written), rank 0 gathers the records and writes
   ``gym_manifest.json`` into the checkpoint folder (or ``<name>.manifest.json`` beside a single-file checkpoint),
   and only then is the checkpoint renamed into place;
 - before a checkpoint is loaded, each rank checks the files it owns and the ranks agree (one ``all_gather_object``)
@@ -25,6 +26,7 @@ import functools
 import json
 import os
 import re
+import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
@@ -70,16 +72,62 @@ def owner_of(relative: str, world_size: int) -> int:
     return 0
 
 
+# Digests taken while a file was written (``HashingFile``), by path, with the size and mtime they belong to: the
+# manifest then need not read the file back. Per process; a file changed since no longer matches its entry.
+_WRITTEN: dict[str, tuple[int, int, str]] = {}
+_HASH_SECONDS = [0.0]  # time this process spent hashing (inline and read-back), for benchmarks/checkpoint_manifest.py
+
+
+def hashing_seconds() -> float:
+    """Seconds this process has spent computing checkpoint digests so far."""
+    return _HASH_SECONDS[0]
+
+
+class HashingFile:
+    """A binary file's ``write`` that also feeds the bytes to XXH3-128: ``torch.save`` into it hashes the checkpoint
+    as it is written, so the manifest costs no second read of it (``remember``, after the file is complete).
+
+    Args:
+        file: The binary file open for writing.
+    """
+
+    def __init__(self, file: Any) -> None:
+        import xxhash
+
+        self.file, self._digest = file, xxhash.xxh3_128()
+
+    def write(self, data: Any) -> int:
+        start = time.perf_counter()
+        self._digest.update(data)
+        _HASH_SECONDS[0] += time.perf_counter() - start
+        return self.file.write(data)
+
+    def flush(self) -> None:
+        self.file.flush()
+
+    def remember(self, path: str | os.PathLike[str]) -> None:
+        """Record the digest as that of the finished file at ``path`` (renamed there, or written in place)."""
+        stat = os.stat(path)
+        _WRITTEN[os.path.abspath(path)] = (stat.st_size, stat.st_mtime_ns, self._digest.hexdigest())
+
+
 def file_digest(path: str | os.PathLike[str]) -> str:
-    """The XXH3-128 hex digest of a file's bytes, read in ``READ_CHUNK`` pieces."""
+    """The XXH3-128 hex digest of a file's bytes: as taken while it was written by this process (``HashingFile``)
+    if it is unchanged since, else read in ``READ_CHUNK`` pieces."""
     import xxhash
 
+    stat = os.stat(path)
+    known = _WRITTEN.get(os.path.abspath(path))
+    if known is not None and known[:2] == (stat.st_size, stat.st_mtime_ns):
+        return known[2]
+    start = time.perf_counter()
     digest = xxhash.xxh3_128()
     buffer = bytearray(READ_CHUNK)
     view = memoryview(buffer)
     with open(path, "rb", buffering=0) as file:
         while read := file.readinto(buffer):
             digest.update(view[:read])
+    _HASH_SECONDS[0] += time.perf_counter() - start
     return digest.hexdigest()
 
 
@@ -148,6 +196,13 @@ def _file_problem(path: str, size: int, digest: str, _stat: tuple[int, int] | No
     if found != digest:
         return f"{path} has the recorded size ({size:,} bytes) but {HASH_NAME} {found}, the manifest records {digest}"
     return None
+
+
+def forget_checked_files() -> None:
+    """Read and check every file again from now on, as a new process would (checks and digests taken while writing
+    are remembered per file, size and mtime within a process)."""
+    _file_problem.cache_clear()
+    _WRITTEN.clear()
 
 
 def _stat(path: Path) -> tuple[int, int] | None:
@@ -224,12 +279,15 @@ __all__ = [
     "HASH_NAME",
     "MANIFEST_NAME",
     "SIDECAR_SUFFIX",
+    "HashingFile",
     "all_gather",
     "checkpoint_files",
     "damaged_checkpoint_error",
     "file_digest",
     "file_problems",
+    "forget_checked_files",
     "hash_owned_files",
+    "hashing_seconds",
     "manifest_path",
     "owner_of",
     "previous_checkpoint_advice",

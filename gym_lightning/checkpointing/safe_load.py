@@ -113,13 +113,22 @@ def deepspeed_safe_globals() -> list[Any]:
 
 
 def weights_only_checkpoint_engine(config_params: Any = None) -> Any:
-    """A DeepSpeed ``TorchCheckpointEngine`` whose ``load`` uses ``weights_only=True`` (DeepSpeed's uses False)."""
+    """A DeepSpeed ``TorchCheckpointEngine`` whose ``load`` uses ``weights_only=True`` (DeepSpeed's uses False) and
+    whose ``save`` hashes each file as it writes it, for the checkpoint's manifest (``checkpointing.manifest``)."""
     from deepspeed.runtime.checkpoint_engine.torch_checkpoint_engine import TorchCheckpointEngine
+
+    from gym_lightning.checkpointing.manifest import HashingFile
 
     class WeightsOnlyTorchCheckpointEngine(TorchCheckpointEngine):
         def load(self, path: str, map_location: Any = None) -> Any:
             with torch.serialization.safe_globals(deepspeed_safe_globals()), refuse_unsafe_pickles(path):
                 return torch.load(path, map_location=map_location, weights_only=True)
+
+        def save(self, state_dict: Any, path: str) -> None:
+            with open(path, "wb") as file:
+                hashing = HashingFile(file)
+                torch.save(state_dict, hashing, _use_new_zipfile_serialization=self.zipfile_serialization)
+            hashing.remember(path)
 
     return WeightsOnlyTorchCheckpointEngine(config_params)
 
