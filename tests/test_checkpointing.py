@@ -205,6 +205,25 @@ def test_resume_position_converts_between_rank_counts() -> None:
         batches_to_skip({"samples_consumed": 12}, batch_size=8, num_replicas=1, num_batches=20)
 
 
+def test_a_new_layout_resumes_only_on_a_whole_number_of_its_steps() -> None:
+    from torch.utils.data import DistributedSampler
+
+    def loader(ranks: int, accumulate: int) -> StepTokenDataLoader:
+        data = list(range(48))
+        sampler = DistributedSampler(data, num_replicas=ranks, rank=0, shuffle=False)
+        return StepTokenDataLoader(data, batch_size=2, sampler=sampler, accumulate_grad_batches=accumulate)
+
+    saved = {"samples_consumed": 8, "batch_size": 2, "num_replicas": 2, "accumulate_grad_batches": 2}
+    one_rank = loader(1, 4)
+    one_rank.load_state_dict(saved)  # one optimizer step of 8 samples on either layout
+    assert one_rank.resumed_batches == 4
+    with pytest.raises(GymUserError, match=r"not a whole number of optimizer steps.*same global batch"):
+        loader(1, 4).load_state_dict({**saved, "samples_consumed": 4})  # half a step of the 2-rank run
+    same_layout = loader(2, 2)
+    same_layout.load_state_dict({**saved, "samples_consumed": 4})  # mid-window: the same windows continue
+    assert same_layout.resumed_batches == 1
+
+
 def test_rng_states_round_trip_through_a_weights_only_file(tmp_path: Path) -> None:
     import numpy as np
 

@@ -416,6 +416,7 @@ class Recorder(LightningModule):
             "loader": type(loader).__name__,
             "accumulate": loader.accumulate_grad_batches,
             "sampler": type(loader.sampler).__name__,
+            "replicas": loader.sampler.num_replicas,
         })
         return (self.weight * 0).sum() + self.weight.sum()
 
@@ -456,8 +457,9 @@ def test_two_ranks_get_a_distributed_step_token_loader(tmp_path):
     seen = [json.loads((tmp_path / f"seen.{rank}").read_text()) for rank in (0, 1)]
     for rank_batches in seen:
         assert len(rank_batches) == 4  # 16 samples / 2 ranks / batch 2
-        assert {(b["loader"], b["accumulate"], b["sampler"]) for b in rank_batches} == {
-            ("StepTokenDataLoader", 2, "DistributedSampler")
+        # The data module's own distributed sampler (one permutation dealt out to the ranks), kept by Lightning.
+        assert {(b["loader"], b["accumulate"], b["sampler"], b["replicas"]) for b in rank_batches} == {
+            ("StepTokenDataLoader", 2, "EpochShuffleSampler", 2)
         }
         for window in (rank_batches[:2], rank_batches[2:]):
             assert [b["step_tokens"] for b in window] == [sum(b["tokens"] for b in window)] * 2

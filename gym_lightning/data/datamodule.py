@@ -95,8 +95,9 @@ class EpochShuffleSampler(DistributedSampler):
         super().__init__(data_source, num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
 
     def __iter__(self) -> Iterator[int]:
-        yield from super().__iter__()
+        order = super().__iter__()  # this pass's order, drawn now: a pass left early still moves to the next epoch
         self.epoch += 1
+        return order
 
 
 class CausalLMDataModule(LightningDataModule):

@@ -155,7 +155,7 @@ class StepTokenDataLoader(DataLoader):
 
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         """Make the next pass start after the saved position, also on another number of ranks or per-rank batch:
-        then the position must fall on an accumulation window of the new layout (``resume_problem``)."""
+        then the position must fall on an accumulation window of the new layout (``_window_problem``)."""
         if self._stateful_dataset():
             if (problem := self._stream_resume_problem(state_dict)) is not None:
                 raise GymUserError(problem)

@@ -57,7 +57,7 @@ from gym_lightning._compat import (
 )
 from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
-from gym_lightning.errors import GymUserError
+from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager, materialise
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
@@ -94,7 +94,7 @@ from gym_lightning.strategies.zero_universal import (
     checkpoint_world_size,
     convert_to_universal,
     refuse_unsafe_files,
-    unshare_step_counters,
+    repair_zero3_universal_load,
 )
 
 OffloadDevice = Literal["none", "cpu", "nvme"]
@@ -551,15 +551,16 @@ class ZeROStrategy(DeepSpeedStrategy):
         # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a
         # weights_only=True one (gym_lightning.checkpointing.safe_load), and a full-weights file loads the same way.
         with refuse_unsafe_pickles(checkpoint_path):
-            state = super().load_checkpoint(checkpoint_path, weights_only=weights_only is None or weights_only)
-        if universal:
-            unshare_step_counters(self.deepspeed_engine)
+            weights_only = True if weights_only is None else weights_only
+            state = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        if universal and self.zero_stage_3:
+            repair_zero3_universal_load(self.deepspeed_engine, checkpoint_path)
         return state
 
     def _prepare_universal(self, checkpoint_path: Any, saved: int) -> None:
         """A checkpoint of ``saved`` ranks on this run's number: rank 0 converts it to a universal checkpoint (once;
         ``strategies.zero_universal``), every rank will then load that. A failed conversion fails every rank."""
-        problem = None
+        failure: Exception | None = None
         if self.is_global_zero:
             rank_zero_info(
                 f"gym_lightning: {checkpoint_path} was written by {saved} ranks, this run has {self.world_size}: "
@@ -568,14 +569,14 @@ class ZeROStrategy(DeepSpeedStrategy):
             try:
                 convert_to_universal(checkpoint_path)
             except Exception as err:  # reported on every rank below, so none waits for rank 0 in a collective
-                problem = f"{type(err).__name__}: {err}"
-        problem = self.broadcast(problem)
-        if problem is not None:
-            raise GymUserError(
+                failure = err
+        problem = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if problem is not None:  # rank 0 keeps the conversion's traceback (GYM_DEBUG=1 shows it)
+            raise EveryRankError(
                 f"The ZeRO checkpoint {os.fspath(checkpoint_path)!r} was written by {saved} ranks and this run has "
                 f"{self.world_size}; converting it to a DeepSpeed universal checkpoint failed ({problem}). Resume "
                 "on the original number of ranks, or export it (gym export) and start a new run from that folder."
-            )
+            ) from failure
         if not self.is_global_zero:
             refuse_unsafe_files(Path(checkpoint_path) / UNIVERSAL_TAG)
         load_universal_next(self.deepspeed_engine)

@@ -204,7 +204,10 @@ class RankWatch:
     def _message(self, exception: BaseException, missing: list[int], states: dict[int, str], killed: list[int]) -> str:
         where = failed_collective(exception)
         timed_out = "timed out" in str(exception).lower() and self.timeout is not None
-        waited = f"waited {self.timeout} (the collective timeout) in {where}" if timed_out else f"lost it in {where}"
+        if timed_out:
+            waited = f"rank {self.rank} waited {self.timeout} (the collective timeout) in {where}"
+        else:
+            waited = f"rank {self.rank}'s {where} failed ({_first_line(exception)[:160]})"
         if not missing:
             return (
                 f"{NOTE_PREFIX}a collective failed on rank {self.rank} ({where}) but every rank answered the roll "
@@ -212,7 +215,7 @@ class RankWatch:
             )
         described = [f"rank {rank} ({self._describe(rank, states, killed)})" for rank in missing]
         return (
-            f"{NOTE_PREFIX}{', '.join(described)} did not arrive: rank {self.rank} {waited}. The job "
+            f"{NOTE_PREFIX}{', '.join(described)} did not arrive: {waited}. The job "
             "stops; checkpoints already written are intact: fix or replace the node, then resume with --ckpt_path "
             "last. A rank that needs longer (a slow first data preparation or checkpoint save) needs a larger "
             "strategy timeout (trainer.strategy.init_args.timeout; gym train: --ddp_timeout)."

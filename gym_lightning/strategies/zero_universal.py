@@ -11,8 +11,7 @@ one folder per parameter (``zero/<name>/{fp32,exp_avg,exp_avg_sq}.pt``) and an e
   (staged under a hidden name and renamed, so an interrupted conversion is redone, never half-used) with
   ``latest_universal`` beside ``latest``; later resumes on any rank count reuse it;
 - every rank then loads it with the engine's universal flag set (``gym_lightning._compat.load_universal_next``),
-  and the step counters DeepSpeed's ZeRO-3 universal load shares between sub-groups are separated again
-  (``unshare_step_counters``).
+  and under ZeRO-3 two slips of DeepSpeed's universal load are undone (``repair_zero3_universal_load``).
 
 ``ds_to_universal`` reads the checkpoint with ``torch.load(weights_only=False)``, and the engine reads the universal
 files the same way, so every file of both folders is first loaded with ``weights_only=True`` (the DeepSpeed classes
@@ -94,28 +93,35 @@ def convert_to_universal(checkpoint: str | os.PathLike[str]) -> Path:
     return target
 
 
-def unshare_step_counters(engine: Any) -> int:
-    """Give every optimizer state its own ``step`` tensor after a universal load; returns how many were shared.
+def repair_zero3_universal_load(engine: Any, checkpoint: str | os.PathLike[str]) -> None:
+    """Undo what DeepSpeed 0.19's ZeRO-3 universal load gets wrong (``stage3.py``,
+    ``load_hp_checkpoint_state_from_checkpoint_dir_stage3``), both found by tests/test_checkpointing_world_size.py:
 
-    DeepSpeed 0.19's ZeRO-3 universal load sets one tensor, read from the checkpoint, as the ``step`` of every fp32
-    sub-group's state (``stage3.py``, ``load_hp_checkpoint_state_from_checkpoint_dir_stage3``), and torch's Adam and
-    AdamW advance ``step`` in place, once per sub-group: with 3 sub-groups the step counted 4, 7, 10, ... and the
-    bias correction of every update after the resume was wrong (found by tests/test_checkpointing_world_size.py:
-    step 6's loss was 3.6e-4 off, step 5's exact)."""
+    - it sets one tensor, read from the checkpoint, as the ``step`` of every fp32 sub-group's state, and torch's
+      Adam/AdamW advance ``step`` in place once per sub-group: with 3 sub-groups the count went 4, 7, 10 and every
+      update's bias correction after the resume was off (step 6's loss 3.6e-4 away, step 5's exact);
+    - it gives every parameter group the hyperparameters of the first ("we can obtain from any parameter"): the
+      no-decay group (biases, norms) got the decay group's weight decay. Each group gets its own back from the
+      converted checkpoint's ``zero/optimizer_state.pt``.
+    """
     from gym_lightning._compat import wrapped_optimizer
 
     optimizer = wrapped_optimizer(getattr(engine, "optimizer", None))
+    if optimizer is None:
+        return
     seen: set[int] = set()
-    shared = 0
-    for state in getattr(optimizer, "state", {}).values():
+    for state in optimizer.state.values():
         step = state.get("step") if isinstance(state, dict) else None
-        if not torch.is_tensor(step):
-            continue
-        if id(step) in seen:
-            state["step"] = step.clone()
-            shared += 1
-        seen.add(id(step))
-    return shared
+        if torch.is_tensor(step):
+            if id(step) in seen:
+                state["step"] = step.clone()
+            seen.add(id(step))
+    path = Path(checkpoint) / UNIVERSAL_TAG / "zero" / "optimizer_state.pt"
+    with torch.serialization.safe_globals(deepspeed_safe_globals()), refuse_unsafe_pickles(path):
+        saved = torch.load(path, map_location="cpu", weights_only=True)["optimizer_state_dict"]["param_groups"]
+    if len(saved) == len(optimizer.param_groups):
+        for group, settings in zip(optimizer.param_groups, saved, strict=True):
+            group.update({key: value for key, value in settings.items() if key != "params"})
 
 
 __all__ = [
@@ -125,5 +131,5 @@ __all__ = [
     "convert_to_universal",
     "has_universal",
     "refuse_unsafe_files",
-    "unshare_step_counters",
+    "repair_zero3_universal_load",
 ]
