@@ -109,3 +109,30 @@ def test_gym_train_ddp_timeout_sets_the_strategy_timeout() -> None:
         assert value["class_path"].endswith(cls) and value["init_args"]["timeout"] == str(timedelta(seconds=30))
     plain = to_cli_args(parse_train_args(base[:-2]), env={})
     assert not any("trainer.strategy" in a for a in plain), "HF's default timeout changes nothing"
+
+
+@pytest.mark.parametrize(
+    ("mode", "state"),
+    [
+        ("exit", "exited) did not arrive: rank 0's all_reduce"),
+        ("stop", "stopped (SIGSTOP), killed) did not arrive: rank 0 waited"),
+    ],
+    ids=["exited", "stopped"],
+)
+def test_the_roll_call_names_a_dead_or_stopped_rank_and_kills_a_stopped_one(mode: str, state: str, tmp_path: Path):
+    # Two bare gloo processes around a RankWatch (no Lightning): rank 1 dies or stops before an all_reduce.
+    import subprocess
+    import sys
+
+    from helpers.dist import REPO_ROOT, rank_env
+
+    script, out, env = REPO_ROOT / "tests" / "helpers" / "roll_call_worker.py", tmp_path / "line.txt", rank_env()
+    ranks = [subprocess.Popen([sys.executable, str(script), str(r), mode, str(out)], env=env) for r in (0, 1)]
+    try:
+        assert ranks[0].wait(timeout=120) == 0
+        assert ranks[1].wait(timeout=10) == (-9 if mode == "stop" else 3), "a stopped rank is killed by rank 0"
+    finally:
+        for process in ranks:
+            process.kill()
+    line = out.read_text()
+    assert line.startswith("gym_lightning: rank 1 (pid ") and state in line, line

@@ -170,8 +170,12 @@ class RankWatch:
             except RuntimeError:
                 return None
             return [bool(value) for value in answer.tolist()]
-        buffers = {rank: torch.zeros(1, dtype=torch.long) for rank in range(1, self.world_size)}
-        works = {rank: dist.irecv(buffer, src=rank, group=self.group) for rank, buffer in buffers.items()}
+        works = {}
+        for rank in range(1, self.world_size):
+            try:  # a rank that died: its connection is closed, and receiving from it fails at once
+                works[rank] = dist.irecv(torch.zeros(1, dtype=torch.long), src=rank, group=self.group)
+            except RuntimeError:
+                continue
         arrived = [True] + [False] * (self.world_size - 1)
         for rank, work in works.items():
             try:
