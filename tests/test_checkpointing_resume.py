@@ -101,12 +101,17 @@ def run_phase(spec: dict[str, Any], phase: str, devices: int) -> dict[str, Any]:
         enable_progress_bar=False, enable_model_summary=False, num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
     trainer.fit(module, datamodule=data, ckpt_path="last" if phase == "resume" else None)
+    save_final_weights(trainer, module, out / f"{phase}.pt")
+    return {"losses": recorder.losses, "global_step": trainer.global_step}
+
+
+def save_final_weights(trainer: Any, module: Any, path: Path) -> None:
+    """The module's full weights, gathered by the strategy where it shards them, saved by global rank 0 (collective)."""
     gather = getattr(trainer.strategy, "full_model_state_dict", None)
     state = gather(module.model) if gather is not None else module.model.state_dict()
     if trainer.is_global_zero:
-        torch.save({k: v.detach().cpu() for k, v in state.items()}, out / f"{phase}.pt")
+        torch.save({k: v.detach().cpu() for k, v in state.items()}, path)
     trainer.strategy.barrier()
-    return {"losses": recorder.losses, "global_step": trainer.global_step}
 
 
 def worker_main(spec_path: str) -> None:

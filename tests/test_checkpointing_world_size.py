@@ -55,7 +55,7 @@ class StepLosses(__import__("lightning.pytorch", fromlist=["Callback"]).Callback
 
 def run_phase(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
     import lightning.pytorch as pl
-    from test_checkpointing_resume import build_strategy, seeded_module_and_data
+    from test_checkpointing_resume import build_strategy, save_final_weights, seeded_module_and_data
 
     from gym_lightning.checkpointing import StepCheckpoint
 
@@ -70,10 +70,7 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any]) -> dict[str, Any]:
         num_sanity_val_steps=0, limit_val_batches=0,
     )  # fmt: skip
     trainer.fit(module, datamodule=data, ckpt_path=phase.get("resume_from"))
-    state = trainer.strategy.full_model_state_dict(module.model)
-    if trainer.is_global_zero:
-        torch.save({k: v.detach().cpu() for k, v in state.items()}, out / f"{phase['name']}.pt")
-    trainer.strategy.barrier()
+    save_final_weights(trainer, module, out / f"{phase['name']}.pt")
     return {"losses": recorder.losses, "global_step": trainer.global_step}
 
 
