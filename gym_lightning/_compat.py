@@ -57,6 +57,7 @@ PRIVATE_OVERRIDES: dict[type, tuple[str, ...]] = {
         "_initialize_deepspeed_inference",
     ),
     ModelCheckpoint: ("_save_checkpoint", "_link_checkpoint", "_remove_checkpoint"),
+    ModelParallelStrategy: ("_get_process_group_backend",),
 }
 
 # Upstream class -> private members called, read or written through the functions below.
@@ -78,6 +79,7 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
     LightningOptimizer: ("_optimizer",),
     nn.Module: ("_forward_pre_hooks", "_forward_hooks"),
     RemovableHandle: ("hooks_dict_ref",),
+    Metric: ("_defaults",),
 }
 
 # Private modules and names imported above: (module, name).
@@ -279,6 +281,11 @@ def module_forward_hook_dicts(module: nn.Module) -> tuple[dict[int, Any], dict[i
 def hook_handle_target(handle: RemovableHandle) -> dict[int, Any] | None:
     """The hook dictionary ``handle`` removes its hook from; ``None`` once that dictionary is gone."""
     return handle.hooks_dict_ref()
+
+
+def metric_state_defaults(metric: Metric) -> dict[str, Any]:
+    """The values ``metric.reset()`` restores, by state name (torchmetrics keeps them in ``_defaults``)."""
+    return metric._defaults
 
 
 # ------------------------------------------------------------------------------------------------------ DeepSpeed

@@ -61,6 +61,11 @@ def num_loss_chunks(labels: torch.Tensor, chunk_tokens: int) -> int:
     return max(1, math.ceil(positions / chunk_tokens))
 
 
+def has_cpu_backend() -> bool:
+    """Whether the default process group can reduce host tensors (gloo, or a ``cpu:gloo,cuda:nccl`` pair)."""
+    return "cpu:" in torch.distributed.get_backend_config()
+
+
 def _head_cross_entropy(hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
     logits = lm_head(hidden).float()
     return F.cross_entropy(logits, labels, ignore_index=IGNORE_INDEX, reduction="sum")

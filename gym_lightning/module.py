@@ -22,6 +22,7 @@ from gym_lightning.lora import LoRAArgs, apply_lora, materialize_adapters
 from gym_lightning.loss import (
     chunked_summed_cross_entropy,
     count_target_tokens,
+    has_cpu_backend,
     num_loss_chunks,
     summed_cross_entropy,
     use_chunked_loss,
@@ -222,7 +223,8 @@ class CausalLMModule(pl.LightningModule):
         if pending is not None:
             pending.wait()
         head = self._base_model().get_output_embeddings()
-        loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, int(chunks.item()))
+        chunks = chunks if isinstance(chunks, int) else int(chunks.item())  # a device sync only on NCCL-only groups
+        loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks)
         return loss, count_target_tokens(labels)
 
     def _base_model(self) -> torch.nn.Module:
@@ -243,14 +245,20 @@ class CausalLMModule(pl.LightningModule):
             self._chunked_loss = supported and use_chunked_loss(self.hparams.loss_chunking, vocab)
         return self._chunked_loss
 
-    def _start_chunk_count(self, labels: torch.Tensor) -> tuple[torch.Tensor, Any]:
+    def _start_chunk_count(self, labels: torch.Tensor) -> tuple[int | torch.Tensor, Any]:
         """The number of LM-head chunks every rank runs (the largest over ranks; see ``chunked_summed_cross_entropy``)
-        and its pending all-reduce, launched before the forward so that it overlaps it (``None`` on one rank)."""
-        chunks = torch.tensor([num_loss_chunks(labels, self.hparams.loss_chunk_tokens)], device=self.device)
-        pending = None
-        if torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1:
-            pending = torch.distributed.all_reduce(chunks, op=torch.distributed.ReduceOp.MAX, async_op=True)
-        return chunks, pending
+        and its pending all-reduce, launched before the forward so that it overlaps it (``None`` on one rank).
+
+        The count comes from the labels' shape, so it is a host integer on one rank. Over ranks it is all-reduced
+        as a host tensor where the process group has a CPU backend (gloo, ``cpu:gloo,cuda:nccl``): reading a device
+        tensor back with ``.item()`` would stop the host until the GPU has finished the forward, every micro-batch.
+        """
+        local = num_loss_chunks(labels, self.hparams.loss_chunk_tokens)
+        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+            return local, None
+        device = torch.device("cpu") if has_cpu_backend() else self.device
+        chunks = torch.tensor([local], device=device)
+        return chunks, torch.distributed.all_reduce(chunks, op=torch.distributed.ReduceOp.MAX, async_op=True)
 
     def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
         """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the

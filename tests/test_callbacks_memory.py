@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader
 
 from gym_lightning.callbacks import MemoryCallback, ThroughputCallback
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
-from gym_lightning.metrics.memory import CATEGORIES, held_bytes
+from gym_lightning.metrics.memory import CATEGORIES, held_bytes, take_cuda_peak
 
 PSI = 34976  # parameters of TINY (hand count in test_metrics_flops.py)
 FULL = 4 * PSI  # fp32 bytes of one full copy
@@ -60,6 +60,35 @@ def _rows(n: int = 32, width: int = 16) -> list[dict[str, torch.Tensor]]:
 
 
 # ------------------------------------------------------------------------------------------ one process, exact
+class FakeAllocator:
+    """torch.cuda's peak counters as a process sees them: allocations raise the peak, a reset lowers it to now."""
+
+    def __init__(self) -> None:
+        self.now = self.peak = 0
+
+    def allocate(self, nbytes: int) -> None:
+        self.now += nbytes
+        self.peak = max(self.peak, self.now)
+
+    def reset(self, device: Any = None) -> None:
+        self.peak = self.now
+
+
+def test_each_phase_reports_its_own_cuda_peak(monkeypatch: pytest.MonkeyPatch) -> None:
+    allocator = FakeAllocator()
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "max_memory_allocated", lambda device=None: allocator.peak)
+    monkeypatch.setattr(torch.cuda, "max_memory_reserved", lambda device=None: allocator.peak)
+    monkeypatch.setattr(torch.cuda, "reset_peak_memory_stats", allocator.reset)
+    cuda = torch.device("cuda", 0)
+    allocator.allocate(10)  # the load's transient, freed before training
+    allocator.allocate(-10)
+    assert take_cuda_peak(cuda) == (10, 10)
+    allocator.allocate(4)  # a training step
+    assert take_cuda_peak(cuda) == (4, 4), "the load's peak must not be reported again for the next phase"
+    assert take_cuda_peak(torch.device("cpu")) == (None, None)
+
+
 def test_plain_adamw_exact_bytes_and_tied_weights_counted_once() -> None:
     module = TinyLM()
     module.configure_model()
@@ -174,6 +203,7 @@ def test_bytes_per_rank_match_each_scheme(strategy: str, two_rank_memory_run: Ca
         # not compared with the total: DeepSpeed's communication buckets are allocated but mostly never touched
         assert rank["peak_host_rss"] > FULL
         assert rank["cuda_max_allocated"] is None  # CPU run
+        assert [rank[f"cuda_{phase}_max_allocated"] for phase in ("setup", "first_step", "training")] == [None] * 3
     throughput = json.loads((out_dir / "throughput.json").read_text())
     # 2 measured steps x 2 ranks x batch 4
     assert throughput["job_counts"]["samples"] == 16 and throughput["world_size"] == 2

@@ -25,6 +25,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
 from torch import nn
 from torch.utils.hooks import RemovableHandle
+from torchmetrics import MeanMetric, Metric
 
 import gym_lightning
 from gym_lightning import _compat
@@ -53,6 +54,7 @@ def _cheap_instance(cls: type) -> Any | None:
         LightningOptimizer: lambda: LightningOptimizer(torch.optim.SGD([nn.Parameter(torch.zeros(1))], lr=0.1)),
         nn.Module: nn.Module,
         RemovableHandle: lambda: RemovableHandle(OrderedDict()),
+        Metric: MeanMetric,
         _FitLoop: lambda: _FitLoop(Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False)),
         Trainer: lambda: Trainer(logger=False, enable_progress_bar=False, enable_model_summary=False),
     }

@@ -28,6 +28,9 @@ from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 BF16_MIXED_STRATEGIES = ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3", "zero2_offload"]
 # The module itself holds the fp32 master weights (DeepSpeed's engine keeps bf16 module weights and fp32 partitions).
 MODULE_HOLDS_MASTER = {"gym_ddp", "gym_fsdp"}
+# Each builds a random initialisation its own way (gym_ddp, zero1/2: eagerly on every rank; gym_fsdp: meta, then
+# scattered from rank 0; zero3: under zero.Init, then replaced): all must start from the same weights.
+RANDOM_INIT_PEERS = ["zero1", "zero2", "zero3"]
 
 
 def save_bf16_pretrained(folder: Path) -> Path:
@@ -56,7 +59,7 @@ def runs(bf16_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         {"name": "gym_fsdp/lora", "strategy": "gym_fsdp", "lora": True},
         {"name": "gym_fsdp/random", "strategy": "gym_fsdp", "pretrained": False, "steps": 1},
         {"name": "gym_ddp/random", "strategy": "gym_ddp", "pretrained": False, "steps": 1},
-        {"name": "zero3/random", "strategy": "zero3", "pretrained": False, "steps": 1},
+        *({"name": f"{name}/random", "strategy": name, "pretrained": False, "steps": 1} for name in RANDOM_INIT_PEERS),
     ]
     for name in {phase["name"].split("/")[0] for phase in phases}:
         (out / name).mkdir()
@@ -96,7 +99,7 @@ def test_bf16_mixed_trains_fp32_master_weights_from_a_bf16_checkpoint(runs: dict
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", ["gym_fsdp", "zero3"])
+@pytest.mark.parametrize("name", ["gym_fsdp", *RANDOM_INIT_PEERS])
 def test_random_init_depends_on_the_seed_not_on_the_strategy(runs: dict[str, Any], name: str) -> None:
     # gym_ddp builds the model eagerly on every rank: what one process draws with the same seed.
     sharded, ddp = _initial(runs, f"{name}/random"), _initial(runs, "gym_ddp/random")
@@ -148,6 +151,49 @@ def test_materialize_without_sharding_equals_from_pretrained(bf16_folder: Path) 
     ):
         torch.testing.assert_close(value, expected, rtol=0, atol=0, msg=name)
     assert model.lm_head.weight is model.model.embed_tokens.weight
+
+
+def test_metric_states_keep_their_values_through_the_meta_build(monkeypatch: pytest.MonkeyPatch) -> None:
+    module = CausalLMModule("tiny-llama", config_overrides=TINY_OVERRIDES)
+    with deferred_weights():
+        module.configure_model()
+    # to_empty's storage holds whatever memory held before: NaN here, so that junk cannot pass for zeros.
+    empty_like = torch.empty_like
+    monkeypatch.setattr(torch, "empty_like", lambda t, **kw: empty_like(t, **kw).fill_(float("nan")))
+    materialize(module, torch.device("cpu"))
+    monkeypatch.undo()
+    assert not has_meta_tensors(module)
+    for metric in (module.val_loss, module.val_exact_match):
+        assert metric.mean_value.item() == 0.0 and metric.weight.item() == 0.0
+        metric.update(torch.tensor(5.0))
+        metric.reset()  # back to the defaults, which must not be junk either
+        assert metric.mean_value.item() == 0.0 and metric.weight.item() == 0.0
+    module.val_loss.update(torch.tensor(2.0), weight=torch.tensor(3.0))
+    module.val_loss.update(torch.tensor(4.0), weight=torch.tensor(1.0))
+    assert module.val_loss.compute().item() == 2.5
+
+
+def test_a_random_init_is_drawn_on_the_cpu_whatever_the_default_device(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Lightning builds gym_ddp/zero1/zero2 models under torch.device(cuda:0); this machine has none, so the model
+    # class is replaced by a recorder: which default device the weights are drawn on, where the model goes after.
+    from gym_lightning.models import loading
+
+    seen: dict[str, Any] = {}
+
+    class Recorder(torch.nn.Module):
+        def to(self, device: Any) -> Recorder:  # type: ignore[override]
+            seen["moved_to"] = torch.device(device)
+            return self
+
+    def from_config(config: Any, **options: Any) -> Recorder:
+        seen["drawn_on"] = torch.get_default_device()
+        return Recorder()
+
+    monkeypatch.setattr(loading.AutoModelForCausalLM, "from_config", from_config)
+    with torch.device("cuda:0"):
+        model = build_causal_lm("tiny-llama", config_overrides=TINY_OVERRIDES)
+    assert isinstance(model, Recorder)
+    assert seen == {"drawn_on": torch.device("cpu"), "moved_to": torch.device("cuda", 0)}
 
 
 def test_the_recorded_random_init_is_what_one_process_draws() -> None:

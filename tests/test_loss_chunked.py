@@ -82,6 +82,19 @@ def test_module_loss_and_gradients_do_not_change_with_chunking(lora: LoRAArgs | 
         torch.testing.assert_close(chunked_grads[name], grad, rtol=1e-5, atol=1e-6, msg=name)
 
 
+def test_the_chunk_count_of_one_rank_is_never_read_back_from_a_tensor(monkeypatch: pytest.MonkeyPatch) -> None:
+    # On a GPU every .item() stops the host until the forward has run: the count comes from the labels' shape.
+    module = CausalLMModule("tiny-qwen3", config_overrides=VOCAB_SHAPE, loss_chunking="on", loss_chunk_tokens=13)
+    module.configure_model()
+    batch = {"input_ids": torch.randint(0, 8192, (2, 24)), "labels": _labels(2, 24, 8192)}
+    reads: list[torch.Tensor] = []
+    item = torch.Tensor.item
+    monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))
+    loss, _ = module._summed_loss(batch)
+    monkeypatch.undo()
+    assert torch.isfinite(loss) and reads == []
+
+
 def test_auto_chunks_large_vocabularies_only() -> None:
     small = CausalLMModule("tiny-llama", config_overrides={**VOCAB_SHAPE, "vocab_size": 1024})
     large = CausalLMModule("tiny-llama", config_overrides={**VOCAB_SHAPE, "vocab_size": 70_000})

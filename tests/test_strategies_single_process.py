@@ -29,7 +29,13 @@ from gym_lightning.strategies import (
 )
 from gym_lightning.strategies._common import threads_per_rank
 from gym_lightning.strategies.deepspeed import zero_config
-from gym_lightning.strategies.fsdp import find_layer_classes, mixed_precision_policy
+from gym_lightning.strategies.fsdp import (
+    OFFLOAD_BACKEND,
+    find_layer_classes,
+    mixed_precision_policy,
+    process_group_backend,
+    shard_storage_device,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -146,6 +152,26 @@ def test_fsdp_mixed_precision_policy_follows_trainer_precision() -> None:
     assert (fp32.param_dtype, fp32.reduce_dtype) == (None, None)
     compressed = mixed_precision_policy("32-true", "bf16")
     assert (compressed.param_dtype, compressed.reduce_dtype) == (None, torch.bfloat16)
+
+
+def test_fsdp_cpu_offload_gives_host_shards_a_cpu_backend() -> None:
+    assert process_group_backend(None, "cuda", cpu_offload=True) == OFFLOAD_BACKEND == "cpu:gloo,cuda:nccl"
+    assert process_group_backend(None, "cuda", cpu_offload=False) == "nccl"
+    assert process_group_backend(None, "cpu", cpu_offload=True) == "gloo"  # a no-op on CPU ranks
+    assert process_group_backend("cpu:gloo,cuda:nccl", "cuda", cpu_offload=True) == OFFLOAD_BACKEND
+    with pytest.raises(GymUserError, match="no backend for CPU tensors"):
+        process_group_backend("nccl", "cuda", cpu_offload=True)
+    # The strategy asks the same rule for the device it runs on (set here by hand: this machine has no GPU).
+    strategy = GymFSDPStrategy(cpu_offload=True)
+    strategy.parallel_devices = [torch.device("cuda", 0)]
+    assert strategy._get_process_group_backend() == OFFLOAD_BACKEND
+
+
+def test_fsdp_cpu_offload_builds_shards_in_host_memory() -> None:
+    cuda = torch.device("cuda", 0)
+    assert shard_storage_device(cuda, cpu_offload=True) == torch.device("cpu")
+    assert shard_storage_device(cuda, cpu_offload=False) == cuda
+    assert shard_storage_device(torch.device("cpu"), cpu_offload=True) == torch.device("cpu")
 
 
 @pytest.mark.parametrize(("ranks", "cpus", "threads"), [(2, 2, 1), (1, 2, 2), (2, 16, 8), (4, 2, 1)])

@@ -24,16 +24,28 @@ from gym_lightning.metrics.memory import (
     held_bytes,
     host_rss_bytes,
     peak_host_rss_bytes,
+    take_cuda_peak,
 )
 
 MOMENTS: tuple[str, ...] = ("after_first_step", "end")
-PROCESS_FIELDS: tuple[str, ...] = ("cuda_max_allocated", "cuda_max_reserved", "peak_host_rss", "host_rss")
+# Phases of fit whose CUDA peaks are kept apart: set-up (build, load, shard, optimizer) up to the start of training,
+# the first optimizer step (optimizer states appear), and the rest of training.
+PHASES: tuple[str, ...] = ("setup", "first_step", "training")
+PROCESS_FIELDS: tuple[str, ...] = (
+    "cuda_max_allocated",
+    "cuda_max_reserved",
+    "peak_host_rss",
+    "host_rss",
+    *(f"cuda_{phase}_max_allocated" for phase in PHASES),
+)
 
 
 class MemoryCallback(Callback):
     """Reports, per rank, the bytes of parameters, gradients, fp32 master weights, optimizer state and
     communication buffers that the rank actually holds (see :mod:`gym_lightning.metrics.memory` for how each
-    strategy is read), plus peak CUDA allocated/reserved and peak host RSS.
+    strategy is read), plus peak CUDA allocated/reserved and peak host RSS. The CUDA peak is also kept per phase
+    (``cuda_<phase>_max_allocated`` for set-up, the first step and the rest of training): the allocator's peak
+    counters are reset when a phase ends, and ``cuda_max_allocated`` is the largest of them.
 
     Measured twice: around the first optimizer step (optimizer state exists only after it) and around the last one.
     "Around" a step is the per-category maximum of a reading just before ``optimizer.step`` (gradients are complete;
@@ -58,6 +70,8 @@ class MemoryCallback(Callback):
         self._seen_step = trainer.global_step
         self._before_step: HeldBytes | None = None
         self._first: HeldBytes | None = None
+        self._cuda_peaks: dict[str, tuple[int | None, int | None]] = {}
+        self._end_phase("setup", trainer)
 
     @override
     def on_before_optimizer_step(
@@ -71,10 +85,12 @@ class MemoryCallback(Callback):
     ) -> None:
         if self._first is None and trainer.global_step != self._seen_step:
             self._first = self._around_step(trainer)
+            self._end_phase("first_step", trainer)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         end = self._around_step(trainer) if self._first is not None else None
+        self._end_phase("first_step" if self._first is None else "training", trainer)
         local = _encode([self._first, end], self._process_figures(trainer))
         gathered = _gather_rows(local.to(pl_module.device)).cpu()
         self.summary = {
@@ -118,10 +134,16 @@ class MemoryCallback(Callback):
         after = self._measure(trainer)
         return after if self._before_step is None else self._before_step.maximum(after)
 
-    @staticmethod
-    def _process_figures(trainer: pl.Trainer) -> list[int | None]:
-        allocated, reserved = cuda_peak_bytes(trainer.strategy.root_device)
-        return [allocated, reserved, peak_host_rss_bytes(), host_rss_bytes()]
+    def _end_phase(self, phase: str, trainer: pl.Trainer) -> None:
+        self._cuda_peaks[phase] = take_cuda_peak(trainer.strategy.root_device)
+
+    def _process_figures(self, trainer: pl.Trainer) -> list[int | None]:
+        allocated, reserved = cuda_peak_bytes(trainer.strategy.root_device)  # the current phase's, so far
+        per_phase = [self._cuda_peaks.get(phase, (None, None))[0] for phase in PHASES]
+        if allocated is not None:
+            allocated = max([allocated, *(v for v in per_phase if v is not None)])
+            reserved = max([reserved or 0, *(r for _, r in self._cuda_peaks.values() if r is not None)])
+        return [allocated, reserved, peak_host_rss_bytes(), host_rss_bytes(), *per_phase]
 
 
 def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:

@@ -186,3 +186,15 @@ def cuda_peak_bytes(device: torch.device) -> tuple[int | None, int | None]:
     if device.type != "cuda" or not torch.cuda.is_available():
         return None, None
     return torch.cuda.max_memory_allocated(device), torch.cuda.max_memory_reserved(device)
+
+
+def take_cuda_peak(device: torch.device) -> tuple[int | None, int | None]:
+    """``cuda_peak_bytes`` since the previous call (or the process start), then the counters start a new phase.
+
+    The allocator keeps one peak per process: without the reset, every phase after the largest (the load, say)
+    would report that phase's peak again.
+    """
+    peak = cuda_peak_bytes(device)
+    if peak[0] is not None:
+        torch.cuda.reset_peak_memory_stats(device)
+    return peak

@@ -150,11 +150,7 @@ def build_causal_lm(
             stacklevel=2,
         )
     if random_init:
-        record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
-        model = AutoModelForCausalLM.from_config(config, **options)
-        if recording_random_init():
-            setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
-        return model
+        return _random_init(config, options)
     if not _has_weights(source):
         raise GymUserError(
             f"The folder {source!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}). "
@@ -164,6 +160,27 @@ def build_causal_lm(
         return AutoModelForCausalLM.from_pretrained(source, config=config, **options)
     except OSError as err:
         raise GymUserError(_offline_hint(source)) from err
+
+
+def _random_init(config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
+    """A random initialisation drawn by the CPU generator, then placed on the caller's default device.
+
+    One rule for every strategy and device: Lightning builds gym_ddp/zero1/zero2 models under ``torch.device(cuda)``,
+    where ``from_config`` would draw from the CUDA generator, while gym_fsdp and ZeRO-3 replay the CPU draw
+    (``reference_state_dict``); drawing on the CPU here makes the initial weights depend on the seed alone.
+    Under ``zero.Init`` (ZeRO-3) the build stays where DeepSpeed puts it: the strategy replaces it by the CPU draw.
+    """
+    record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
+    target = torch.get_default_device()
+    if recording_random_init() or target.type in ("cpu", "meta"):  # meta: no values to draw
+        model = AutoModelForCausalLM.from_config(config, **options)
+    else:
+        with torch.device("cpu"):
+            model = AutoModelForCausalLM.from_config(config, **options)
+        model = model.to(target)
+    if recording_random_init():
+        setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
+    return model
 
 
 def _build_on_meta(folder: str | None, config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:

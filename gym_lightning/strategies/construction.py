@@ -96,6 +96,7 @@ def reference_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
 
     Holds the whole model: strategies call it on one rank and scatter or copy from there.
     """
-    with torch.random.fork_rng(devices=[]):
+    # On the CPU whatever the caller's default device: the recorded state is the CPU generator's (models.loading).
+    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
         torch.set_rng_state(source.rng_state)
         return AutoModelForCausalLM.from_config(source.config, **source.options).state_dict()

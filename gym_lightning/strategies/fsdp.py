@@ -85,6 +85,35 @@ def mixed_precision_policy(precision: str, gradient_compression: str) -> MixedPr
     return MixedPrecisionPolicy(param_dtype=param_dtype, reduce_dtype=reduce_dtype)
 
 
+# Host shards (cpu_offload) are all-gathered by full_tensor() and reduced by gradient clipping over the process group
+# of their device: with NCCL alone that fails ("No backend type associated with device type cpu", pytorch 148532),
+# so the group gets gloo for CPU tensors beside NCCL for CUDA ones, as torchtune's recipes do under CPU offload.
+OFFLOAD_BACKEND = "cpu:gloo,cuda:nccl"
+
+
+def process_group_backend(requested: str | None, device_type: str, cpu_offload: bool) -> str:
+    """The backend of the default process group: ``requested`` if given, else gloo on CPU, nccl on CUDA, and
+    :data:`OFFLOAD_BACKEND` on CUDA with ``cpu_offload`` (host shards need a CPU backend)."""
+    offloading = cpu_offload and device_type == "cuda"
+    if requested is not None:
+        if offloading and "cpu:" not in requested and requested != "gloo":
+            raise GymUserError(
+                f"GymFSDPStrategy(cpu_offload=True, process_group_backend={requested!r}): the offloaded shards live "
+                f"in host memory and {requested!r} has no backend for CPU tensors. Use {OFFLOAD_BACKEND!r}, or leave "
+                "process_group_backend unset."
+            )
+        return requested
+    if offloading:
+        return OFFLOAD_BACKEND
+    return torch.distributed.Backend.default_device_backend_map.get(device_type, "gloo")
+
+
+def shard_storage_device(root_device: torch.device, cpu_offload: bool) -> torch.device:
+    """Where a meta-built model's shards get their storage: the host under CUDA ``cpu_offload`` (FSDP2 keeps them
+    there; building them on the GPU first would put a whole fp32 shard on it during the load), else the device."""
+    return torch.device("cpu") if cpu_offload and root_device.type == "cuda" else root_device
+
+
 def unsharded_parameter_names(model: nn.Module) -> list[str]:
     """Parameters that FSDP does not manage: they would train with no gradient synchronisation at all."""
     return [name for name, param in model.named_parameters() if not isinstance(param, DTensor)]
@@ -113,7 +142,8 @@ class GymFSDPStrategy(ModelParallelStrategy):
             PowerSGD is a DDP communication hook and does not exist for FSDP.
         save_distributed_checkpoint: ``True``: each rank writes its shard (a checkpoint folder, torch distributed
             checkpoint format). ``False``: rank 0 gathers a single full file.
-        process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
+        process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU, and
+            ``"cpu:gloo,cuda:nccl"`` on CUDA with ``cpu_offload``, whose host shards need a CPU backend).
         timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
             (``strategies.rank_failure``).
 
@@ -168,6 +198,10 @@ class GymFSDPStrategy(ModelParallelStrategy):
         super().on_exception(exception)
         report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
 
+    @override
+    def _get_process_group_backend(self) -> str:
+        return process_group_backend(self.process_group_backend, self.root_device.type, self.cpu_offload)
+
     @contextmanager
     @override
     def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
@@ -186,7 +220,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         if not has_meta_tensors(self.model):
             self.model_to_device()  # a meta model gets its storage on the device after sharding, below
         self.shard_module(self.model)
-        materialize(self.model, self.root_device)
+        materialize(self.model, shard_storage_device(self.root_device, self.cpu_offload))
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)

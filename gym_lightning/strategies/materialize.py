@@ -10,19 +10,26 @@ models built inside ``strategies.construction.deferred_weights()``:
   time (the numbers one process would draw with the same seed) and scattered one tensor at a time
   (``distribute_tensor``): rank 0 holds the full model once, the other ranks their shards plus one tensor;
 - tensors that already had storage before sharding (e.g. LoRA adapters, see ``lora.materialize_adapters``) keep
-  their values, and what the checkpoint does not hold but Hugging Face computes (non-persistent buffers such as the
-  rotary ``inv_freq``) is initialised by the model's own ``initialize_weights``, restricted to those tensors.
+  their values, and so do torchmetrics states and the defaults ``reset()`` restores (``Metric._apply`` hands them
+  to ``to_empty`` too, which left ``MeanMetric``'s weight at -1.59e34 with junk memory);
+- what the checkpoint does not hold but Hugging Face computes (non-persistent buffers such as the rotary
+  ``inv_freq``) is initialised by the model's own ``initialize_weights``, restricted to those tensors.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.tensor import DTensor, distribute_tensor
+from torchmetrics import Metric
 from transformers import PreTrainedModel
 
+from gym_lightning._compat import metric_state_defaults
 from gym_lightning.errors import GymUserError
 from gym_lightning.strategies.construction import (
     WEIGHTS_SOURCE_ATTRIBUTE,
@@ -68,7 +75,8 @@ def materialize(module: nn.Module, device: torch.device) -> None:
         )
     pending = {id(model): _meta_state_keys(model) for model, _ in deferred}
     kept = {name: local_tensor(t).clone() for name, t in _named_tensors(module) if not local_tensor(t).is_meta}
-    module.to_empty(device=device)
+    with _metric_states_kept(module):
+        module.to_empty(device=device)
     for name, tensor in _named_tensors(module):
         if name in kept:
             local_tensor(tensor).copy_(kept[name])
@@ -76,6 +84,44 @@ def materialize(module: nn.Module, device: torch.device) -> None:
         model.tie_weights()  # to_empty gives each module its own new tensor unless the parameter is swapped in place
         _fill(model, record, pending[id(model)])
         delattr(model, WEIGHTS_SOURCE_ATTRIBUTE)
+
+
+@contextmanager
+def _metric_states_kept(module: nn.Module) -> Iterator[None]:
+    """Every torchmetrics state and default of ``module`` gets its value back, on its new device, after the body."""
+    metrics = [m for m in module.modules() if isinstance(m, Metric)]
+    saved = [(m, _metric_values(m)) for m in metrics]
+    yield
+    for metric, (defaults, states) in saved:
+        device = metric.device
+        metric_state_defaults(metric).update({k: _to(v, device) for k, v in defaults.items()})
+        for key, value in states.items():
+            setattr(metric, key, _to(value, device))
+
+
+def _metric_values(metric: Metric) -> tuple[dict[str, object], dict[str, object]]:
+    """Copies of ``metric``'s defaults and current states (tensors or lists of tensors)."""
+    defaults = metric_state_defaults(metric)
+    states = {key: getattr(metric, key) for key in defaults}
+    meta = [key for key, v in [*defaults.items(), *states.items()] if any(t.is_meta for t in _tensors_in(v))]
+    if meta:
+        raise GymUserError(
+            f"The metric {type(metric).__name__} has states on the meta device ({', '.join(sorted(set(meta)))}): "
+            "they have no value to keep. Create metrics in the LightningModule's __init__, outside the "
+            "meta-device build (configure_model / Trainer.init_module(empty_init=True))."
+        )
+    return {k: _to(v, None) for k, v in defaults.items()}, {k: _to(v, None) for k, v in states.items()}
+
+
+def _tensors_in(value: object) -> list[torch.Tensor]:
+    return [value] if isinstance(value, torch.Tensor) else [v for v in value if isinstance(v, torch.Tensor)]
+
+
+def _to(value: object, device: torch.device | None) -> object:
+    """A copy of a metric state (a tensor or a list of tensors), on ``device`` (``None``: where it is)."""
+    if isinstance(value, torch.Tensor):
+        return value.detach().clone() if device is None else value.to(device)
+    return [_to(v, device) for v in value]
 
 
 def _named_tensors(module: nn.Module) -> list[tuple[str, torch.Tensor]]:
