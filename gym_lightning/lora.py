@@ -9,6 +9,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
+from gym_lightning._compat import zero3_full_shape
 from gym_lightning.errors import GymUserError
 
 
@@ -76,19 +77,29 @@ def peft_lora_config(args: LoRAArgs) -> Any:
 
 
 def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
-    """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable."""
+    """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable, the adapters drawn by
+    :func:`draw_adapters` from the CPU generator's state before the wrap (one rule for every strategy and device).
+
+    Under ZeRO-3's ``zero.Init`` the adapters are partitioned as they are created and keep DeepSpeed's draw.
+    """
     from peft import get_peft_model
 
-    return get_peft_model(model, peft_lora_config(args))
+    state = torch.get_rng_state()
+    peft_model = get_peft_model(model, peft_lora_config(args))
+    if not any(zero3_full_shape(p) is not None for p in peft_model.parameters()):
+        torch.set_rng_state(state)
+        draw_adapters(peft_model)
+    return peft_model
 
 
-def materialize_adapters(model: torch.nn.Module) -> None:
-    """Give LoRA adapters of a model built on the meta device CPU storage and peft's own initialisation.
+def draw_adapters(model: torch.nn.Module) -> None:
+    """Give every LoRA adapter peft's own initialisation, drawn on the CPU, on the device it lives on.
 
-    peft moves new adapters to the device of the layer they adapt, so on a meta-device base model (sharded loading,
-    ``strategies.construction.deferred_weights``) they lose their values. They are small: every rank draws them
-    here from the same seeded generator (identical on all ranks), and sharding then keeps them
-    (``strategies.materialize``).
+    peft draws new adapters where the layer they adapt lives: with the CUDA generator for a model on the GPU
+    (gym_ddp, ZeRO-1/2), and with no values at all on the meta device (sharded loading,
+    ``strategies.construction.deferred_weights``), where ``nn.Linear``'s own draw is skipped too. Drawing again here,
+    layer by layer from the same generator state, makes the adapters depend on the seed alone. Meta adapters get
+    CPU storage (they are small; sharding then keeps them, ``strategies.materialize``).
     """
     from peft.tuners.lora import LoraLayer
 
@@ -96,7 +107,14 @@ def materialize_adapters(model: torch.nn.Module) -> None:
         if not isinstance(module, LoraLayer):
             continue
         for adapter in module.lora_A:
-            for part in (module.lora_A[adapter], module.lora_B[adapter]):
-                if any(p.is_meta for p in part.parameters()):
+            parts = (module.lora_A[adapter], module.lora_B[adapter])
+            devices = [next(part.parameters()).device for part in parts]
+            for part, device in zip(parts, devices, strict=True):
+                if device.type == "meta":
                     part.to_empty(device="cpu")
+                else:
+                    part.to("cpu")
             module.reset_lora_parameters(adapter, init_lora_weights=True)
+            for part, device in zip(parts, devices, strict=True):
+                if device.type not in ("cpu", "meta"):
+                    part.to(device)

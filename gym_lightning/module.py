@@ -18,7 +18,7 @@ from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
-from gym_lightning.lora import LoRAArgs, apply_lora, materialize_adapters
+from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import (
     chunked_summed_cross_entropy,
     count_target_tokens,
@@ -172,13 +172,9 @@ class CausalLMModule(pl.LightningModule):
             model.config.use_cache = False
         model.train()  # from_pretrained returns a model in eval mode; Lightning switches modes per stage from here
         if self.lora is not None:
-            # A strategy's construction context may build the model on the meta device (sharded loading): the
-            # adapters then get their storage and initial values here, the base weights once the strategy has
-            # sharded it.
-            deferred = any(p.is_meta for p in model.parameters())
+            # On a meta-device build (sharded loading) the adapters get their storage and values here, the base
+            # weights once the strategy has sharded it.
             model = apply_lora(model, self.lora)
-            if deferred:
-                materialize_adapters(model)
         self.model = model
         self._keep_fp32_masters()
 

@@ -57,6 +57,7 @@ def runs(bf16_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
     ]
     phases += [
         {"name": "gym_fsdp/lora", "strategy": "gym_fsdp", "lora": True},
+        {"name": "gym_ddp/lora", "strategy": "gym_ddp", "lora": True},
         {"name": "gym_fsdp/random", "strategy": "gym_fsdp", "pretrained": False, "steps": 1},
         {"name": "gym_ddp/random", "strategy": "gym_ddp", "pretrained": False, "steps": 1},
         *({"name": f"{name}/random", "strategy": name, "pretrained": False, "steps": 1} for name in RANDOM_INIT_PEERS),
@@ -123,6 +124,13 @@ def test_lora_on_a_sharded_load(runs: dict[str, Any], bf16_folder: Path) -> None
     assert lora_b and all(v.abs().sum() == 0 for v in lora_b), "adapters B start at zero (no change to the model)"
     result = runs["results"]["gym_fsdp/lora"]
     assert result["trainable"] == ["torch.float32"] and len(result["losses"]) == 2
+    # gym_ddp builds eagerly (peft draws the adapters as it creates them), gym_fsdp on the meta device (no draw):
+    # both end with the adapters drawn from the same generator state.
+    eager = _initial(runs, "gym_ddp/lora")
+    assert eager.keys() == initial.keys()
+    for key, value in eager.items():
+        if "lora_" in key:
+            torch.testing.assert_close(initial[key], value, rtol=0, atol=0, msg=key)
 
 
 # ------------------------------------------------------------------------------------------- one process (fast)

@@ -9,7 +9,7 @@ models built inside ``strategies.construction.deferred_weights()``:
 - a random initialisation is drawn on global rank 0 by an ordinary CPU build from the random state recorded at build
   time (the numbers one process would draw with the same seed) and scattered one tensor at a time
   (``distribute_tensor``): rank 0 holds the full model once, the other ranks their shards plus one tensor;
-- tensors that already had storage before sharding (e.g. LoRA adapters, see ``lora.materialize_adapters``) keep
+- tensors that already had storage before sharding (e.g. LoRA adapters, see ``lora.draw_adapters``) keep
   their values, and so do torchmetrics states and the defaults ``reset()`` restores (``Metric._apply`` hands them
   to ``to_empty`` too, which left ``MeanMetric``'s weight at -1.59e34 with junk memory);
 - what the checkpoint does not hold but Hugging Face computes (non-persistent buffers such as the rotary
