@@ -587,18 +587,41 @@ def memory_section(settings: Settings, workdir: Path) -> str:
 
 # ---------------------------------------------------------------------------------------------------- GPU
 def gpu_section(path: Path) -> str:
-    """The GPU comparison from benchmarks/gpu.sh's results, or a plain statement that it has not been run."""
-    if not path.is_file():
-        return (
-            "**Not run yet.** No GPU has been available to this project so far. `benchmarks/gpu.sh` is prepared "
-            "(Qwen3-1.7B shape, random weights, bf16-mixed, sequence length 2048, 1 x H200, about 8 minutes): it "
-            "compares gym_lightning's `GymFSDPStrategy` and `ZeROStrategy(stage=3)` (world size 1) with Lightning's "
-            "`FSDPStrategy` and `DeepSpeedStrategy(stage=3)` on the same model and batches, and writes "
-            f"`{_shown(path)}`; re-run `python benchmarks/run.py --sections gpu` (or the full "
-            "command) to render it here. Targets: gym_lightning >= Lightning's built-ins; MFU >= 40%."
-        )
-    data = json.loads(path.read_text())
-    return render_gpu(data)
+    """The device check from benchmarks/gpu.sh's results, or a plain statement that it has not been run.
+
+    ``path`` is its results.json; without one (a run killed at its limit writes none) the JSON lines beside it
+    (checks.jsonl, bench.jsonl) are merged the way gpu.sh's last step merges them."""
+    if path.is_file():
+        return render_gpu(json.loads(path.read_text()))
+    checks, bench = path.with_name("checks.jsonl"), path.with_name("bench.jsonl")
+    if checks.is_file() or bench.is_file():
+        gpu_bench = _gpu_bench()
+        records = gpu_bench.read_records(bench)
+        data = {
+            "meta": {"note": "partial: the run ended before results.json"},
+            "checks": gpu_bench.read_records(checks),
+        }
+        return render_gpu(data | {"runs": gpu_bench.merge_runs(records)})
+    return (
+        "**Not run yet.** No GPU has been available to this project so far. `benchmarks/gpu.sh` is prepared (one "
+        "command, under 6 minutes on 1 x H200): correctness checks of every strategy on CUDA (bf16-mixed training "
+        "against fp32, FSDP CPU offload, validation metrics, the HF export, equal initial weights, the chunked loss, "
+        "DDP compression hooks), then one round of the Qwen3-1.7B shape (random weights, bf16-mixed, sequence "
+        "length 2048) comparing gym_lightning's `GymFSDPStrategy` and `ZeROStrategy(stage=3)` (world size 1) with "
+        "Lightning's `FSDPStrategy` and `DeepSpeedStrategy(stage=3)` on the same model and batches. It writes "
+        f"`{_shown(path.parent)}/`; re-run `python benchmarks/run.py --sections gpu` (or the full command) to render "
+        "it here. Targets: gym_lightning >= Lightning's built-ins; MFU >= 40%."
+    )
+
+
+def _gpu_bench() -> Any:
+    """benchmarks/workers/gpu_bench.py as a module (it imports nothing heavy at module level)."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_bench", BENCH_DIR / "workers" / "gpu_bench.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def _shown(path: Path) -> str:
@@ -606,24 +629,82 @@ def _shown(path: Path) -> str:
 
 
 def render_gpu(data: dict[str, Any]) -> str:
-    """Markdown table of benchmarks/workers/gpu_bench.py results (``{"meta": {...}, "runs": {name: {...}}}``)."""
-    runs, meta = data["runs"], data.get("meta", {})
+    """The checks table, then the benchmark table (``{"meta": {...}, "checks": [...], "runs": {name: {...}}}``)."""
+    facts = ", ".join(f"{k}: {v}" for k, v in data.get("meta", {}).items())
+    parts = [facts]
+    if data.get("checks"):
+        rows = [
+            [c["check"], _verdict(c.get("ok")), f"{c.get('seconds', 0):.1f}", _summary_cell(c)] for c in data["checks"]
+        ]
+        parts.append(markdown_table(["check", "ok", "s", "figures"], rows))
+    if data.get("runs"):
+        parts.append(render_gpu_runs(data["runs"]))
+    return "\n\n".join(parts)
+
+
+def render_gpu_runs(runs: dict[str, Any]) -> str:
+    """Markdown table of benchmarks/workers/gpu_bench.py's merged runs."""
     rows = []
     for name, run in runs.items():
-        if "error" in run:
-            rows.append([name, "failed: " + run["error"][:160].replace("|", "/"), "", "", "", "", ""])
+        if "error" in run or "skipped" in run:
+            why = ("failed: " + run["error"]) if "error" in run else ("skipped: " + run["skipped"])
+            rows.append([name, why[:160].replace("|", "/"), "", "", "", "", "", ""])
             continue
         peer = runs.get(run.get("peer") or "", {})
         speed = _ratio(run["tokens_per_sec"], peer.get("tokens_per_sec"))
         memory = _ratio(run["peak_memory_bytes"], peer.get("peak_memory_bytes"))
         mfu = "n/a" if run.get("mfu") is None else f"{100 * run['mfu']:.1f}%"
         rounds = ", ".join(f"{r:,.0f}" for r in run.get("rounds", []))
+        predicted = run.get("predicted_peak_bytes")
+        planner = "" if predicted is None else f"{predicted / 2**30:.1f} GiB ({run.get('planner_strategy')})"
+        planner += f", measured / predicted {_ratio(run['peak_memory_bytes'], predicted)}" if predicted else ""
         row = [name, f"{run['tokens_per_sec']:,.0f} ({rounds})", mfu, f"{run['peak_memory_bytes'] / 2**30:.1f} GiB"]
-        rows.append([*row, run.get("peer") or "", speed, memory])
-    header = ["strategy", "tokens/s (per round)", "MFU", "peak CUDA memory (max allocated)", "vs"]
-    header += ["tokens/s ratio", "peak memory ratio"]
-    facts = ", ".join(f"{k}: {v}" for k, v in meta.items())
-    return f"{facts}\n\n" + markdown_table(header, rows)
+        rows.append([*row, planner, run.get("peer") or "", speed, memory])
+    header = ["strategy", "tokens/s (per round)", "MFU", "peak CUDA memory (max allocated)", "planner's peak"]
+    header += ["vs", "tokens/s ratio", "peak memory ratio"]
+    return markdown_table(header, rows)
+
+
+def _verdict(ok: bool | None) -> str:
+    return {True: "✅", False: "❌"}.get(ok, "skipped")
+
+
+def _summary_cell(record: dict[str, Any]) -> str:
+    try:
+        return check_summary(record)
+    except (KeyError, TypeError, ValueError, AttributeError):  # a record of an unforeseen shape still shows
+        return json.dumps(record.get("figures", {}))[:200].replace("|", "/")
+
+
+def check_summary(record: dict[str, Any]) -> str:
+    """A short cell from one gpu_check.py record: its error, else the figures that decided it."""
+    if record.get("detail") or record.get("skipped"):
+        return str(record.get("detail") or record["skipped"])[:200].replace("|", "/").replace("\n", " ")
+    f, name = record.get("figures", {}), record["check"]
+    cells = [f"{f['global_step']} steps"] if "global_step" in f else []
+    if "vs_reference" in f:
+        cells.append(f"losses vs reference: max rel. diff {f['vs_reference'].get('max_rel_diff', 'n/a'):.2g}")
+    if "cuda_syncs_per_micro_batch" in f:
+        cells.append(f"{f['cuda_syncs_per_micro_batch']} CUDA syncs / micro-batch")
+    for key in ("host_placement", "registered_hooks"):
+        if key in f:
+            cells.append(f"{key.replace('_', ' ')}: {f[key]}")
+    if name.startswith("export/"):
+        cells.append(
+            f"max abs. logit diff {f['max_abs_diff']:.2g} ({f['module_logits_dtype']} module), training moved "
+            f"logits by {f['moved_by_training']:.2g}"
+        )
+    if name == "val_metrics":
+        before = max(r["before_vs_reference"]["max_rel_diff"] for r in f.values() if isinstance(r, dict))
+        after = max(r["after_vs_reference"]["max_rel_diff"] for r in f.values() if isinstance(r, dict))
+        cells.append(f"val/loss max rel. diff to fp32: {before:.2g} before training, {after:.2g} after")
+    if name == "init_weights":
+        cells.append(", ".join(f"{k}: {v['n_differing']} tensors differ" for k, v in f.items() if "n_differing" in v))
+    if name == "chunked_loss":
+        cells.append(f"loss diff {f['loss'].get('max_abs_diff')}, grad diff {f['grads'].get('max_abs_diff')}")
+    if name == "op_builds":
+        cells.append("ops loaded: " + (", ".join(o["op"] for o in f.get("loaded", [])) or "none"))
+    return "; ".join(cells).replace("|", "/")
 
 
 def _ratio(ours: float | None, peer: float | None) -> str:

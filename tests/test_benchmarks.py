@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -43,6 +44,7 @@ def gpu_bench() -> ModuleType:
     [
         "run.py",
         "workers/gpu_bench.py",
+        "workers/gpu_check.py",
         "fit_vs_plain.py",
         "strategies_table.py",
         "chunked_loss.py",
@@ -168,23 +170,85 @@ def test_document_with_fake_numbers(run_py: ModuleType, tmp_path: Path) -> None:
     assert "**Not run yet.**" in text
 
 
-def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path: Path) -> None:
-    runs = tmp_path / "runs"
-    runs.mkdir()
-    fake = {"gym_fsdp": (1200.0, 0.42, 40), "lightning_fsdp": (1000.0, 0.35, 50)}
+def _fake_gpu_results(gpu_bench: ModuleType, folder: Path) -> None:
+    """checks.jsonl and bench.jsonl as benchmarks/gpu.sh's workers append them (one failure of each kind)."""
+    for record in (
+        {"check": "train/gym_fsdp", "ok": True, "seconds": 3.2, "figures": {"global_step": 4, "losses": [3.4]}},
+        {"check": "init_weights", "ok": False, "seconds": 5.0, "detail": "RuntimeError: boom | here"},
+    ):
+        gpu_bench.append_record(folder / "checks.jsonl", record)
+    fake = {"gym_fsdp": (1260.0, 0.42, 40), "lightning_fsdp": (1050.0, 0.35, 50)}
     for name, (tps, mfu, gib) in fake.items():
-        for round_, scale in ((1, 1.0), (2, 1.1)):
-            result = {"strategy": name, "peer": gpu_bench.PEERS.get(name), "tokens_per_sec": tps * scale}
-            result |= {"mfu": mfu, "peak_memory_bytes": gib * 2**30, "clock_tokens_per_sec": tps}
-            (runs / f"{name}.{round_}.json").write_text(json.dumps(result))
-    (runs / "gym_zero3.1.json").write_text(json.dumps({"strategy": "gym_zero3", "error": "OOM"}))
-    payload = gpu_bench.collect(runs, tmp_path / "results.json", {"seq_len": 2048})
+        record = {"strategy": name, "peer": gpu_bench.PEERS.get(name), "round": 1, "ok": True}
+        record |= {"tokens_per_sec": tps, "mfu": mfu, "peak_memory_bytes": gib * 2**30, "clock_tokens_per_sec": tps}
+        record |= {"predicted_peak_bytes": 50 * 2**30, "planner_strategy": "fsdp_full"}
+        gpu_bench.append_record(folder / "bench.jsonl", record)
+    gpu_bench.append_record(folder / "bench.jsonl", {"strategy": "gym_zero3", "ok": False, "error": "OOM"})
+    with (folder / "bench.jsonl").open("a") as stream:
+        stream.write('{"strategy": "lightning_deeps')  # the line a kill cut off: skipped when read
+
+
+def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path: Path) -> None:
+    _fake_gpu_results(gpu_bench, tmp_path)
+    payload = gpu_bench.collect(
+        tmp_path / "checks.jsonl", tmp_path / "bench.jsonl", tmp_path / "results.json", {"seq_len": 2048}
+    )
+    assert payload["failed"] == ["init_weights", "bench/gym_zero3"]
     assert payload["runs"]["gym_fsdp"]["tokens_per_sec"] == pytest.approx(1260.0)
     assert payload["runs"]["gym_zero3"]["error"] == "OOM"
+    assert "not run" in payload["runs"]["lightning_deepspeed"]["error"]
     text = run_py.gpu_section(tmp_path / "results.json")
     assert "seq_len: 2048" in text
-    assert "| gym_fsdp | 1,260 (1,200, 1,320) | 42.0% | 40.0 GiB | lightning_fsdp | 1.200 | 0.800 |" in text
+    assert "| train/gym_fsdp | ✅ | 3.2 | 4 steps |" in text
+    assert "| init_weights | ❌ | 5.0 | RuntimeError: boom / here |" in text
+    row = "| gym_fsdp | 1,260 (1,260) | 42.0% | 40.0 GiB | 50.0 GiB (fsdp_full), measured / predicted 0.800 |"
+    assert row + " lightning_fsdp | 1.200 | 0.800 |" in text
     assert "| gym_zero3 | failed: OOM |" in text
+    # A run killed before its results.json: the JSON lines beside it are rendered, marked partial.
+    (tmp_path / "results.json").unlink()
+    partial = run_py.gpu_section(tmp_path / "results.json")
+    assert "partial" in partial and "| init_weights | ❌ |" in partial and "| gym_fsdp | 1,260 (1,260) |" in partial
+
+
+def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
+    _fake_gpu_results(gpu_bench, tmp_path)
+    args = ["collect", "--checks", str(tmp_path / "checks.jsonl"), "--bench", str(tmp_path / "bench.jsonl")]
+    done = subprocess.run(
+        [sys.executable, str(BENCH / "workers" / "gpu_bench.py"), *args, "--out", str(tmp_path / "results.json")],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert done.returncode == 1, done.stdout + done.stderr  # gpu.sh's exit status: a check or run failed
+    assert "init_weights" in done.stdout and json.loads((tmp_path / "results.json").read_text())["checks"]
+
+
+@pytest.mark.slow
+def test_gpu_script_cpu_smoke_layout(tmp_path: Path) -> None:
+    """benchmarks/gpu.sh --cpu-smoke passes and hands back what the device tool returns: at most 8 files (gpu.sh
+    keeps to 5) in $OUT/gpu/, plain names, nothing deeper; every check recorded, Lightning's peers skipped."""
+    out, wheels = tmp_path / "out", tmp_path / "no_wheels"
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GYM_WHEELS": str(wheels)}
+    env["GPU_WORK_DIR"] = str(tmp_path / "work")
+    done = subprocess.run(
+        ["bash", str(BENCH / "gpu.sh"), "--cpu-smoke"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+        check=False,
+    )
+    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
+    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
+    names = ["env.txt", "checks.jsonl", "bench.jsonl", "log.txt", "results.json"]
+    assert files == sorted(f"gpu/{name}" for name in names)
+    results = json.loads((out / "gpu" / "results.json").read_text())
+    assert [c["check"] for c in results["checks"]] == _load(BENCH / "workers" / "gpu_check.py").check_names()
+    assert results["failed"] == []
+    assert results["runs"]["lightning_fsdp"]["skipped"].startswith("needs CUDA")
+    assert results["runs"]["gym_zero3"]["tokens_per_sec"] > 0
+    assert "gpu.sh: done" in (out / "gpu" / "log.txt").read_text()
 
 
 def test_planner_prediction_for_every_table_strategy(run_py: ModuleType) -> None:
