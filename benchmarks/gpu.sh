@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The device check (issue 29): gym_lightning's correctness on one CUDA GPU, then one benchmark round, in one
+# The device check: gym_lightning's correctness on one CUDA GPU, then one benchmark round, in one
 # command that ends within 6 minutes on an H200 from a cold start (so that a rerun fits a 15-minute lease).
 #
 #  0. Installs the wheels of $GYM_WHEELS (scripts/gpu_bundle.sh) into $SITE, without an index: the GPU image
@@ -56,7 +56,7 @@ fi
 CHECKS="$RESULTS/checks.jsonl" BENCH="$RESULTS/bench.jsonl"
 
 # Only this script's files are removed: the folder may hold other things (the default folder also loses the
-# runs/ and qwen3-1.7b/ folders of the layout before issue 29).
+# runs/ and qwen3-1.7b/ folders of the earlier layout).
 mkdir -p "$RESULTS" || exit 2
 rm -rf "$RESULTS"/{env.txt,checks.jsonl,bench.jsonl,log.txt,results.json} "$WORK"
 [[ "$RESULTS" == benchmarks/results/gpu ]] && rm -rf "$RESULTS"/{runs,qwen3-1.7b}
