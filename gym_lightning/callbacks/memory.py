@@ -20,7 +20,6 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.metrics.memory import (
     CATEGORIES,
     HeldBytes,
-    cuda_peak_bytes,
     held_bytes,
     host_rss_bytes,
     peak_host_rss_bytes,
@@ -91,7 +90,7 @@ class MemoryCallback(Callback):
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         end = self._around_step(trainer) if self._first is not None else None
         self._end_phase("first_step" if self._first is None else "training", trainer)
-        local = _encode([self._first, end], self._process_figures(trainer))
+        local = _encode([self._first, end], self._process_figures())
         gathered = _gather_rows(local.to(pl_module.device)).cpu()
         self.summary = {
             "world_size": trainer.world_size,
@@ -137,13 +136,18 @@ class MemoryCallback(Callback):
     def _end_phase(self, phase: str, trainer: pl.Trainer) -> None:
         self._cuda_peaks[phase] = take_cuda_peak(trainer.strategy.root_device)
 
-    def _process_figures(self, trainer: pl.Trainer) -> list[int | None]:
-        allocated, reserved = cuda_peak_bytes(trainer.strategy.root_device)  # the current phase's, so far
-        per_phase = [self._cuda_peaks.get(phase, (None, None))[0] for phase in PHASES]
-        if allocated is not None:
-            allocated = max([allocated, *(v for v in per_phase if v is not None)])
-            reserved = max([reserved or 0, *(r for _, r in self._cuda_peaks.values() if r is not None)])
-        return [allocated, reserved, peak_host_rss_bytes(), host_rss_bytes(), *per_phase]
+    def _process_figures(self) -> list[int | None]:
+        """Called once the last phase has ended: the whole fit's CUDA peaks are the largest of the phases'."""
+        per_phase = [self._cuda_peaks.get(phase, (None, None)) for phase in PHASES]
+        allocated = _largest(a for a, _ in per_phase)
+        reserved = _largest(r for _, r in per_phase)
+        return [allocated, reserved, peak_host_rss_bytes(), host_rss_bytes(), *(a for a, _ in per_phase)]
+
+
+def _largest(values: Any) -> int | None:
+    """The largest of the values that were measured (``None``: not measured, off CUDA)."""
+    known = [v for v in values if v is not None]
+    return max(known) if known else None
 
 
 def _gather_rows(tensor: torch.Tensor) -> torch.Tensor:
