@@ -1,4 +1,4 @@
-"""Data preparation at size: first tokenization, cache hit and per-rank memory growth, on 2 ranks (issue 16).
+"""Data preparation at size: first tokenization, cache hit and per-rank memory growth, on 2 ranks.
 
 Generates alpaca records (instruction, input, output of random common words; ~250 tokens each with the shipped
 tokenizer) and multi-turn ShareGPT conversations (system + 3 exchanges) as JSONL, then starts 2 processes at once, as
@@ -9,7 +9,7 @@ after the first batch. Run twice: the first preparation, then the cache hit.
 ``--impl old`` runs the same on the data layer of ``--old-ref`` (git archive into a temporary folder; it has no
 cache and tokenizes on every rank, so only one pass is timed); use a smaller ``--alpaca`` there and extrapolate.
 
-Full size (the issue's targets: growth < 300 MB per rank, cache hit < 5 s, first preparation < 2 min):
+Full size (the targets: growth < 300 MB per rank, cache hit < 5 s, first preparation < 2 min):
     python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 200000
 
 ``--floor`` measures, instead of a preparation, what any preparation of the alpaca file must spend on this machine
@@ -94,9 +94,9 @@ def floor(data: Path, work: Path) -> dict[str, float]:
 
     import datasets
 
-    from gym_lightning.data.arrays import ENCODE_CHUNK, plain_backend, segment_texts
-    from gym_lightning.data.formats import plain_segments
+    from gym_lightning.data.formats import plain_segments, segment_texts
     from gym_lightning.data.prepare import batch_records
+    from gym_lightning.data.tokens import ENCODE_CHUNK, plain_backend
     from gym_lightning.tokenizer import load_tokenizer
 
     hf_cache = work / "floor-hf"

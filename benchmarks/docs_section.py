@@ -1,7 +1,8 @@
 """Replace one script's ``## `` section of docs/benchmarks.md, leaving the sections other scripts wrote as they are.
 
 Shared by the hand-run scripts that write their own section (quickstart_seeds.py, export_peak.py, scale.py);
-``run.py`` keeps those sections when it rewrites its own (``other_sections``).
+``run.py`` replaces its own sections the same way (``updated_document``), so the introduction and the summary of
+claims at the top of the document stay where they are.
 """
 
 from __future__ import annotations

@@ -10,7 +10,7 @@ looks like), trained for one optimizer step in fp32 on 2 CPU ranks with a step c
 ``gym export`` in a fresh process. A sampling thread (every 2 ms) reads each process's ``RssAnon`` (its private
 memory) and ``RssFile`` (file pages mapped in, i.e. the memory-mapped checkpoint, reclaimable page cache) from
 ``/proc/self/status``; the figures are the peaks above the value just before the export started, next to the bound
-the issue asked for (one shard plus one layer) and to the exporter's own floor (the largest tensor, gathered in fp32
+it is held to (one shard plus one layer) and to the exporter's own floor (the largest tensor, gathered in fp32
 and cast to bf16: the safetensors files are streamed tensor by tensor).
 """
 
@@ -128,7 +128,7 @@ def export_checkpoint_measured(args: argparse.Namespace) -> None:
     import transformers  # noqa: F401
 
     import gym_lightning.module  # noqa: F401
-    from gym_lightning.checkpointing.export import export_checkpoint
+    from gym_lightning.checkpointing.reading import export_checkpoint
 
     start = time.perf_counter()
     with RssSampler() as sampler:
@@ -158,7 +158,7 @@ def run_strategy(args: argparse.Namespace, strategy: str, folder: Path) -> dict[
 
 
 def render(results: dict[str, Any], shape: dict[str, Any], args: argparse.Namespace) -> str:
-    from gym_lightning.export import parse_size
+    from gym_lightning.hf_folder import parse_size
 
     shard = parse_size(args.max_shard_size) / MIB
     largest = shape["largest_numel"] * (4 + 2) / MIB  # gathered in fp32, then its bf16 copy

@@ -125,7 +125,7 @@ class InterleavedSteps(pl.Callback):
     to the next in one process (41-55 ms at batch 64, 1 Dec 2026), while two copies of the plain loop stepping
     alternately stay within 0.7-2.8 % of each other in every run (``A/B`` 0.972-0.993 over 6 runs of 120 steps). With
     whole runs alternating, that drift set the width of the interval (half-widths of 3-17 % in three verdict passes
-    of issue 18).
+    of 30 Nov 2026, docs/benchmarks-history.md).
 
     ``fit_seconds``: each fit step's duration, from one ``on_train_batch_end`` to the next minus the peer steps run
     in between (so Lightning's loop, data fetching, hooks and logging are all counted). ``peer_seconds``: each peer

@@ -53,8 +53,8 @@ def verdict(low: float, high: float, target: float) -> str:
     """✅ when the whole interval is at or above ``target``, ❌ when it is all below, ``≈`` (undecided) otherwise.
 
     Not the median against the target: a median within the noise of the target flips between runs of the same
-    code (issue 18: gym_ddp 0.943 / 0.952 / 0.892 in three passes). An interval bound moves with the noise too, but
-    two runs can only give *opposite* verdicts if one of their intervals misses the true ratio; a ratio closer to
+    code (gym_ddp 0.943 / 0.952 / 0.892 in three early verdict passes). An interval bound moves with the noise too,
+    but two runs can only give *opposite* verdicts if one of their intervals misses the true ratio; a ratio closer to
     the target than the run can resolve reads ``≈`` (measure on a quieter machine or with more repeats).
     """
     if low >= target:

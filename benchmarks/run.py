@@ -5,7 +5,7 @@
     python benchmarks/run.py --sections zero fsdp --out /tmp/b.md   # a subset (this script's other sections of
                                                                      # an existing --out are kept as they were)
 
-The verdict runs (issue 18): three separate full passes of the same code on a quiet machine, each to its own file,
+The verdict runs: three separate full passes of the same code on a quiet machine, each to its own file,
 then compare the verdict column (✅ / ❌ / ≈) of sections 1 and 2-3 across the three:
 
     for i in 1 2 3; do python benchmarks/run.py --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
@@ -47,6 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from docs_section import replace_section
 from ratios import BOOTSTRAP_SAMPLES, CONFIDENCE, speed_ratio, verdict
 
 from gym_lightning.callbacks.reports import markdown_table
@@ -755,13 +756,16 @@ TITLES = {
 }
 
 
-def other_sections(previous: str) -> str:
-    """The ``## `` sections of the previous document that other scripts wrote (quickstart reliability, export
-    memory, ...), kept as they were: this script replaces only its own."""
-    own = {"Machine", *TITLES.values()}
-    chunks = previous.split("\n## ")[1:]
-    kept = [chunk for chunk in chunks if chunk.split("\n", 1)[0].strip() not in own]
-    return "".join("\n## " + chunk.rstrip("\n") + "\n" for chunk in kept)
+def updated_document(previous: str, report: Report) -> str:
+    """``previous`` with this script's sections (Machine and ``TITLES``) replaced in place by this pass's, every other
+    line (the introduction, the summary of claims, the sections other scripts or people wrote) kept where it is; a new
+    document (``document``) when there is no previous one."""
+    if not previous.strip():
+        return document(report)
+    fresh = document(report, previous_own_sections(previous))
+    for chunk in fresh.split("\n## ")[1:]:
+        previous = replace_section(previous, "## " + chunk.split("\n", 1)[0], "## " + chunk)
+    return previous
 
 
 def run_sections(report: Report, sections: list[str], gpu_results: Path, keep: Path | None = None) -> None:
@@ -812,7 +816,7 @@ def main(argv: list[str] | None = None) -> None:
     report.seconds, report.load_after = time.perf_counter() - start, os.getloadavg()
     args.out.parent.mkdir(parents=True, exist_ok=True)
     previous = args.out.read_text() if args.out.exists() else ""
-    args.out.write_text(document(report, previous_own_sections(previous)) + other_sections(previous))
+    args.out.write_text(updated_document(previous, report))
     print(f"wrote {args.out}", file=sys.stderr)
 
 

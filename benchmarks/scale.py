@@ -216,9 +216,9 @@ def planner_setup(folder: Path, baseline_mib: float, seq: int) -> Any:
 
 
 def theory_bytes(shape: Any, strategy_key: str, setup: Any, phase: str) -> float:
-    """The issue's reference: baseline process + the strategy's model states per rank + one decoder layer in fp32
-    + one checkpoint file; the training step also holds its activations and one chunk of logits (issue 14 point 2:
-    "sharded states + one or two gathered layers + activations")."""
+    """The reference the sharded strategies are held to (within 1.1x): baseline process + the strategy's model states
+    per rank + one decoder layer in fp32 + one checkpoint file; the training step also holds its activations and one
+    chunk of logits ("sharded states + one or two gathered layers + activations")."""
     from gym_lightning.planner.estimate import STRATEGY_BY_KEY, activation_bytes, logits_bytes, model_states
 
     states = model_states(shape, STRATEGY_BY_KEY[strategy_key], setup)

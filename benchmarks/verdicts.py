@@ -1,4 +1,4 @@
-"""Side by side: the ratio cells of several ``run.py`` passes of the same code (issue 18's three verdict runs).
+"""Side by side: the ratio cells of several ``run.py`` passes of the same code (the verdict runs: three full passes).
 
     for i in 1 2 3; do python benchmarks/run.py --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
     python benchmarks/verdicts.py /tmp/verdict1.md /tmp/verdict2.md /tmp/verdict3.md --write-docs
@@ -20,7 +20,7 @@ from run import TITLES, previous_own_sections
 from gym_lightning.callbacks.reports import markdown_table
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-HEADING = "## Verdict runs: the same code, three passes (issue 18)"
+HEADING = "## Verdict runs: the same code, three passes"
 CELL = re.compile(r"\*\*(?P<ratio>[\d.]+)\*\* \[(?P<low>[\d.]+), (?P<high>[\d.]+)\] (?P<verdict>✅|❌|≈)")
 SECTIONS = ("fit", "strategies")  # run.py's sections with ratio verdicts
 

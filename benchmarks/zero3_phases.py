@@ -1,5 +1,5 @@
 """ZeRO-3 host memory phase by phase on 2 CPU ranks: DeepSpeed's stage-3 defaults + foreach-free AdamW vs the derived
-limits + fused AdamW (issue 14, point 2).
+limits + fused AdamW.
 
     python benchmarks/zero3_phases.py [--layers 12 --hidden 1024 --intermediate 2816 --seq 256 --batch 4]
 
@@ -55,7 +55,7 @@ class PhaseMemory(pl.Callback):
 
 def _strategy(variant: str) -> Any:
     from gym_lightning.strategies import ZeRO3Strategy
-    from gym_lightning.strategies.deepspeed import zero_config
+    from gym_lightning.strategies.zero.config import zero_config
 
     if variant == "after":
         return "zero3"

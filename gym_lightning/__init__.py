@@ -1,18 +1,16 @@
 """gym_lightning: a PyTorch Lightning plugin for finetuning Hugging Face causal language models.
 
-Importing the package registers its strategy names with Lightning (``Trainer(strategy="zero3")``) and quiets
-console noise at its source (``gym_lightning.quiet``).
+Importing the package registers its strategy names with Lightning (``Trainer(strategy="zero3")``) and allow-lists
+its hyper-parameter classes for ``weights_only`` checkpoint loading (``gym_lightning.registration``); it changes
+nothing else in the process. The command line also quiets console noise (``gym_lightning.quiet``), and
+``CausalLMModule`` applies the patches the installed libraries need (``gym_lightning.patches``).
 """
 
 from __future__ import annotations
 
 __version__ = "0.1.0"
 
-from gym_lightning.quiet import quiet_console
-
-quiet_console()  # before deepspeed is first imported (by the imports below): see gym_lightning/quiet.py
-
-from gym_lightning.callbacks import (  # noqa: E402
+from gym_lightning.callbacks import (
     CurvesCallback,
     GymProgressBar,
     HFExport,
@@ -21,13 +19,14 @@ from gym_lightning.callbacks import (  # noqa: E402
     NonFiniteLossError,
     ThroughputCallback,
 )
-from gym_lightning.checkpointing import StepCheckpoint  # noqa: E402
-from gym_lightning.data.datamodule import CausalLMDataModule  # noqa: E402
-from gym_lightning.data.loader import StepTokenDataLoader  # noqa: E402
-from gym_lightning.generation import GenerationArgs  # noqa: E402
-from gym_lightning.lora import LoRAArgs  # noqa: E402
-from gym_lightning.module import CausalLMModule  # noqa: E402
-from gym_lightning.strategies import (  # noqa: E402
+from gym_lightning.checkpointing import StepCheckpoint
+from gym_lightning.data.datamodule import CausalLMDataModule
+from gym_lightning.data.loader import StepTokenDataLoader
+from gym_lightning.generation import GenerationArgs
+from gym_lightning.lora import LoRAArgs
+from gym_lightning.module import CausalLMModule
+from gym_lightning.registration import register
+from gym_lightning.strategies import (
     GymDDPStrategy,
     GymFSDPStrategy,
     ZeRO1Strategy,
@@ -35,7 +34,9 @@ from gym_lightning.strategies import (  # noqa: E402
     ZeRO3Strategy,
     ZeROStrategy,
 )
-from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer  # noqa: E402
+from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
+
+register()
 
 __all__ = [
     "SHIPPED_TOKENIZER_DIR",

@@ -14,10 +14,12 @@ upgrade, and tests/test_compat.py checks that each member declared below still e
 from __future__ import annotations
 
 import ast
+import contextlib
 import dataclasses
 import functools
 import inspect
 import textwrap
+from collections.abc import Callable, Iterator
 from datetime import timedelta
 from typing import Any, NamedTuple
 
@@ -31,7 +33,7 @@ from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
-from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
+from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
 
@@ -88,6 +90,8 @@ PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
     ("lightning.pytorch.loops.fit_loop", "_FitLoop"),
     ("lightning.pytorch.loops.training_epoch_loop", "_TrainingEpochLoop"),
     ("lightning.pytorch.trainer.connectors.logger_connector.result", "_ResultMetric"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_Metadata"),
+    ("lightning.pytorch.trainer.connectors.logger_connector.result", "_Sync"),
     ("torch.distributed._composable", "checkpoint"),
     ("torch.distributed.distributed_c10d", "_set_pg_timeout"),
 )
@@ -106,10 +110,11 @@ _STAGE_3 = "deepspeed.runtime.zero.stage3.DeepSpeedZeroOptimizer_Stage3"
 _OFFLOAD = "deepspeed.runtime.zero.parameter_offload.DeepSpeedZeRoOffload"
 _COORDINATOR = "deepspeed.runtime.zero.partitioned_param_coordinator.PartitionedParameterCoordinator"
 
-# Engine configuration and ZeRO-3's module hooks (strategies/zero3_trace.py, checkpointing/safe_load.py).
+# Engine configuration and ZeRO-3's module hooks (strategies/zero/trace.py, checkpointing/safe_load.py).
 DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember("deepspeed.runtime.engine.DeepSpeedEngine", "_config"),
-    # Read by the engine's load_checkpoint (checkpoint.load_universal of the JSON), set per load (zero_universal.py).
+    # Read by the engine's load_checkpoint (checkpoint.load_universal of the JSON); set per load
+    # (strategies/zero/universal.py).
     DeepSpeedMember("deepspeed.runtime.config.DeepSpeedConfig", "load_universal_checkpoint"),
     DeepSpeedMember(_STAGE_3, "parameter_offload"),
     DeepSpeedMember(_OFFLOAD, "forward_hooks"),
@@ -117,6 +122,10 @@ DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_COORDINATOR, "trace_prologue"),
     # The full shape of a partitioned ZeRO-3 parameter (whose .data is empty), read by the exporter.
     DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_shape"),
+    # The ops loaded in this process, filled from the machine-wide op cache (strategies/zero/ops.py), and the JIT
+    # build that cache stands in front of for one load.
+    DeepSpeedMember("deepspeed.ops.op_builder.builder.OpBuilder", "_loaded_ops"),
+    DeepSpeedMember("deepspeed.ops.op_builder.builder.OpBuilder", "jit_load"),
 )
 
 # What metrics/memory.py reads to count the bytes a rank holds (see its docstring for what each one is).
@@ -150,6 +159,7 @@ ZERO_OPTIMIZER_MEMORY_ATTRIBUTES: tuple[str, ...] = tuple(
 def skip_same_device_result_moves() -> None:
     """Make every ``self.log`` of a tensor skip a walk that moves nothing (process-wide, idempotent).
 
+    Applied by ``gym_lightning.patches`` only where :func:`result_moves_walk_when_nothing_moves` finds it needed.
     Lightning's ``_ResultCollection.log`` calls ``_ResultMetric.to(value.device)`` for every logged value at every
     step, and that ``to`` rebuilds the metric's whole ``__dict__`` with ``apply_to_collection`` (deep copies of its
     metadata included) even when every tensor in it is on that device already: 0.4 of the 0.55 ms that one
@@ -159,7 +169,7 @@ def skip_same_device_result_moves() -> None:
     when the walk would move nothing: one device argument, no keyword, and every tensor the metric holds already on
     that device (a metric held in it, a dtype or another device take Lightning's own path).
     """
-    if getattr(_ResultMetric.to, "_gym_same_device_skip", False):
+    if result_moves_patched():
         return
     move = _ResultMetric.to
 
@@ -172,6 +182,30 @@ def skip_same_device_result_moves() -> None:
 
     to._gym_same_device_skip = True  # type: ignore[attr-defined]
     _ResultMetric.to = to  # type: ignore[method-assign]
+
+
+def result_moves_patched() -> bool:
+    """Whether :func:`skip_same_device_result_moves` has been applied in this process."""
+    return getattr(_ResultMetric.to, "_gym_same_device_skip", False)
+
+
+def logged_result_metric(value: torch.Tensor) -> _ResultMetric:
+    """A ``_ResultMetric`` holding ``value`` as ``self.log("train/loss", value)`` in ``training_step`` makes it."""
+    meta = _Metadata("training_step", "train/loss", prog_bar=True, on_step=True, on_epoch=False)
+    meta.sync = _Sync()
+    metric = _ResultMetric(meta, is_tensor=True)
+    metric.update(value, 1)
+    return metric
+
+
+def result_moves_walk_when_nothing_moves() -> bool:
+    """The probe of :func:`skip_same_device_result_moves`: whether Lightning's own ``_ResultMetric.to`` (this
+    process's, unpatched) still rebuilds a logged value's metadata when every tensor is on the target device."""
+    move = getattr(_ResultMetric.to, "__wrapped__", _ResultMetric.to)
+    metric = logged_result_metric(torch.tensor(0.0))
+    meta = metric.meta
+    move(metric, torch.device("cpu"))
+    return metric.meta is not meta
 
 
 def _all_tensors_on(value: Any, device: torch.device) -> bool:
@@ -332,7 +366,7 @@ def set_zero3_hook_handles(offload: Any, name: str, handles: list[RemovableHandl
 @functools.cache
 def zero3_trace_compares_with_ne() -> bool:
     """Whether ZeRO-3's trace check (``PartitionedParameterCoordinator.trace_prologue``) compares the running
-    submodule with ``!=``, which torchmetrics overloads (strategies/zero3_trace.py); read once from its source.
+    submodule with ``!=``, which torchmetrics overloads (strategies/zero/trace.py); read once from its source.
 
     Assumed True when the source cannot be read or parsed: the fix is harmless where it is not needed.
     """
@@ -360,6 +394,33 @@ def compares_argument_with_ne(source: str) -> bool:
         if any(isinstance(side, ast.Name) and side.id == argument for side in (node.left, *node.comparators)):
             return True
     return False
+
+
+def deepspeed_loaded_ops() -> dict[str, Any]:
+    """DeepSpeed's per-process table of loaded ops (``OpBuilder._loaded_ops``, builder name -> module): an op found
+    there is not loaded (nor built) again (``strategies.zero.ops``)."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    return OpBuilder._loaded_ops
+
+
+@contextlib.contextmanager
+def jit_load_replaced(replacement: Callable[[Any, Callable[..., Any], bool], Any]) -> Iterator[None]:
+    """Inside, DeepSpeed's ``OpBuilder.jit_load`` (every op builder's JIT build) runs ``replacement(builder,
+    original_jit_load, verbose)``; restored on exit. ``strategies.zero.ops`` puts the machine-wide op cache there
+    for the length of one ``load`` call, so that ops an op loads first (async I/O loads pinned memory) use it too."""
+    from deepspeed.ops.op_builder.builder import OpBuilder
+
+    original = OpBuilder.jit_load
+
+    def jit_load(self: Any, verbose: bool = True) -> Any:
+        return replacement(self, original, verbose)
+
+    OpBuilder.jit_load = jit_load
+    try:
+        yield
+    finally:
+        OpBuilder.jit_load = original
 
 
 def deepspeed_attribute(obj: Any, name: str) -> Any:
@@ -395,17 +456,22 @@ __all__ = [
     "compares_argument_with_ne",
     "deepspeed_attribute",
     "deepspeed_engine_config",
+    "deepspeed_loaded_ops",
     "hook_handle_target",
     "init_deepspeed_config_if_needed",
     "init_deepspeed_distributed",
     "is_zero_optimizer",
+    "jit_load_replaced",
     "load_combined_loader_states",
     "load_universal_next",
+    "logged_result_metric",
     "module_forward_hook_dicts",
     "per_batch_lightning_calls",
     "rank_zero_info",
     "rank_zero_warn",
     "record_checkpoint_saved",
+    "result_moves_patched",
+    "result_moves_walk_when_nothing_moves",
     "save_topk_and_last_checkpoint",
     "set_collective_timeout",
     "set_model_parallel_sizes",

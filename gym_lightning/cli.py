@@ -17,8 +17,10 @@ from __future__ import annotations
 import argparse
 import difflib
 import importlib
+import importlib.util
 import os
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -27,18 +29,20 @@ from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_info
-from gym_lightning.callbacks import HFExport, NonFiniteGuard
+from gym_lightning.callbacks import CurvesCallback, GymProgressBar, HFExport, NonFiniteGuard
 from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_problems
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.commands import COMMANDS
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.errors import EveryRankError, GymUserError
-from gym_lightning.module import CausalLMModule, resolve_tokenizer_source
+from gym_lightning.models.presets import resolve_tokenizer_source
+from gym_lightning.module import CausalLMModule
 from gym_lightning.prediction_writer import JsonlPredictionWriter
-from gym_lightning.quiet import cli_trainer_defaults
-from gym_lightning.strategies import strategy_name_problem
-from gym_lightning.strategies.hf_deepspeed_config import accumulation_from_strategy_config
+from gym_lightning.quiet import quiet_console
+from gym_lightning.strategies import ZeROStrategy, strategy_name_problem
 from gym_lightning.strategies.rank_failure import NOTE_PREFIX, exit_within, rank_failure_line
+from gym_lightning.strategies.zero.config import load_deepspeed_json
+from gym_lightning.strategies.zero.hf_auto import adopted_accumulation
 
 # LightningCLI's subcommands, with the one line ``gym --help`` shows for each.
 LIGHTNING_COMMANDS: dict[str, str] = {
@@ -65,7 +69,7 @@ class GymCLI(LightningCLI):
     - adopts a DeepSpeed JSON's ``gradient_accumulation_steps`` into ``trainer.accumulate_grad_batches`` before the
       Trainer exists (the strategy only checks that the two agree);
     - gives every run TensorBoard + CSV logs, a progress bar without ``v_num``, the learning rate and ``curves.png``
-      (``gym_lightning.quiet.cli_trainer_defaults``);
+      (``cli_trainer_defaults``);
     - writes nothing outside ``trainer.default_root_dir``: without one, the run's folder is ``DEFAULT_ROOT_DIR``
       (``outputs/run``), and the run says so.
     """
@@ -140,6 +144,102 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
         load_lightning_checkpoint(path, required=("state_dict", "pytorch-lightning_version"))
 
 
+# --------------------------------------------------------------------------------- DeepSpeed JSON -> the Trainer
+def accumulation_from_strategy_config(strategy: Any, accumulate_grad_batches: int) -> int:
+    """``trainer.accumulate_grad_batches`` of a parsed Trainer configuration, with a ZeRO JSON's number adopted.
+
+    ``strategy`` is ``trainer.strategy`` as the config parser holds it: a name (``"zero3"``, no JSON) or
+    ``{"class_path": ..., "init_args": {"config": path or dict}}`` (a dict or a namespace) naming ``ZeROStrategy`` or
+    a subclass. When it holds a JSON with an explicit ``gradient_accumulation_steps`` and ``accumulate_grad_batches``
+    is at its default 1, the JSON's number is returned (``strategies.zero.hf_auto``: one setting, never two); else
+    ``accumulate_grad_batches``. Called before the Trainer is built: the data loader and the step count read the
+    Trainer's value, and the strategy, which only sees the Trainer afterwards, reports a disagreement.
+    """
+    config = zero_strategy_json(strategy)
+    return accumulate_grad_batches if config is None else adopted_accumulation(config, accumulate_grad_batches)
+
+
+def zero_strategy_json(strategy: Any) -> dict[str, Any] | None:
+    """The DeepSpeed JSON of a ``ZeROStrategy`` (or subclass) given as ``class_path`` + ``init_args.config``, else
+    ``None``. The class is imported and checked, not matched by name, so a user's own subclass counts too."""
+    class_path = _field(strategy, "class_path")
+    if not isinstance(class_path, str) or "." not in class_path:
+        return None
+    module, _, name = class_path.rpartition(".")
+    try:
+        cls = getattr(importlib.import_module(module), name)
+    except (ImportError, AttributeError):
+        return None  # LightningCLI reports a class path that does not resolve
+    if not (isinstance(cls, type) and issubclass(cls, ZeROStrategy)):
+        return None
+    config = _field(_field(strategy, "init_args"), "config")
+    return None if config is None else load_deepspeed_json(config)
+
+
+def _field(node: Any, key: str) -> Any:
+    # Parsed configs are dicts, or (LightningCLI) jsonargparse namespaces, which are read by attribute.
+    if node is None or isinstance(node, str):
+        return None
+    return node.get(key) if isinstance(node, Mapping) else getattr(node, key, None)
+
+
+# -------------------------------------------------------------------------------------- the CLI's Trainer defaults
+def default_loggers(save_dir: str) -> list[Any]:
+    """TensorBoard and CSV logs in the same ``<save_dir>/lightning_logs/version_N`` folder.
+
+    TensorBoard is what ``logger: true`` gives now that tensorboard is a dependency; the CSV log is kept beside it
+    because the notebooks and tests read ``metrics.csv``. The TensorBoard logger is given the CSV logger's version,
+    so a new run never splits into two version folders.
+    """
+    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
+
+    if not tensorboard_available():  # an environment built before tensorboard was declared: CSV as before
+        return [CSVLogger(save_dir=save_dir)]
+    csv = CSVLogger(save_dir=save_dir)
+    # CSV first: Lightning creates the loggers' folders in list order, and a CSVLogger that finds its folder already
+    # holding TensorBoard's event file warns "exists and is not empty ... will be deleted" on every run.
+    return [csv, TensorBoardLogger(save_dir=save_dir, version=csv.version)]
+
+
+def tensorboard_available() -> bool:
+    return any(importlib.util.find_spec(name) is not None for name in ("tensorboard", "tensorboardX"))
+
+
+def cli_trainer_defaults(trainer_config: Mapping[str, Any]) -> dict[str, Any]:
+    """Trainer arguments ``gym fit`` adds to the configured ones (``trainer_config``: the instantiated ``trainer``
+    section): the returned ``callbacks`` are the configured ones plus the defaults below; ``logger`` is returned only
+    when the config leaves it at its default.
+
+    Defaults: ``GymProgressBar`` (unless ``enable_progress_bar: false`` or the config has a progress bar),
+    ``LearningRateMonitor(logging_interval="step")`` (when there is a logger: it refuses to run without one),
+    ``CurvesCallback`` (``curves.png`` at the end of fit), and TensorBoard + CSV logs in the run folder
+    (``default_loggers``). A callback type the config already lists is not added twice. ``barebones`` runs get
+    nothing (Lightning refuses loggers and progress bars there).
+    """
+    from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
+
+    if trainer_config.get("barebones"):
+        return {}
+    configured = trainer_config.get("callbacks") or []
+    configured = list(configured) if isinstance(configured, list | tuple) else [configured]
+    logger = trainer_config.get("logger")
+    added: list[Any] = []
+    if trainer_config.get("enable_progress_bar") is not False and not _has(configured, ProgressBar):
+        added.append(GymProgressBar())
+    if logger is not False and not _has(configured, LearningRateMonitor):
+        added.append(LearningRateMonitor(logging_interval="step"))
+    if not _has(configured, CurvesCallback):
+        added.append(CurvesCallback())
+    defaults: dict[str, Any] = {"callbacks": [*configured, *added]}
+    if logger in (None, True):
+        defaults["logger"] = default_loggers(str(trainer_config.get("default_root_dir") or os.getcwd()))
+    return defaults
+
+
+def _has(callbacks: list[Any], kind: type) -> bool:
+    return any(isinstance(callback, kind) for callback in callbacks)
+
+
 def run_lightning_cli(args: list[str] | None) -> None:
     """Run ``GymCLI``; ``args=None`` parses ``sys.argv`` (passing both makes LightningCLI warn)."""
     subcommands = {name: {"exit_on_error": False} for name in LIGHTNING_COMMANDS}
@@ -182,6 +282,7 @@ def _dispatch(args: list[str], from_sys_argv: bool) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Entry point of ``gym`` and ``python -m gym_lightning``."""
+    quiet_console()  # before deepspeed is first imported: gym_lightning.quiet says what it silences and why
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
         print(usage(), file=sys.stdout if args else sys.stderr)

@@ -6,18 +6,19 @@ A ``LazyTensor`` knows its shape and dtype up front (enough to plan safetensors 
 the same order. Whoever holds a ``dict[str, LazyTensor]`` can therefore walk a model one tensor at a time and never
 hold more than one tensor (plus what it chooses to keep) in memory.
 
-Strategies that shard parameters provide ``full_tensors(model)`` (``ProvidesFullTensors``); for any other strategy
-every rank holds the whole model and ``full_tensors_of`` reads the module's own state dict.
+Strategies that shard parameters provide ``full_tensors(model)`` (``protocols.ProvidesFullTensors``); for any other
+strategy every rank holds the whole model and ``full_tensors_of`` reads the module's own state dict.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Protocol, runtime_checkable
 
 import torch
 from torch import nn
+
+from gym_lightning.protocols import ProvidesFullTensors
 
 
 @dataclass(frozen=True)
@@ -52,13 +53,6 @@ def eager(tensor: torch.Tensor) -> LazyTensor:
     return LazyTensor(tuple(tensor.shape), tensor.dtype, lambda: tensor.detach().cpu())
 
 
-@runtime_checkable
-class ProvidesFullTensors(Protocol):
-    """A strategy that shards parameters and can gather them one tensor at a time."""
-
-    def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]: ...
-
-
 def full_tensors_of(strategy: object, model: nn.Module) -> dict[str, LazyTensor]:
     """``model``'s state dict as lazy full tensors, keyed as ``model.state_dict()``; loads are collectives when the
     strategy shards parameters, so every rank walks the result in the same order."""
@@ -67,15 +61,4 @@ def full_tensors_of(strategy: object, model: nn.Module) -> dict[str, LazyTensor]
     return {key: eager(value) for key, value in model.state_dict().items()}
 
 
-def materialise(tensors: dict[str, LazyTensor], keep: bool) -> dict[str, torch.Tensor]:
-    """Copies of every tensor where ``keep`` (``{}`` elsewhere); every rank must call this (loads may be
-    collectives). Holds the whole model on the keeping rank: for small models and tests, not for export."""
-    out: dict[str, torch.Tensor] = {}
-    for key, tensor in tensors.items():
-        value = tensor.load()
-        if keep:
-            out[key] = value.clone()
-    return out
-
-
-__all__ = ["LazyTensor", "ProvidesFullTensors", "eager", "full_tensors_of", "materialise"]
+__all__ = ["LazyTensor", "eager", "full_tensors_of"]

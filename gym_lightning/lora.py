@@ -60,6 +60,17 @@ class LoRAArgs:
         return cls(**value)
 
 
+# peft's LoRA wrapper inserts ``base_layer`` into the name of the weight it adapts; the checkpoint has the original.
+_WRAPPER_INFIXES = (".base_layer.",)
+
+
+def checkpoint_key(name: str) -> str:
+    """The checkpoint key of a state dict entry (the name components peft's wrapper inserts removed)."""
+    for infix in _WRAPPER_INFIXES:
+        name = name.replace(infix, ".")
+    return name
+
+
 def peft_lora_config(args: LoRAArgs) -> Any:
     """The ``peft.LoraConfig`` of ``args`` (for training, and for the adapter_config.json of an export)."""
     try:
@@ -96,8 +107,8 @@ def draw_adapters(model: torch.nn.Module) -> None:
     """Give every LoRA adapter peft's own initialisation, drawn on the CPU, on the device it lives on.
 
     peft draws new adapters where the layer they adapt lives: with the CUDA generator for a model on the GPU
-    (gym_ddp, ZeRO-1/2), and with no values at all on the meta device (sharded loading,
-    ``strategies.construction.deferred_weights``), where ``nn.Linear``'s own draw is skipped too. Drawing again here,
+    (gym_ddp, ZeRO-1/2), and with no values at all on the meta device (sharded loading, a meta-device
+    ``models.plan.BuildPlan``), where ``nn.Linear``'s own draw is skipped too. Drawing again here,
     layer by layer from the same generator state, makes the adapters depend on the seed alone. Meta adapters get
     CPU storage (they are small; sharding then keeps them, ``strategies.materialize``).
     """

@@ -99,3 +99,15 @@ def chunked_summed_cross_entropy(
         part = slice(start, start + chunk_tokens)
         total = total + checkpoint(_head_cross_entropy, hidden[part], targets[part], lm_head, use_reentrant=False)
     return total
+
+
+def step_loss_scale(step_tokens: torch.Tensor, world_size: int, accumulation: int) -> torch.Tensor:
+    """The factor that turns a micro-batch's summed token loss into its share of the optimizer step's token mean.
+
+    Data-parallel strategies average gradients over the ``world_size`` ranks and Lightning divides each micro-batch's
+    loss by the ``accumulation`` count; multiplying both back and dividing by ``step_tokens`` (the target tokens of
+    the whole step, all micro-batches and ranks) makes the summed gradient d(sum of token losses in the step) /
+    (tokens in the step), the loss of the module docstring. ``accumulation`` is 1 when the micro-batches are
+    normalised one by one (batches that carry no step token count).
+    """
+    return world_size * accumulation / step_tokens.clamp(min=1.0)

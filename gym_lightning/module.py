@@ -8,12 +8,11 @@ from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
-from lightning.pytorch.strategies import DeepSpeedStrategy
 from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_warn, skip_same_device_result_moves
+from gym_lightning._compat import rank_zero_warn
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.errors import GymUserError, raise_if_problems
@@ -24,11 +23,14 @@ from gym_lightning.loss import (
     count_target_tokens,
     has_cpu_backend,
     num_loss_chunks,
+    step_loss_scale,
     summed_cross_entropy,
     use_chunked_loss,
 )
+from gym_lightning.models.facts import ModelFacts, model_facts
 from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
-from gym_lightning.models.presets import is_preset
+from gym_lightning.models.plan import plan_of
+from gym_lightning.models.presets import resolve_tokenizer_source
 from gym_lightning.optim import (
     DecayRule,
     HFSchedulerName,
@@ -41,23 +43,10 @@ from gym_lightning.optim import (
     resolve_warmup_steps,
     weight_decay_groups,
 )
-from gym_lightning.planner.shapes import shape_from_config
-from gym_lightning.strategies._common import fp32_trainable_parameters
-from gym_lightning.strategies.facts import OptimizerFacts
-from gym_lightning.strategies.hf_deepspeed_config import hidden_size_of
+from gym_lightning.patches import apply_patches
+from gym_lightning.precision import fp32_master_weights
+from gym_lightning.protocols import OptimizerFacts
 from gym_lightning.tokenizer import load_tokenizer
-
-# Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
-torch.serialization.add_safe_globals([GenerationArgs, LoRAArgs])
-# training_step logs the loss every step; Lightning's per-log device walk was ~1 % of a small CPU step (_compat).
-skip_same_device_result_moves()
-
-
-def resolve_tokenizer_source(model: str, tokenizer: str | None) -> str | None:
-    """The tokenizer to use: an explicit one, else the model's own (presets use the shipped one, ``None``)."""
-    if tokenizer is not None:
-        return tokenizer
-    return None if is_preset(model) else model
 
 
 class CausalLMModule(pl.LightningModule):
@@ -159,6 +148,7 @@ class CausalLMModule(pl.LightningModule):
         if self.model is not None:
             return
         hp = self.hparams
+        trainer = self._attached_trainer()
         model = build_causal_lm(
             self.model_source,
             pretrained=hp.pretrained,
@@ -166,6 +156,7 @@ class CausalLMModule(pl.LightningModule):
             dtype=hp.torch_dtype,
             attn_implementation=hp.attn_implementation,
             trust_remote_code=hp.trust_remote_code,
+            plan=plan_of(trainer.strategy if trainer is not None else None),
         )
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
@@ -175,28 +166,20 @@ class CausalLMModule(pl.LightningModule):
             # On a meta-device build (sharded loading) the adapters get their storage and values here, the base
             # weights once the strategy has sharded it.
             model = apply_lora(model, self.lora)
+        if trainer is not None:  # without a Trainer there is no precision to follow
+            fp32_master_weights(model, trainer.precision_plugin)
         self.model = model
-        self._keep_fp32_masters()
 
-    def _keep_fp32_masters(self) -> None:
-        """Under a mixed precision, fp32 trainable weights whatever dtype the checkpoint was saved in.
-
-        gym_ddp and gym_fsdp do this in their own set-up (``strategies._common.fp32_trainable_parameters``, after
-        sharding); Lightning's single-device and plain strategies do not, so a bf16 folder trained in one process
-        under ``bf16-mixed`` would update bf16 weights with bf16 AdamW states. DeepSpeed is left alone: its engine
-        casts the module to 16 bits and keeps fp32 master partitions itself, so an fp32 copy here would only add
-        4 bytes per parameter to every rank's load peak (478 MiB at 250M). Parameters on the meta device (sharded
-        loading) are left to their strategy. The Trainer's precision and strategy are read, not changed."""
+    def _attached_trainer(self) -> pl.Trainer | None:
+        """The Trainer, or ``None`` when ``configure_model`` is called without one (no strategy, no precision)."""
         try:
-            precision, strategy = str(self.trainer.precision), self.trainer.strategy
-        except RuntimeError:  # configure_model called without a Trainer: no precision to follow
-            return
-        if isinstance(strategy, DeepSpeedStrategy) or any(p.is_meta for p in self.model.parameters()):
-            return
-        fp32_trainable_parameters(self.model, precision)
+            return self.trainer
+        except RuntimeError:
+            return None
 
     @override
     def setup(self, stage: str) -> None:
+        apply_patches()  # explicit, once per process: gym_lightning.patches says what and why
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.tokenizer_source, trust_remote_code=self.hparams.trust_remote_code)
 
@@ -286,14 +269,11 @@ class CausalLMModule(pl.LightningModule):
         step_tokens, undo_accumulation, pending = self._start_step_token_count(batch)
         loss_sum, count = self._summed_loss(batch)
         # The local micro-batch's token mean, logged as a tensor (no host sync here). Not through a torchmetrics
-        # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero3_trace.py).
+        # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero/trace.py).
         self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False, prog_bar=True)
         if pending is not None:
             pending.wait()
-        # Strategies average gradients over ranks and Lightning divides by the accumulation count: undo both so
-        # the summed gradient is d(sum of token losses in the step) / (tokens in the step).
-        scale = self.trainer.world_size * undo_accumulation / step_tokens[0].clamp(min=1.0)
-        return loss_sum * scale
+        return loss_sum * step_loss_scale(step_tokens[0], self.trainer.world_size, undo_accumulation)
 
     # ----------------------------------------------------------------------------------------------- resume
     @override
@@ -354,9 +334,8 @@ class CausalLMModule(pl.LightningModule):
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
 
     def optimizer_facts(self) -> OptimizerFacts:
-        """The optimizer settings a strategy may need (``ProvidesOptimizerFacts``; DeepSpeed's ``"auto"``)."""
+        """The optimizer settings a strategy may need (``protocols.ProvidesOptimizerFacts``; DeepSpeed's "auto")."""
         hp = self.hparams
-        config = self._model_config()
         return OptimizerFacts(
             lr=hp.lr,
             betas=(float(hp.betas[0]), float(hp.betas[1])),
@@ -364,9 +343,11 @@ class CausalLMModule(pl.LightningModule):
             weight_decay=hp.weight_decay,
             warmup_steps=hp.warmup_steps,
             warmup_ratio=hp.warmup_ratio,
-            hidden_size=hidden_size_of(config),
-            layer_numel=layer_numel_of(config, self.model_source),
         )
+
+    def model_facts(self) -> ModelFacts:
+        """The model's width and layer size (``protocols.ProvidesModelFacts``; DeepSpeed's buffer sizes)."""
+        return model_facts(self._model_config(), self.model_source)
 
     def _model_config(self) -> Any:
         # ZeRO-3 asks before configure_model builds the model (inside zero.Init): read the model config then.
@@ -374,14 +355,6 @@ class CausalLMModule(pl.LightningModule):
             return self.model.config
         hp = self.hparams
         return load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code)
-
-
-def layer_numel_of(model_config: Any, name: str) -> int | None:
-    """Elements of one decoder layer of a Llama/Mistral/Qwen-style config (the planner's shapes), else ``None``."""
-    try:
-        return shape_from_config(model_config.to_dict(), name).layer_params()
-    except GymUserError:
-        return None
 
 
 def _validate(args: dict[str, Any]) -> None:

@@ -1,4 +1,6 @@
-"""A quiet console: noise silenced where it is made, and the CLI's default logger, progress bar and callbacks.
+"""A quiet console: noise silenced where it is made. The command line applies it (``gym_lightning.cli.main``);
+importing gym_lightning does not, since it changes the process (an environment variable, log filters, a warnings
+filter): a Python user who wants the same calls :func:`quiet_console` before importing deepspeed.
 
 Each source below printed on every run without telling the user anything they could act on. They are silenced one
 by one, at their source, so that real warnings keep reaching the console:
@@ -13,11 +15,12 @@ by one, at their source, so that real warnings keep reaching the console:
   ``lightning/pytorch/trainer/connectors/``), printed by every ``Trainer``. ``drop_lightning_tips`` filters exactly
   the records that start with "💡 Tip"; the other messages of that logger ("GPU available", ...) stay.
 - The "tensorboardX has been removed ... `logger=True` will use CSVLogger" warning: gone because tensorboard is a
-  declared dependency; ``gym fit`` logs to TensorBoard and CSV in the run folder (``cli_trainer_defaults``).
+  declared dependency; ``gym fit`` logs to TensorBoard and CSV in the run folder (``cli.cli_trainer_defaults``).
 - Lightning's "Loading `train_dataloader` to estimate number of stepping batches." (an internal detail), dropped by
   the same filter, and torch's deprecation warning about ``LeafSpec()`` raised from Lightning's own
   ``utilities/_pytree.py`` on every fit (``warnings`` filter on that message from that module only).
-- ``v_num`` on the progress bar: the logger's version number, the same on every step; ``GymProgressBar`` drops it.
+- ``v_num`` on the progress bar: the logger's version number, the same on every step; ``GymProgressBar`` drops it
+  (``callbacks.progress``).
 """
 
 from __future__ import annotations
@@ -27,8 +30,6 @@ import logging
 import os
 import sys
 import warnings
-from collections.abc import Mapping
-from typing import Any
 
 # deepspeed/accelerator/real_accelerator.py (0.19) picks a non-CPU accelerator when one of these vendor extensions
 # is importable (or torch reports CUDA/XPU, or the machine is a Mac with MPS); only otherwise does it warn.
@@ -79,76 +80,15 @@ def drop_lightning_tips() -> None:
 
 
 def quiet_console() -> None:
-    """Silence the noise sources listed in this module's docstring; called once when gym_lightning is imported."""
+    """Silence the noise sources listed in this module's docstring (idempotent); the command line calls it first."""
     silence_deepspeed_cpu_detection()
     drop_lightning_tips()
     warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, module=LEAFSPEC_MODULE)
 
 
-def default_loggers(save_dir: str) -> list[Any]:
-    """TensorBoard and CSV logs in the same ``<save_dir>/lightning_logs/version_N`` folder.
-
-    TensorBoard is what ``logger: true`` gives now that tensorboard is a dependency; the CSV log is kept beside it
-    because the notebooks and tests read ``metrics.csv``. The TensorBoard logger is given the CSV logger's version,
-    so a new run never splits into two version folders.
-    """
-    from lightning.pytorch.loggers import CSVLogger, TensorBoardLogger
-
-    if not tensorboard_available():  # an environment built before tensorboard was declared: CSV as before
-        return [CSVLogger(save_dir=save_dir)]
-    csv = CSVLogger(save_dir=save_dir)
-    # CSV first: Lightning creates the loggers' folders in list order, and a CSVLogger that finds its folder already
-    # holding TensorBoard's event file warns "exists and is not empty ... will be deleted" on every run.
-    return [csv, TensorBoardLogger(save_dir=save_dir, version=csv.version)]
-
-
-def tensorboard_available() -> bool:
-    return any(importlib.util.find_spec(name) is not None for name in ("tensorboard", "tensorboardX"))
-
-
-def cli_trainer_defaults(trainer_config: Mapping[str, Any]) -> dict[str, Any]:
-    """Trainer arguments ``gym fit`` adds to the configured ones (``trainer_config``: the instantiated ``trainer``
-    section): the returned ``callbacks`` are the configured ones plus the defaults below; ``logger`` is returned only
-    when the config leaves it at its default.
-
-    Defaults: ``GymProgressBar`` (unless ``enable_progress_bar: false`` or the config has a progress bar),
-    ``LearningRateMonitor(logging_interval="step")`` (when there is a logger: it refuses to run without one),
-    ``CurvesCallback`` (``curves.png`` at the end of fit), and TensorBoard + CSV logs in the run folder
-    (``default_loggers``). A callback type the config already lists is not added twice. ``barebones`` runs get
-    nothing (Lightning refuses loggers and progress bars there).
-    """
-    from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
-
-    from gym_lightning.callbacks import CurvesCallback, GymProgressBar
-
-    if trainer_config.get("barebones"):
-        return {}
-    configured = trainer_config.get("callbacks") or []
-    configured = list(configured) if isinstance(configured, list | tuple) else [configured]
-    logger = trainer_config.get("logger")
-    added: list[Any] = []
-    if trainer_config.get("enable_progress_bar") is not False and not _has(configured, ProgressBar):
-        added.append(GymProgressBar())
-    if logger is not False and not _has(configured, LearningRateMonitor):
-        added.append(LearningRateMonitor(logging_interval="step"))
-    if not _has(configured, CurvesCallback):
-        added.append(CurvesCallback())
-    defaults: dict[str, Any] = {"callbacks": [*configured, *added]}
-    if logger in (None, True):
-        defaults["logger"] = default_loggers(str(trainer_config.get("default_root_dir") or os.getcwd()))
-    return defaults
-
-
-def _has(callbacks: list[Any], kind: type) -> bool:
-    return any(isinstance(callback, kind) for callback in callbacks)
-
-
 __all__ = [
-    "cli_trainer_defaults",
     "deepspeed_would_fall_back_to_cpu",
-    "default_loggers",
     "drop_lightning_tips",
     "quiet_console",
     "silence_deepspeed_cpu_detection",
-    "tensorboard_available",
 ]

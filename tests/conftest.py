@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -31,20 +31,35 @@ def deepspeed_ops(request: pytest.FixtureRequest) -> None:
             print(f"DeepSpeed op {name}: {status}", file=sys.stderr)
 
 
+@pytest.fixture(autouse=True)
+def restored_environment() -> Iterator[None]:
+    """Each test sees the environment the session started with. An in-process Trainer writes MASTER_ADDR,
+    MASTER_PORT, WORLD_SIZE, ... into ``os.environ`` (Lightning's ``LightningEnvironment`` picks the port once and
+    keeps it there); a later test's subprocess would inherit that port, which the earlier test's TCPStore may still
+    hold (EADDRINUSE in benchmarks/gpu.sh --cpu-smoke, seen twice in full-suite runs)."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(scope="session")
 def two_rank_memory_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The MemoryCallback's 2-rank training job (tests/test_callbacks_memory.py), run at most once per strategy per
-    session; returns the folder holding its memory.json and throughput.json. The callback test and the planner's
-    validation read the same runs instead of launching them twice."""
-    from test_callbacks_memory import run_two_ranks
+    """The MemoryCallback's 2-rank training job (tests/callbacks/test_memory_monitor.py), made once per session for
+    every strategy of ``helpers.memory_job.STRATEGIES`` (in one launch) and for any other strategy asked for; returns
+    the folder holding a strategy's memory.json and throughput.json. The callback test and the planner's validation
+    read the same runs instead of launching them twice."""
+    from helpers.memory_job import STRATEGIES, run_two_ranks
 
     done: dict[str, Path] = {}
 
     def run(strategy: str) -> Path:
         if strategy not in done:
-            out = tmp_path_factory.mktemp(strategy)
-            run_two_ranks(strategy, out)
-            done[strategy] = out
+            names = STRATEGIES if strategy in STRATEGIES else (strategy,)
+            root = tmp_path_factory.mktemp("memory")
+            run_two_ranks(names, root)
+            done.update({name: root / name for name in names})
         return done[strategy]
 
     return run
@@ -69,9 +84,8 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], A
 @pytest.fixture(scope="session")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The kill/resume tests' tiny pretrained Llama folder and their 24 prompt/completion records (one copy per
-    session: test_checkpointing_resume.py, test_checkpointing_elastic.py, test_checkpointing_world_size.py)."""
-    from helpers.strategy_worker import save_tiny_pretrained
-    from test_checkpointing_resume import records
+    session: checkpointing/test_resume.py, checkpointing/test_elastic.py, checkpointing/test_world_size.py)."""
+    from helpers.strategy_worker import records, save_tiny_pretrained
 
     root = tmp_path_factory.mktemp("resume_shared")
     return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import pytest
 
@@ -39,29 +40,36 @@ def gpu_bench() -> ModuleType:
     return _load(BENCH / "workers" / "gpu_bench.py")
 
 
-@pytest.mark.parametrize(
-    "script",
-    [
-        "run.py",
-        "workers/gpu_bench.py",
-        "workers/gpu_check.py",
-        "fit_vs_plain.py",
-        "strategies_table.py",
-        "chunked_loss.py",
-        "optimizer_transients.py",
-        "zero3_phases.py",
-        "export_peak.py",
-        "load_peak.py",
-        "scale.py",
-        "verdicts.py",
-        "data_prep.py",
-        "checkpoint_manifest.py",
-    ],
-)
-def test_entry_point_help(script: str) -> None:
-    done = subprocess.run(
-        [sys.executable, str(BENCH / script), "--help"], capture_output=True, text=True, timeout=120, check=False
-    )
+ENTRY_POINTS = [
+    "run.py",
+    "workers/gpu_bench.py",
+    "workers/gpu_check.py",
+    "fit_vs_plain.py",
+    "strategies_table.py",
+    "chunked_loss.py",
+    "optimizer_transients.py",
+    "zero3_phases.py",
+    "export_peak.py",
+    "load_peak.py",
+    "scale.py",
+    "verdicts.py",
+    "data_prep.py",
+    "checkpoint_manifest.py",
+]
+
+
+@pytest.fixture(scope="module")
+def helps() -> dict[str, Any]:
+    """``python benchmarks/SCRIPT --help`` of every entry point, each in its own process (``helpers.forked``)."""
+    from helpers.forked import run_forked
+
+    results = run_forked([[str(BENCH / script), "--help"] for script in ENTRY_POINTS])
+    return dict(zip(ENTRY_POINTS, results, strict=True))
+
+
+@pytest.mark.parametrize("script", ENTRY_POINTS)
+def test_entry_point_help(script: str, helps: dict[str, Any]) -> None:
+    done = helps[script]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
 
@@ -282,7 +290,6 @@ def test_full_pass_compares_a_second_larger_step(run_py: ModuleType) -> None:
 def test_run_py_keeps_the_sections_other_scripts_wrote(run_py: ModuleType) -> None:
     previous = "# Benchmarks\n\n## Machine\n\nold\n\n## 4. DDP scaling on this machine\n\nold\n"
     previous += "\n## Export peak memory\n\nkept\n"
-    assert run_py.other_sections(previous) == "\n## Export peak memory\n\nkept\n"
     # A pass over some sections keeps this script's others as they were, in their usual place.
     kept = run_py.previous_own_sections(previous)
     assert kept == {"4. DDP scaling on this machine": "old"}
@@ -291,6 +298,21 @@ def test_run_py_keeps_the_sections_other_scripts_wrote(run_py: ModuleType) -> No
     text = run_py.document(report, kept)
     assert text.index("## 1. `Trainer.fit`") < text.index("## 4. DDP scaling on this machine\n\nold")
     assert "kept as an earlier pass wrote them: 4. DDP scaling on this machine" in text
+
+
+def test_run_py_replaces_its_sections_in_place_and_keeps_the_rest(run_py: ModuleType) -> None:
+    previous = "# Benchmarks\n\nIntro by hand.\n\n## Summary: one row per claim\n\n| a | b |\n\n## Machine\n\nold\n"
+    previous += (
+        "\n## 1. `Trainer.fit` vs a plain PyTorch loop (1 process)\n\nold fit\n\n## Export peak memory\n\nkept\n"
+    )
+    report = run_py.Report(run_py.QUICK, ["python", "benchmarks/run.py", "--sections", "fit"])
+    report.sections["fit"] = "new fit"
+    text = run_py.updated_document(previous, report)
+    assert text.startswith("# Benchmarks\n\nIntro by hand.\n\n## Summary: one row per claim\n\n| a | b |\n")
+    assert "new fit" in text and "old fit" not in text and text.count("## Machine") == 1
+    assert text.index("## Summary") < text.index("## Machine") < text.index("## 1.") < text.index("## Export")
+    assert text.endswith("## Export peak memory\n\nkept\n")
+    assert run_py.updated_document("", report) == run_py.document(report)  # a new file: the whole document
 
 
 def test_verdicts_put_the_runs_side_by_side_and_flag_a_disagreement(

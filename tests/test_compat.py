@@ -265,7 +265,7 @@ def _metric_engine() -> tuple[Any, _Offload]:
 
 @pytest.mark.parametrize("needed", [True, False])
 def test_zero3_trace_fix_applies_only_where_deepspeed_needs_it(monkeypatch: pytest.MonkeyPatch, needed: bool) -> None:
-    from gym_lightning.strategies import zero3_trace
+    from gym_lightning.strategies.zero import trace as zero3_trace
 
     logged: list[str] = []
     monkeypatch.setattr(zero3_trace, "zero3_trace_compares_with_ne", lambda: needed)
@@ -315,28 +315,19 @@ def test_memory_callback_is_quiet_when_it_finds_them() -> None:
 
 
 # ------------------------------------------------------------------------------ (d) self.log's device walk
-def _result_metric(value: torch.Tensor) -> Any:
-    from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
-
-    meta = _Metadata("training_step", "train/loss", prog_bar=True, on_step=True, on_epoch=False)
-    meta.sync = _Sync()
-    metric = _ResultMetric(meta, is_tensor=True)
-    metric.update(value, 1)
-    return metric
-
-
 def test_result_metric_move_is_skipped_only_when_nothing_would_move() -> None:
     from lightning.pytorch.trainer.connectors.logger_connector.result import _ResultMetric
     from torchmetrics import MeanMetric
 
-    import gym_lightning.module  # noqa: F401  (applies the wrapper)
+    from gym_lightning.patches import apply_patches
 
+    assert "lightning_log_device_walk" in apply_patches()  # Lightning 2.6 needs it (tests/test_patches.py)
     wrapper = _ResultMetric.to
     assert getattr(wrapper, "_gym_same_device_skip", False)
     _compat.skip_same_device_result_moves()
     assert _ResultMetric.to is wrapper  # applied once, however often it is asked for
 
-    metric = _result_metric(torch.tensor(2.0))
+    metric = _compat.logged_result_metric(torch.tensor(2.0))
     meta = metric.meta
     assert metric.to(torch.device("cpu")) is metric and metric.meta is meta  # all on the CPU: no walk
     assert metric.to(device="cpu").meta is not meta  # a keyword: Lightning's own walk (it copies meta)

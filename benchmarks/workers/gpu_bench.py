@@ -39,7 +39,7 @@ PLANNER_KEYS = {"gym_fsdp": "fsdp_full", "lightning_fsdp": "fsdp_full", "gym_zer
 PLANNER_KEYS["lightning_deepspeed"] = "zero3"
 MEDIAN_KEYS = ("tokens_per_sec", "clock_tokens_per_sec", "mfu", "device_tflops_per_sec", "peak_memory_bytes")
 
-# Qwen/Qwen3-1.7B config.json (shape as in gym_lightning.planner.shapes.BUNDLED["qwen3-1.7b"]); no weights needed.
+# Qwen/Qwen3-1.7B config.json (shape as in gym_lightning.planner.catalog.BUNDLED["qwen3-1.7b"]); no weights needed.
 QWEN3_1_7B: dict[str, Any] = {
     "architectures": ["Qwen3ForCausalLM"],
     "model_type": "qwen3",
@@ -100,9 +100,9 @@ def make_strategy(name: str) -> Any:
 
 def predicted_peak(model_dir: str, strategy: str, batch_size: int, seq_len: int) -> dict[str, Any]:
     """The planner's device peak for this run: its load and step phases at world size 1, bf16-mixed, SDPA."""
+    from gym_lightning.planner.catalog import resolve_shape
     from gym_lightning.planner.estimate import STRATEGY_BY_KEY, Setup
     from gym_lightning.planner.phases import phase_peaks
-    from gym_lightning.planner.shapes import resolve_shape
 
     key = PLANNER_KEYS[strategy]
     setup = Setup(gpus_per_node=1, precision="bf16-mixed", micro_batch_size=batch_size, seq_length=seq_len)

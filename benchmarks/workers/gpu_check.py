@@ -200,10 +200,11 @@ def parameter_placement(module: torch.nn.Module) -> dict[str, dict[str, int]]:
 
 
 def full_state(strategy: Any, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """The whole model's state on the host (the strategy's own gather where it shards; a collective there)."""
-    gather = getattr(strategy, "full_model_state_dict", None)
-    state = gather(model) if gather is not None else model.state_dict()
-    return {key: value.detach().cpu().clone() for key, value in state.items()}
+    """The whole model's state on the host, one tensor at a time (the strategy's own gather where it shards; a
+    collective there: every rank calls this)."""
+    from gym_lightning.lazy import full_tensors_of
+
+    return {key: tensor.load().detach().cpu().clone() for key, tensor in full_tensors_of(strategy, model).items()}
 
 
 def probe_logits(model: torch.nn.Module, device: torch.device) -> torch.Tensor:
@@ -464,7 +465,7 @@ def check_init(ctx: Context) -> dict[str, Any]:
 
 
 def module_loss_and_grads(ctx: Context, chunking: str) -> tuple[torch.Tensor, dict[str, torch.Tensor]]:
-    """tests/test_loss_chunked.py's comparison on the device: tiny Qwen3, 8192-entry vocabulary, chunks of 13."""
+    """tests/test_loss.py's comparison on the device: tiny Qwen3, 8192-entry vocabulary, chunks of 13."""
     from gym_lightning import CausalLMModule
 
     shape = {"vocab_size": 8192, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}

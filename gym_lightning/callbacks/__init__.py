@@ -6,11 +6,11 @@ from __future__ import annotations
 
 from gym_lightning.callbacks.curves import CurvesCallback
 from gym_lightning.callbacks.epochs import EpochFraction
-from gym_lightning.callbacks.export import HFExport
-from gym_lightning.callbacks.memory import MemoryCallback
+from gym_lightning.callbacks.hf_export import HFExport
+from gym_lightning.callbacks.memory_monitor import MemoryCallback
 from gym_lightning.callbacks.nonfinite import NonFiniteGuard, NonFiniteLossError
 from gym_lightning.callbacks.progress import GymProgressBar
-from gym_lightning.callbacks.throughput import ThroughputCallback
+from gym_lightning.callbacks.throughput_monitor import ThroughputCallback
 from gym_lightning.callbacks.trainer_state import TrainerStateCallback
 
 __all__ = [

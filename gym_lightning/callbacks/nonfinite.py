@@ -13,6 +13,7 @@ from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_warn
 from gym_lightning.errors import GymUserError
+from gym_lightning.protocols import ProvidesLocalGradients
 
 NonFiniteAction = Literal["stop", "skip"]
 NONFINITE_ACTIONS: tuple[str, ...] = ("stop", "skip")
@@ -25,12 +26,11 @@ class NonFiniteLossError(RuntimeError):
 def local_gradients(strategy: Strategy, module: torch.nn.Module) -> list[torch.Tensor] | None:
     """This rank's gradients of ``module`` as plain tensors, or ``None`` where an engine owns them (DeepSpeed).
 
-    A strategy that defines ``local_gradients(module)`` answers for itself (gym_lightning's do); for any other the
-    gradients are the parameters' ``.grad``.
+    A strategy that defines ``local_gradients(module)`` answers for itself (``protocols.ProvidesLocalGradients``;
+    gym_lightning's do); for any other the gradients are the parameters' ``.grad``.
     """
-    method = getattr(strategy, "local_gradients", None)
-    if method is not None:
-        return method(module)
+    if isinstance(strategy, ProvidesLocalGradients):
+        return strategy.local_gradients(module)
     # Lightning's own DeepSpeedStrategy has no such method, and its engine keeps the gradients out of `.grad` too:
     # walking `.grad` would find nothing and report "finite".
     if isinstance(strategy, DeepSpeedStrategy):

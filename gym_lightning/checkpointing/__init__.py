@@ -5,7 +5,7 @@
 - :class:`PartialFileCheckpointIO`: single-file checkpoints written once, as ``<name>.partial`` beside ``<name>``
   then renamed (Lightning's default stages them in the system temp directory); ``gym_ddp``'s default.
 - :func:`load_weights_only`: ``torch.load(weights_only=True)`` with a clear :class:`UnsafeCheckpointError`.
-- ``python -m gym_lightning export`` (:mod:`gym_lightning.checkpointing.export`): any strategy's checkpoint to a
+- ``python -m gym_lightning export`` (:mod:`gym_lightning.checkpointing.reading`): any strategy's checkpoint to a
   Hugging Face folder, streamed shard by shard.
 """
 

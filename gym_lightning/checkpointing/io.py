@@ -4,7 +4,7 @@ Lightning's ``TorchCheckpointIO`` saves through ``_atomic_save``: the whole chec
 ``BytesIO`` (a second copy of every tensor in host memory), then written inside an fsspec transaction, which for a
 local path writes a temporary file in the system temp directory and copies it into place on commit. A 7B model's
 checkpoint with AdamW state (112 GB) then needs a temp directory as large, is written twice, and the save's peak host
-memory holds the serialised bytes on top of the state dict (issue 14, seen in the traceback of a save into a full
+memory holds the serialised bytes on top of the state dict (seen in the traceback of a save into a full
 file system). Here ``torch.save`` streams into ``<name>.partial`` in the destination folder, which is fsynced and
 renamed over ``<name>`` (``gym_lightning.atomic.atomic_file``).
 """

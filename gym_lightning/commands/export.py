@@ -6,9 +6,9 @@ gym export --checkpoint outputs/run/checkpoints/last.ckpt --output_dir outputs/r
 
 from __future__ import annotations
 
-from gym_lightning.checkpointing.export import export_checkpoint
+from gym_lightning.checkpointing.reading import export_checkpoint
 from gym_lightning.commands import CommandParser
-from gym_lightning.export import DEFAULT_MAX_SHARD_SIZE, EXPORT_DTYPES, LORA_EXPORTS
+from gym_lightning.hf_folder import DEFAULT_MAX_SHARD_SIZE, EXPORT_DTYPES, LORA_EXPORTS
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -16,9 +16,10 @@ import sys
 from typing import get_args
 
 from gym_lightning.commands import CommandParser
+from gym_lightning.models.shapes import LoraTargets
+from gym_lightning.planner.catalog import BUNDLED
 from gym_lightning.planner.estimate import Accelerator, Attention, LossChunking, Optimizer, Precision
 from gym_lightning.planner.report import plan
-from gym_lightning.planner.shapes import BUNDLED, LoraTargets
 
 
 def build_parser() -> argparse.ArgumentParser:

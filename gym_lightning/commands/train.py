@@ -49,7 +49,7 @@ Mapping decisions (where Lightning and the HF Trainer differ):
   ``--deepspeed`` it selects ``gym_ddp`` (the strategy Lightning's ``auto`` would pick is plain DDP).
 - ``--deepspeed ds.json``: ``trainer.strategy = ZeROStrategy(config=ds.json)`` (stage from the JSON, ``"auto"``
   resolved from these flags). ``--gradient_accumulation_steps`` and ``--max_grad_norm`` left at HF's defaults take
-  the JSON's explicit numbers (they are one setting each, see ``strategies/hf_deepspeed_config.py``).
+  the JSON's explicit numbers (they are one setting each, see ``strategies/zero/hf_auto.py``).
 - Errors from the run name ``gym fit`` settings; ``gym train`` adds the flag that sets each one
   (``trainer.accumulate_grad_batches (gym train: --gradient_accumulation_steps)``, ``SETTING_FLAGS``).
 - Several processes: under ``torchrun``/``python -m torch.distributed.run``, ``accelerate launch`` (both set
@@ -82,7 +82,8 @@ from transformers import HfArgumentParser, TrainingArguments
 
 from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.optim import HFSchedulerName, OptimizerName
-from gym_lightning.strategies.hf_deepspeed_config import adopted_value, load_deepspeed_json
+from gym_lightning.strategies.zero.config import load_deepspeed_json
+from gym_lightning.strategies.zero.hf_auto import adopted_value
 
 # The HF schedules and optimizers the module builds (transformers.get_scheduler; optim.build_optimizer).
 SCHEDULERS: tuple[str, ...] = get_args(HFSchedulerName)

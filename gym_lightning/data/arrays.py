@@ -3,13 +3,17 @@
 The preparation of a large set spends most of its time outside the Rust tokenizer when each example is built as a
 Python list of Python ints: transformers converts every encoding into a ``BatchEncoding`` entry, each record's
 segments are concatenated and masked token by token, and ``datasets`` converts the lists back into Arrow. Here the
-segments of a whole batch go through one ``encode_batch`` of the Rust tokenizer, the ids are laid out in one flat
-int32 array, labels come from a per-segment target flag repeated over the segment's length, truncation and the
+segments of a whole batch go straight through the Rust tokenizer (``tokens.encode_ids``), the ids are laid out in one
+flat int32 array, labels come from a per-segment target flag repeated over the segment's length, truncation and the
 "has a target" test are array operations, and the result is handed to ``datasets`` as Arrow list arrays.
 
-The result is exactly that of ``formats.tokenize_examples`` (tests/test_data_fast.py compares them): the same
-segments (``formats.plain_segments``), each tokenized on its own as there (so nothing merges across a segment
-boundary in either), in the same order.
+Plain (non-chat) records come in two ways, both ending in ``from_pieces`` with the same pieces and target rule
+(``piece_targets``): ``plain_columns`` takes any batch, record by record; ``slot_columns`` takes a batch whose records
+all have the same segments (``formats.uniform_plain_slots``) without Python work per record. Either gives each
+record's segments (``formats.plain_segments``), each tokenized on its own (so nothing merges across a segment
+boundary), in order, after the tokenizer's special prefix; tests/data/test_arrays.py compares both with a per-record
+reference written with Python lists. ``pair_columns`` takes the chat path's ``(ids, labels)`` pairs
+(``gym_lightning.data.chat``).
 """
 
 from __future__ import annotations
@@ -20,11 +24,11 @@ from itertools import chain, repeat
 
 import numpy as np
 import pyarrow as pa
-from tokenizers import Encoding, Tokenizer
 from transformers import PreTrainedTokenizerBase
 
-from gym_lightning.data.formats import EOS, Segments, has_target, plain_segments, special_prefix
+from gym_lightning.data.formats import EOS, has_target, plain_segments, segment_texts
 from gym_lightning.data.sources import Record
+from gym_lightning.data.tokens import encode_ids, special_prefix
 from gym_lightning.loss import IGNORE_INDEX
 
 
@@ -53,60 +57,6 @@ class Columns:
         }
 
 
-def encode(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[Encoding]:
-    """The Rust encodings of ``tokenizer(texts, add_special_tokens=False)`` for a fast tokenizer: transformers'
-    ``__call__`` sets the same two backend options (no truncation or padding, since none is asked;
-    ``encode_special_tokens`` from ``split_special_tokens``) and calls the same ``encode_batch``, then converts each
-    encoding into a ``BatchEncoding`` entry (15-25 % of the call on 20k alpaca records here), which is skipped.
-    :func:`encode_ids` calls ``encode_batch_fast`` instead (same ids, no character offsets)."""
-    backend = plain_backend(tokenizer)
-    return backend.encode_batch(list(texts), add_special_tokens=False)
-
-
-def plain_backend(tokenizer: PreTrainedTokenizerBase) -> Tokenizer:
-    """The fast tokenizer's Rust backend set up as transformers' ``__call__`` sets it when nothing is asked."""
-    backend = tokenizer.backend_tokenizer
-    if backend.truncation is not None:
-        backend.no_truncation()
-    if backend.padding is not None:
-        backend.no_padding()
-    backend.encode_special_tokens = tokenizer.split_special_tokens
-    return backend
-
-
-# Texts per call of the Rust tokenizer when only ids are wanted. Short calls keep a call's encodings in the CPU caches:
-# on the 40k segments of 20k generated alpaca records (benchmarks/data_prep.py's), 32-128 texts per call took
-# 3.8-4.1 CPU-s against 4.5 for the 2,000 of one map batch in one call (medians of 5 interleaved repeats, idle
-# machine, 2 Dec 2026); 1,000-record map batches were already 1.3x faster than 10,000 (30 Nov, docs/benchmarks.md).
-ENCODE_CHUNK = 64
-
-
-def encode_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
-    """``tokenizer(texts, add_special_tokens=False)["input_ids"]`` (straight from the Rust backend when fast)."""
-    if not tokenizer.is_fast:
-        return tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
-    # No offsets: the plain formats label whole segments. encode_batch_fast skips computing them: 8.2-10.0 vs
-    # 10.5-11.1 CPU-s for the 80k segments of 40k generated alpaca records, interleaved, idle machine (30 Nov 2026);
-    # an earlier single measurement at load ~8 had it slower, which three interleaved repeats did not confirm.
-    backend = plain_backend(tokenizer)
-    encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21
-    texts = list(texts)
-    return [
-        encoding.ids
-        for start in range(0, len(texts), ENCODE_CHUNK)
-        for encoding in encode_batch(texts[start : start + ENCODE_CHUNK], add_special_tokens=False)
-    ]
-
-
-def offsets_array(encoding: Encoding) -> np.ndarray:
-    """An encoding's ``(start, end)`` character offsets as an ``[n, 2]`` int64 array. ``np.asarray`` of the list of
-    tuples took 1.6 of 17.5 s in a profile of 3k ShareGPT conversations; a flat ``fromiter`` is ~1.5x faster (3000
-    lists of 300 offsets: 0.58 s vs 0.91 s here, loaded machine)."""
-    offsets = encoding.offsets
-    flat = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets))
-    return flat.reshape(-1, 2)
-
-
 def from_pieces(
     pieces: list[list[int]], targets: np.ndarray, piece_record: np.ndarray, num_records: int, max_seq_length: int
 ) -> Columns:
@@ -133,15 +83,18 @@ def from_pieces(
     return Columns(ids, labels, offsets, kept)
 
 
-def segment_texts(all_segments: Sequence[Segments]) -> list[str]:
-    """The texts the tokenizer sees for the records' segments, in order (``EOS`` marks a token, not text)."""
-    return [text for segments in all_segments for text, _ in segments if text is not EOS]
+def piece_targets(flags: Sequence[bool], mask_prompt: bool) -> list[bool]:
+    """Whether each piece of a plain record is a target: the special prefix never (a bos is not predicted from
+    anything, whatever ``mask_prompt`` says), then each segment (``flags``, the closing eos's included: it always is
+    one) when it is a target or when ``mask_prompt`` is off."""
+    return [False, *(flag or not mask_prompt for flag in flags)]
 
 
 def plain_columns(
     records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool
 ) -> Columns:
-    """Columns of non-chat records (fields already checked): ``formats.tokenize_plain`` + cut + drop, vectorised."""
+    """Columns of non-chat records (fields already checked), cut to ``max_seq_length``; those left without a target
+    dropped. All segments of all records go through one ``encode_ids`` call."""
     all_segments = [plain_segments(record, format)[0] for record in records]
     encoded = iter(encode_ids(tokenizer, segment_texts(all_segments)))
     prefix, eos = special_prefix(tokenizer), [tokenizer.eos_token_id]
@@ -149,11 +102,8 @@ def plain_columns(
     targets: list[bool] = []
     piece_record: list[int] = []
     for index, segments in enumerate(all_segments):
-        pieces.append(prefix)
-        targets.append(False)  # a bos is never a target, whatever mask_prompt says (as in tokenize_plain)
-        for text, is_target in segments:
-            pieces.append(eos if text is EOS else next(encoded))
-            targets.append(is_target or not mask_prompt)
+        pieces += [prefix, *(eos if text is EOS else next(encoded) for text, _ in segments)]
+        targets += piece_targets([is_target for _, is_target in segments], mask_prompt)
         piece_record += [index] * (len(segments) + 1)
     return from_pieces(
         pieces, np.asarray(targets, dtype=bool), np.asarray(piece_record, dtype=np.int64), len(records), max_seq_length
@@ -185,7 +135,6 @@ def slot_columns(
     encoded = [encode_ids(tokenizer, texts) for texts in slots]
     prefix, eos = special_prefix(tokenizer), [tokenizer.eos_token_id]
     pieces = [piece for row in zip(repeat(prefix, count), *encoded, repeat(eos, count), strict=True) for piece in row]
-    # The bos is never a target and the eos always is (as in plain_columns).
-    targets = np.tile(np.asarray([False, *(flag or not mask_prompt for flag in flags), True]), count)
+    targets = np.tile(np.asarray(piece_targets([*flags, True], mask_prompt)), count)  # True: the closing eos
     piece_record = np.repeat(np.arange(count, dtype=np.int64), len(flags) + 2)
     return from_pieces(pieces, targets, piece_record, count, max_seq_length)

@@ -28,7 +28,7 @@ from typing import Any
 import numpy as np
 from transformers import PreTrainedTokenizerBase
 
-from gym_lightning.data.arrays import encode, offsets_array
+from gym_lightning.data.tokens import encode, offsets_array, special_token_ids
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
@@ -164,12 +164,6 @@ def chat_labels(
             labels_list.append(tokenizer.eos_token_id)
         out.append((ids_list, labels_list))
     return out
-
-
-def special_token_ids(tokenizer: PreTrainedTokenizerBase) -> set[int]:
-    """Ids of the tokenizer's special tokens (named ones and added tokens flagged special), bos excluded."""
-    added = {index for index, token in tokenizer.added_tokens_decoder.items() if token.special}
-    return (added | set(tokenizer.all_special_ids)) - {tokenizer.bos_token_id}
 
 
 def _occurrences(text: str, header: str) -> list[int]:

@@ -1,4 +1,9 @@
-"""Record formats: how a record becomes token ids, labels and (where there is one) a prompt for generation.
+"""Record formats: their names, detection and field checks, what a record trains on and its generation prompt.
+
+A plain record becomes ``(text, is_target)`` segments (``plain_segments``), a chat record OpenAI-style messages
+(``conversation``); ``prompt_text``/``prompt_ids_of`` give the prompt to ``generate`` from. The tokenization of
+training examples is not done here: ``gym_lightning.data.arrays`` tokenizes the segments, ``gym_lightning.data.chat``
+finds the targets of a chat rendering, and ``gym_lightning.data.prepare`` sends each batch to one or the other.
 
 Formats (``format=`` of the data module; ``columns`` renames a data set's fields to these names first):
 
@@ -18,12 +23,13 @@ Formats (``format=`` of the data module; ``columns`` renames a data set's fields
   ``tools`` may be a JSON string (as in LLaMA-Factory's data sets) or a list.
 - ``auto``: picks one of the above from the fields of the first record and says which (rank-zero info).
 
-Chat targets are exactly what the assistant says in every turn and its end-of-turn token: see ``chat_labels``.
-Other formats get the tokenizer's eos appended as a target, so that the model learns to stop; chat formats get it
-only when the template ends an assistant turn without a special token (no duplicate eos). Sequences are cut to
-``max_seq_length`` tokens. With ``mask_prompt=True`` the labels of all non-target tokens are ``-100``; with ``False``
-every token is a target. Non-chat segments are tokenized one by one (in one batched call) and concatenated, so that
-the prompt tokens seen in training are exactly the tokens of the prompt given to ``generate``.
+Chat targets are exactly what the assistant says in every turn and its end-of-turn token (see
+``gym_lightning.data.chat``). Other formats get the tokenizer's eos appended as a target, so that the model learns to
+stop; chat formats get it only when the template ends an assistant turn without a special token (no duplicate eos).
+Sequences are cut to ``max_seq_length`` tokens. With ``mask_prompt=True`` the labels of all non-target tokens are
+``-100``; with ``False`` every token is a target. Non-chat segments are tokenized one by one (in one batched call)
+and concatenated, so that the prompt tokens seen in training are exactly the tokens of the prompt given to
+``generate``.
 """
 
 from __future__ import annotations
@@ -38,6 +44,7 @@ from transformers import PreTrainedTokenizerBase
 
 from gym_lightning._compat import rank_zero_info, rank_zero_warn
 from gym_lightning.data.sources import Record
+from gym_lightning.data.tokens import special_prefix
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
@@ -149,7 +156,7 @@ def check_fields(record: Record, format: str, for_predict: bool = False) -> None
             raise GymUserError(f"{record.origin}: field {key!r} must be a string, got {type(value).__name__}.")
 
 
-# ------------------------------------------------------------------------------------------------ plain formats
+# ------------------------------------------------------------------------------- plain formats: the segment model
 def _alpaca_prompt(data: dict[str, Any]) -> str:
     if data.get("input"):
         return ALPACA_PROMPT_WITH_INPUT.format(instruction=data["instruction"], input=data["input"])
@@ -187,6 +194,16 @@ def plain_segments(record: Record, format: str) -> tuple[Segments, str | None]:
         return _alpaca_segments(record), data["output"]
     segments: Segments = [(data[field], is_target) for field, is_target in FIELD_SEGMENTS[format]]
     return [*segments, (EOS, True)], data["completion"] if format == "prompt_completion" else None
+
+
+def segment_texts(all_segments: Sequence[Segments]) -> list[str]:
+    """The texts the tokenizer sees for the records' segments, in order (``EOS`` marks a token, not text)."""
+    return [text for segments in all_segments for text, _ in segments if text is not EOS]
+
+
+def has_target(labels: Sequence[int]) -> bool:
+    """Whether a sample trains anything (``labels[0]`` never does: token t is predicted from tokens before t)."""
+    return bool(np.any(np.asarray(labels[1:]) != IGNORE_INDEX))
 
 
 def _all_strings(column: list | None, optional: bool) -> bool:
@@ -287,7 +304,8 @@ def conversation(record: Record, format: str) -> tuple[list[dict[str, Any]], lis
     return messages, tools
 
 
-def _check_template(tokenizer: PreTrainedTokenizerBase) -> None:
+def check_template(tokenizer: PreTrainedTokenizerBase) -> None:
+    """Raise a ``GymUserError`` saying what to do when the tokenizer has no chat template to render chats with."""
     if tokenizer.chat_template is None:
         raise GymUserError(
             "The 'messages'/'sharegpt' (chat) formats render conversations with the tokenizer's chat template, but "
@@ -296,6 +314,7 @@ def _check_template(tokenizer: PreTrainedTokenizerBase) -> None:
         )
 
 
+# ------------------------------------------------------------------------------------------------------ prompts
 def render(
     tokenizer: PreTrainedTokenizerBase, messages: list[dict[str, Any]], tools: list[Any] | None, generation: bool
 ) -> str:
@@ -321,76 +340,15 @@ def prompt_text(record: Record, format: str, tokenizer: PreTrainedTokenizerBase)
         return _alpaca_context(record) + _alpaca_prompt(data), data.get("output")
     if format == "prompt_completion":
         return data["prompt"], data.get("completion")
-    _check_template(tokenizer)
+    check_template(tokenizer)
     return chat_prompt(tokenizer, *conversation(record, format))
 
 
-# ------------------------------------------------------------------------------------------------- tokenization
-def special_prefix(tokenizer: PreTrainedTokenizerBase) -> list[int]:
-    """Ids the tokenizer puts before a text (a bos for Llama, nothing for Qwen); chat templates add their own."""
-    ids = tokenizer("", add_special_tokens=True)["input_ids"]
-    return [i for i in ids if i != tokenizer.eos_token_id]
-
-
-def tokenize_plain(
-    records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, mask_prompt: bool
-) -> list[tuple[list[int], list[int]]]:
-    """Ids and labels of non-chat records; all segments of all records go through one batched tokenizer call."""
-    all_segments = [plain_segments(record, format)[0] for record in records]
-    texts = [text for segments in all_segments for text, _ in segments if text is not EOS]
-    encoded = iter(tokenizer(texts, add_special_tokens=False)["input_ids"]) if texts else iter(())
-    prefix = special_prefix(tokenizer)
-    out = []
-    for segments in all_segments:
-        input_ids, labels = list(prefix), [IGNORE_INDEX] * len(prefix)
-        for text, is_target in segments:
-            ids = [tokenizer.eos_token_id] if text is EOS else next(encoded)
-            input_ids += ids
-            labels += ids if (is_target or not mask_prompt) else [IGNORE_INDEX] * len(ids)
-        out.append((input_ids, labels))
-    return out
-
-
-def tokenize_examples(
-    records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool
-) -> list[tuple[list[int], list[int]]]:
-    """Ids and labels (cut to ``max_seq_length``) of training records of one format; fields checked."""
-    for record in records:
-        check_fields(record, format)
-    if format in CHAT_FORMATS:
-        from gym_lightning.data.chat import chat_labels  # chat.py imports this module
-
-        _check_template(tokenizer)
-        pairs = chat_labels([conversation(r, format) for r in records], tokenizer, [r.origin for r in records])
-        if not mask_prompt:
-            pairs = [(ids, list(ids)) for ids, _ in pairs]
-    else:
-        pairs = tokenize_plain(records, format, tokenizer, mask_prompt)
-    return [(ids[:max_seq_length], labels[:max_seq_length]) for ids, labels in pairs]
-
-
-def has_target(labels: Sequence[int]) -> bool:
-    """Whether a sample trains anything (``labels[0]`` never does: token t is predicted from tokens before t)."""
-    return bool(np.any(np.asarray(labels[1:]) != IGNORE_INDEX))
-
-
 def prompt_ids_of(tokenizer: PreTrainedTokenizerBase, prompt: str, format: str, max_seq_length: int) -> list[int]:
+    """The ids ``generate`` starts from: the tokenizer's special prefix (plain formats) and the prompt's tokens."""
     prefix = [] if format in CHAT_FORMATS else special_prefix(tokenizer)
     # Keep the end of an over-long prompt: generation continues from it.
     return (prefix + tokenizer(prompt, add_special_tokens=False)["input_ids"])[-max_seq_length:]
-
-
-def tokenize_record(
-    record: Record, format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool = True
-) -> TokenizedSample:
-    """Token ids and labels of a training/validation record, with its prompt and reference (see the docstring)."""
-    format = canonical(format)
-    ((input_ids, labels),) = tokenize_examples([record], format, tokenizer, max_seq_length, mask_prompt)
-    sample = TokenizedSample(input_ids, labels)
-    if format != "text":
-        sample.prompt, sample.reference = prompt_text(record, format, tokenizer)
-        sample.prompt_ids = prompt_ids_of(tokenizer, sample.prompt, format, max_seq_length)
-    return sample
 
 
 def tokenize_prompt(
@@ -402,21 +360,6 @@ def tokenize_prompt(
     prompt, reference = prompt_text(record, format, tokenizer)
     ids = prompt_ids_of(tokenizer, prompt, format, max_seq_length)
     return TokenizedSample(list(ids), [IGNORE_INDEX] * len(ids), prompt_ids=ids, prompt=prompt, reference=reference)
-
-
-def tokenize_records(
-    records: Sequence[Record],
-    format: str,
-    tokenizer: PreTrainedTokenizerBase,
-    max_seq_length: int,
-    mask_prompt: bool = True,
-) -> list[TokenizedSample]:
-    """Tokenize training/validation records; drop (and report) those left without any target by truncation."""
-    format = resolve_format(format, records)
-    samples = [tokenize_record(r, format, tokenizer, max_seq_length, mask_prompt) for r in records]
-    kept = [s for s in samples if has_target(s.labels)]
-    report_dropped(len(samples), len(kept), max_seq_length)
-    return kept
 
 
 def report_dropped(total: int, kept: int, max_seq_length: int) -> None:

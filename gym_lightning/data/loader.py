@@ -111,7 +111,7 @@ class StepTokenDataLoader(DataLoader):
         Lightning reads a loader without a length (a stream) one batch ahead (``_PrefetchDataFetcher``: it fetches
         batch k+1 before running batch k, to know whether k is the last), so when a checkpoint is taken after batch
         k this loader has already handed out k+1; saving that position would skip batch k+1 on resume (found by
-        tests/test_data_stream_resume.py). ``CausalLMDataModule.on_before_batch_transfer``, which Lightning calls on
+        tests/data/test_stream_resume.py). ``CausalLMDataModule.on_before_batch_transfer``, which Lightning calls on
         the batch it is about to train, calls this; without it (plain iteration) the last batch handed out counts.
         """
         if index in self._pending:

@@ -7,6 +7,10 @@ one fast-tokenizer call), packs if asked, and keeps the result in a staging fold
 others wait on the lock (a file lock works before the process group exists) and then open the Arrow files
 memory-mapped, so a rank's memory does not grow with the data size. Token ids and labels are stored as int32.
 
+``Tokenize`` (the ``map`` function) hands a batch of plain records that all have the same segments to
+``arrays.slot_columns``, any other batch to ``example_columns``: chat records to ``chat.chat_labels`` (then
+``arrays.pair_columns``), plain ones to ``arrays.plain_columns``.
+
 ``Dataset.map`` writes its output straight into the staging folder (``cache_file_name``), and those files are the
 cache entry (``done.json`` lists them per split): no second copy with ``save_to_disk`` (a single-core pass of ~5 s per
 2.3 GB that the other rank waits for, 1M alpaca records here) and no 2.3 GB left behind in ``datasets``' own cache
@@ -37,16 +41,18 @@ from transformers import PreTrainedTokenizerBase
 from gym_lightning._compat import rank_zero_info
 from gym_lightning.atomic import atomic_directory
 from gym_lightning.data.arrays import Columns, pair_columns, plain_columns, slot_columns
+from gym_lightning.data.chat import chat_labels
 from gym_lightning.data.formats import (
     CHAT_FORMATS,
     TRAIN_FIELDS,
     canonical,
     check_fields,
+    check_template,
+    conversation,
     detect_format,
     prompt_ids_of,
     prompt_text,
     report_dropped,
-    tokenize_examples,
     uniform_plain_slots,
 )
 from gym_lightning.data.sources import Record, load_source, source_fingerprint
@@ -139,6 +145,23 @@ def batch_records(batch: dict[str, list], indices: Sequence[int], label: str) ->
     ]
 
 
+def example_columns(
+    records: Sequence[Record], format: str, tokenizer: PreTrainedTokenizerBase, max_seq_length: int, mask_prompt: bool
+) -> Columns:
+    """Ids and labels of training records of one format (fields checked), each cut to ``max_seq_length``; records
+    left without a target are dropped (``Columns.kept`` names the others). Chat records get their targets from the
+    template's rendering (``gym_lightning.data.chat``), the others from their segments (``plain_columns``)."""
+    for record in records:
+        check_fields(record, format)
+    if format not in CHAT_FORMATS:
+        return plain_columns(records, format, tokenizer, max_seq_length, mask_prompt)
+    check_template(tokenizer)
+    pairs = chat_labels([conversation(r, format) for r in records], tokenizer, [r.origin for r in records])
+    if not mask_prompt:
+        pairs = [(ids, list(ids)) for ids, _ in pairs]
+    return pair_columns([(ids[:max_seq_length], labels[:max_seq_length]) for ids, labels in pairs])
+
+
 class Tokenize:
     """The batched ``Dataset.map`` function: rows of one format to int32 ids and labels (picklable for ``num_proc``).
 
@@ -171,7 +194,7 @@ class Tokenize:
         if slots is not None:  # the common case, without a Python object per record
             columns = slot_columns(*slots, self.tokenizer, self.max_seq_length, self.mask_prompt)
         else:
-            columns = self.columns(records)
+            columns = example_columns(records, self.format, self.tokenizer, self.max_seq_length, self.mask_prompt)
         out: dict[str, pa.Array] = columns.arrow()
         if self.with_prompts:
             prompts = [prompt_text(records[i], self.format, self.tokenizer) for i in columns.kept.tolist()]
@@ -181,15 +204,6 @@ class Tokenize:
             out["prompt_ids"] = pa.array(prompt_ids, type=pa.list_(pa.int32()))
         # Dataset.map writes a returned Arrow table as is; a stream's map wants Python values.
         return pa.table(out) if self.arrow else pa.table(out).to_pydict()
-
-    def columns(self, records: list[Record]) -> Columns:
-        """The batch's ids and labels (see ``gym_lightning.data.arrays``); rows without a target left out."""
-        if self.format in CHAT_FORMATS:  # checks the fields itself
-            pairs = tokenize_examples(records, self.format, self.tokenizer, self.max_seq_length, self.mask_prompt)
-            return pair_columns(pairs)
-        for record in records:
-            check_fields(record, self.format)
-        return plain_columns(records, self.format, self.tokenizer, self.max_seq_length, self.mask_prompt)
 
 
 def resolve_source_format(source: DataSource, dataset: datasets.Dataset, label: str) -> str:

@@ -1,9 +1,9 @@
 """Resolve a model reference (preset, local folder or hub name) into a ``transformers`` causal LM.
 
 Resolution order: a built-in preset name, then an existing local folder, then a Hugging Face Hub name. Nothing
-here knows about parallelism: strategies wrap the call in their own construction context (``zero.Init``, or the
-meta-device build of ``strategies.construction.deferred_weights``), which is why the module calls it from
-``configure_model``.
+here knows about parallelism: a strategy says how it wants the model built through the ``models.plan.BuildPlan``
+the caller passes (a meta-device build, a recorded random initialisation), and wraps ``configure_model`` in its own
+construction context (``zero.Init``), which is why the module calls the builder from ``configure_model``.
 """
 
 from __future__ import annotations
@@ -16,13 +16,8 @@ import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from gym_lightning.errors import GymUserError
+from gym_lightning.models.plan import META, BuildPlan, WeightsSource
 from gym_lightning.models.presets import PRESETS, is_preset, preset_config
-from gym_lightning.strategies.construction import (
-    WEIGHTS_SOURCE_ATTRIBUTE,
-    WeightsSource,
-    building_on_meta,
-    recording_random_init,
-)
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
@@ -53,7 +48,7 @@ def safetensors_folder(source: str) -> str | None:
     downloading only the safetensors files. Every rank calls this: huggingface_hub takes a file lock per file in the
     cache, so the ranks of a node download each file once and the others wait for it; with ``HF_HUB_OFFLINE=1`` a
     cached snapshot is used as it is. The sharded load then reads each rank's slices from those files
-    (strategies/materialize.py), so no rank holds the whole model, as it would under ``from_pretrained``.
+    (``strategies.materialize``), so no rank holds the whole model, as it would under ``from_pretrained``.
     """
     if Path(source).is_dir():
         return source if safetensors_files(source) else None
@@ -125,12 +120,15 @@ def build_causal_lm(
     dtype: DType | None = None,
     attn_implementation: AttnImplementation | None = None,
     trust_remote_code: bool = False,
+    plan: BuildPlan | None = None,
 ) -> PreTrainedModel:
-    """Build the model named by ``source``.
+    """Build the model named by ``source`` as ``plan`` asks (default: an ordinary build, ``models.plan``).
 
     Presets are always randomly initialised. Folders and hub names load their weights unless ``pretrained`` is
-    False (a config-only folder then gives a randomly initialised model of that shape, e.g. for benchmarks).
+    False (a config-only folder then gives a randomly initialised model of that shape, e.g. for benchmarks). On a
+    meta-device plan the model has no storage and ``plan`` records where its weights come from.
     """
+    plan = plan if plan is not None else BuildPlan()
     config = load_model_config(source, config_overrides, trust_remote_code)
     options: dict[str, Any] = {"trust_remote_code": trust_remote_code}
     if dtype is not None:
@@ -138,11 +136,11 @@ def build_causal_lm(
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
     random_init = is_preset(source) or not pretrained
-    if building_on_meta() and random_init:
-        return _build_on_meta(None, config, options)
-    if building_on_meta() and _has_weights(source):
+    if plan.on_meta and random_init:
+        return _build_on_meta(None, config, options, plan)
+    if plan.on_meta and _has_weights(source):
         if (folder := safetensors_folder(source)) is not None:
-            return _build_on_meta(folder, config, options)
+            return _build_on_meta(folder, config, options, plan)
         warnings.warn(
             f"{source!r} has no safetensors weights (pytorch_model*.bin only): every rank loads the whole model "
             "before it is sharded. Save it once with safetensors (model.save_pretrained(folder)) to load only each "
@@ -150,7 +148,7 @@ def build_causal_lm(
             stacklevel=2,
         )
     if random_init:
-        return _random_init(config, options)
+        return _random_init(config, options, plan)
     if not _has_weights(source):
         raise GymUserError(
             f"The folder {source!r} has a config.json but no weights ({', '.join(_WEIGHT_FILES)}). "
@@ -162,34 +160,37 @@ def build_causal_lm(
         raise GymUserError(_offline_hint(source)) from err
 
 
-def _random_init(config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
+def _random_init(config: PretrainedConfig, options: dict[str, Any], plan: BuildPlan) -> PreTrainedModel:
     """A random initialisation drawn by the CPU generator, then placed on the caller's default device.
 
     One rule for every strategy and device: Lightning builds gym_ddp/zero1/zero2 models under ``torch.device(cuda)``,
     where ``from_config`` would draw from the CUDA generator, while gym_fsdp and ZeRO-3 replay the CPU draw
     (``reference_state_dict``); drawing on the CPU here makes the initial weights depend on the seed alone.
-    Under ``zero.Init`` (ZeRO-3) the build stays where DeepSpeed puts it: the strategy replaces it by the CPU draw.
+    On a plan that records the draw (ZeRO-3's, under ``zero.Init``) the build stays where the construction context
+    puts it, and the strategy replaces it by the CPU draw.
     """
     record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
     target = torch.get_default_device()
-    if recording_random_init() or target.type in ("cpu", "meta"):  # meta: no values to draw
+    if plan.record_random_init or target.type in ("cpu", "meta"):  # meta: no values to draw
         model = AutoModelForCausalLM.from_config(config, **options)
     else:
         with torch.device("cpu"):
             model = AutoModelForCausalLM.from_config(config, **options)
         model = model.to(target)
-    if recording_random_init():
-        setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
+    if plan.record_random_init:
+        plan.record(model, record)
     return model
 
 
-def _build_on_meta(folder: str | None, config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
-    """The model with all parameters and buffers on the meta device, and its ``WeightsSource`` attached."""
+def _build_on_meta(
+    folder: str | None, config: PretrainedConfig, options: dict[str, Any], plan: BuildPlan
+) -> PreTrainedModel:
+    """The model with all parameters and buffers on the meta device; ``plan`` records its ``WeightsSource``."""
     if folder is not None and options.get("dtype", "auto") == "auto":
         # As from_pretrained's dtype="auto" (transformers 5's default): the dtype the checkpoint was saved in.
         options = {**options, "dtype": config.dtype or torch.get_default_dtype()}
     record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
-    with torch.device("meta"):
+    with META:
         model = AutoModelForCausalLM.from_config(config, **options)
-    setattr(model, WEIGHTS_SOURCE_ATTRIBUTE, record)
+    plan.record(model, record)
     return model

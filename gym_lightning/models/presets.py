@@ -2,7 +2,7 @@
 
 They use the tokenizer shipped with the package, so tests, the quickstart and CI need nothing from a model hub.
 Shapes are chosen so that a preset learns the bundled ``addition`` task on a 2-core CPU in about a minute
-(a few hundred thousand parameters; ``tests/test_export_and_loading.py`` pins the exact counts).
+(a few hundred thousand parameters; ``tests/test_hf_folder.py`` pins the exact counts).
 """
 
 from __future__ import annotations
@@ -17,7 +17,8 @@ from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
 _SHARED_SHAPE = {
     # Wide and shallow learns the addition task fastest per CPU second: at about the same size (0.46-0.49M
     # parameters), 2 layers of width 128 reach ~99% exact match in 3 epochs of batch 32 (configs/quickstart.yaml),
-    # where 4 layers of width 96 with 2 key/value heads were at ~11% after 4 epochs (measured for issue 2).
+    # where 4 layers of width 96 with 2 key/value heads were at ~11% after 4 epochs (measured when the presets were
+    # chosen).
     "hidden_size": 128,
     "intermediate_size": 384,
     "num_hidden_layers": 2,
@@ -57,3 +58,10 @@ def preset_config(name: str) -> PretrainedConfig:
         "pad_token_id": tokenizer.pad_token_id,
     }
     return PRESETS[name](len(tokenizer), special_ids)
+
+
+def resolve_tokenizer_source(model: str, tokenizer: str | None) -> str | None:
+    """The tokenizer of a run: an explicit one, else the model's own (presets use the shipped one, ``None``)."""
+    if tokenizer is not None:
+        return tokenizer
+    return None if is_preset(model) else model

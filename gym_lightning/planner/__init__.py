@@ -6,9 +6,10 @@
 
 from __future__ import annotations
 
+from gym_lightning.models.shapes import ModelShape
+from gym_lightning.planner.catalog import BUNDLED, resolve_shape
 from gym_lightning.planner.estimate import STRATEGIES, Estimate, Setup, Strategy, estimate, estimate_all
 from gym_lightning.planner.report import PlanReport, parse_bytes, plan
-from gym_lightning.planner.shapes import BUNDLED, ModelShape, resolve_shape
 
 __all__ = [
     "BUNDLED",

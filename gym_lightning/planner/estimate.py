@@ -17,7 +17,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from gym_lightning.planner.shapes import LoraTargets, ModelShape
+from gym_lightning.models.shapes import LoraTargets, ModelShape
 
 Precision = Literal["bf16-mixed", "32-true"]
 Optimizer = Literal["adamw", "sgd", "adafactor"]
@@ -27,7 +27,7 @@ LossChunking = Literal["auto", "on", "off"]
 
 GiB = 1024**3
 # The module's ``loss_chunking="auto"`` threshold (gym_lightning.loss.CHUNKED_LOSS_MIN_VOCAB; not imported: the
-# planner stays free of torch). tests/test_planner.py checks that the two agree.
+# planner stays free of torch). tests/planner/test_estimate.py checks that the two agree.
 CHUNKED_LOSS_MIN_VOCAB = 65_536
 # ZeROStrategy's bucket size when the module states no layer size (and DeepSpeed's own configs' usual value).
 DEFAULT_ZERO_BUCKET = 200_000_000
@@ -198,7 +198,7 @@ def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelSt
 
 def _fp32_grad_elements(partition: float, strategy: Strategy, shape: ModelShape, setup: Setup) -> float:
     """ZeRO-3 converts one optimizer sub-group at a time to fp32: ``sub_group_size`` elements, which ZeROStrategy sets
-    to one decoder layer (``hf_deepspeed_config.layer_sized_sub_group``; DeepSpeed's own default is 1e9)."""
+    to one decoder layer (``strategies.zero.sizing.layer_sized_sub_group``; DeepSpeed's own default is 1e9)."""
     if strategy.stage != 3:
         return partition
     return min(partition, shape.layer_params() if setup.sub_group_size is None else setup.sub_group_size)
@@ -256,7 +256,7 @@ def logits_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
 
 def zero_bucket_elements(shape: ModelShape, setup: Setup) -> int:
     """Elements of DeepSpeed's reduce bucket: ``Setup.bucket_size``, by default (None) one decoder layer, as
-    ``ZeROStrategy`` derives it (``hf_deepspeed_config.derived_bucket_size``), capped at the model's size."""
+    ``ZeROStrategy`` derives it (``strategies.zero.sizing.derived_bucket_size``), capped at the model's size."""
     size = shape.layer_params() if setup.bucket_size is None else setup.bucket_size
     return min(size, param_counts(shape, setup).total_with_adapters)
 

@@ -9,7 +9,7 @@ against measured peaks in docs/benchmarks.md by ``benchmarks/scale.py``):
   (``strategies/materialize.py``): its fp32 shard plus the slices of the file being read. DDP and ZeRO-1/2 load
   the whole checkpoint on every rank (``from_pretrained``); ZeRO-3 builds under ``zero.Init`` and transformers
   gathers one module at a time while it copies a file's tensors in. Trainable weights become fp32 under
-  ``bf16-mixed`` whatever the checkpoint's dtype (``strategies/_common.fp32_trainable_parameters``); DeepSpeed
+  ``bf16-mixed`` whatever the checkpoint's dtype (``precision.fp32_master_weights``); DeepSpeed
   keeps the module in 16 bits and builds fp32 master partitions in ``deepspeed.initialize``. AdamW's states come
   with the first step under every strategy.
 * step — the model states (``estimate.model_states``), activations, the LM head/loss buffer (one chunk of
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.estimate import (
     Setup,
     Strategy,
@@ -37,7 +38,6 @@ from gym_lightning.planner.estimate import (
     param_counts,
     zero_bucket_elements,
 )
-from gym_lightning.planner.shapes import ModelShape
 
 PHASES: tuple[str, ...] = ("load", "step", "save", "export")
 

@@ -7,6 +7,8 @@ from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
 from gym_lightning.errors import GymUserError
+from gym_lightning.models.shapes import LoraTargets, ModelShape
+from gym_lightning.planner.catalog import resolve_shape
 from gym_lightning.planner.estimate import (
     Accelerator,
     Attention,
@@ -20,7 +22,6 @@ from gym_lightning.planner.estimate import (
     recommend,
 )
 from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
-from gym_lightning.planner.shapes import LoraTargets, ModelShape, resolve_shape
 
 GiB = 1024**3
 _UNITS = {

@@ -1,7 +1,7 @@
 """Strategies that run the same configuration on CPU ranks (gloo) and on GPUs (nccl).
 
-Importing this package registers their names with Lightning, so ``Trainer(strategy="zero3")`` works after
-``import gym_lightning``:
+``import gym_lightning`` registers their names with Lightning (``gym_lightning.registration``), so
+``Trainer(strategy="zero3")`` works:
 
 ==================  ==============================================================
 ``gym_ddp``         :class:`GymDDPStrategy`
@@ -23,8 +23,8 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
 from gym_lightning.strategies.ddp import GymDDPStrategy
-from gym_lightning.strategies.deepspeed import ZeRO1Strategy, ZeRO2Strategy, ZeRO3Strategy, ZeROStrategy
 from gym_lightning.strategies.fsdp import GymFSDPStrategy
+from gym_lightning.strategies.zero import ZeRO1Strategy, ZeRO2Strategy, ZeRO3Strategy, ZeROStrategy
 
 STRATEGY_NAMES: tuple[str, ...] = (
     "gym_ddp",
@@ -36,15 +36,6 @@ STRATEGY_NAMES: tuple[str, ...] = (
     "zero3_offload",
     "zero_infinity",
 )
-
-
-def register_strategies() -> None:
-    """Register gym_lightning's strategy names in Lightning's ``StrategyRegistry`` (idempotent)."""
-    for strategy_cls in (GymDDPStrategy, GymFSDPStrategy, ZeROStrategy):
-        strategy_cls.register_strategies(StrategyRegistry)
-
-
-register_strategies()
 
 
 def strategy_name_problem(name: str) -> str | None:
@@ -74,6 +65,5 @@ __all__ = [
     "ZeRO3Strategy",
     "ZeROStrategy",
     "bf16_allreduce_hook",
-    "register_strategies",
     "strategy_name_problem",
 ]

@@ -1,4 +1,5 @@
-"""Pieces shared by gym_lightning's strategies: CPU thread budget, config error collection, rank-0 state dicts."""
+"""Pieces shared by gym_lightning's strategies: CPU thread budget, host allocator, process-group lifetime and
+timeouts, config error collection."""
 
 from __future__ import annotations
 
@@ -7,16 +8,12 @@ import os
 import sys
 from collections.abc import Iterable
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any
 
 import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 
-from gym_lightning import errors
 from gym_lightning._compat import rank_zero_info
-
-if TYPE_CHECKING:
-    from gym_lightning.strategies.rank_failure import RankWatch
+from gym_lightning.errors import raise_if_problems as _raise_if_problems
 
 # The standard OpenMP variable: a user who sets it chose the per-rank thread count, so torch's setting is left alone.
 THREADS_ENV_VAR = "OMP_NUM_THREADS"
@@ -88,7 +85,7 @@ def destroy_process_group_at_exit() -> None:
     interpreter's finalisation. There, gloo's worker threads can still hold finished work that refers to tensors;
     releasing them needs an interpreter that is going away, and the process aborts ("terminate called without an
     active exception", exit code -6 / 134) after a run that succeeded. Seen once in CI at the end of the 2-rank
-    gym_fsdp memory test (tests/test_callbacks_memory.py); PyTorch's own atexit fix was proposed and dropped
+    gym_fsdp memory test (tests/callbacks/test_memory_monitor.py); PyTorch's own atexit fix was proposed and dropped
     (pytorch/pytorch#179291; #190489 reports the abort). Lightning registers the same cleanup for NCCL only
     (``_init_dist_connection``, Lightning #19931). Registering twice keeps one handler. atexit runs handlers
     last-in first-out, so this one, registered when the strategy sets up, runs after handlers added later.
@@ -127,45 +124,6 @@ def rendezvous_timeout(collective: timedelta | None) -> timedelta:
     return max(collective, default_pg_timeout) if collective is not None else default_pg_timeout
 
 
-def watch_collectives(timeout: timedelta | None, groups: Iterable[Any] = ()) -> RankWatch | None:
-    """Right after a strategy's process group is up: its collectives (and ``groups``') time out after ``timeout``,
-    and a multi-rank job gets its ``RankWatch`` (a collective); ``None`` for one process, where no peer can stop
-    answering."""
-    from gym_lightning._compat import set_collective_timeout
-    from gym_lightning.strategies.rank_failure import RankWatch
-
-    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
-        return None
-    if timeout is not None:
-        for group in (None, *groups):
-            set_collective_timeout(timeout, group)
-    return RankWatch(timeout) if torch.distributed.get_world_size() > 1 else None
-
-
-# Precisions whose optimizer updates fp32 master weights and computes in half precision (autocast / FSDP's policy).
-MIXED_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed")
-
-
-def fp32_trainable_parameters(module: torch.nn.Module, precision: str) -> None:
-    """Under a mixed precision, make every trainable floating-point parameter fp32 (in place, ties kept).
-
-    transformers 5 loads a checkpoint in the dtype it was saved in (``dtype="auto"``), so a bf16 folder would train
-    bf16 weights with bf16 AdamW states and lose updates below bf16's resolution (~0.4% of a weight). Mixed
-    precision means fp32 master weights and optimizer state; ``bf16-true`` remains the explicit choice of bf16
-    weights. Frozen parameters (e.g. the base model under LoRA) keep their dtype. Free on the meta device.
-    """
-    if str(precision) not in MIXED_PRECISIONS:
-        return
-    for param in module.parameters():
-        if param.requires_grad and param.is_floating_point() and param.dtype != torch.float32:
-            param.data = param.data.float()
-
-
 def raise_if_problems(strategy_name: str, problems: Iterable[str]) -> None:
     """Raise one ``GymUserError`` listing every configuration problem of a strategy (each with its fix)."""
-    errors.raise_if_problems(f"Invalid {strategy_name} configuration", problems)
-
-
-def cpu_state_dict(module: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """A detached CPU copy of ``module.state_dict()`` (keys exactly as the module reports them)."""
-    return {key: value.detach().cpu().clone() for key, value in module.state_dict().items()}
+    _raise_if_problems(f"Invalid {strategy_name} configuration", problems)

@@ -21,18 +21,16 @@ from gym_lightning._compat import _StrategyRegistry
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
+from gym_lightning.precision import fp32_master_weights
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
-    cpu_state_dict,
     destroy_process_group_at_exit,
-    fp32_trainable_parameters,
     raise_if_problems,
     rendezvous_timeout,
     return_freed_host_memory,
-    watch_collectives,
 )
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
-from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure
+from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
 
 GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
 GRADIENT_COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
@@ -141,7 +139,7 @@ class GymDDPStrategy(DDPStrategy):
     @override
     def setup(self, trainer: Trainer) -> None:
         if self.model is not None:  # fp32 master weights under bf16-mixed, whatever dtype the checkpoint had
-            fp32_trainable_parameters(self.model, str(self.precision_plugin.precision))
+            fp32_master_weights(self.model, self.precision_plugin)
         super().setup(trainer)
 
     @override
@@ -155,10 +153,6 @@ class GymDDPStrategy(DDPStrategy):
     def local_gradients(self, module: torch.nn.Module) -> list[torch.Tensor] | None:
         """This rank's gradients of ``module`` (for ``NonFiniteGuard``): every rank holds them all, as ``.grad``."""
         return [p.grad for p in module.parameters() if p.grad is not None]
-
-    def full_model_state_dict(self, model: torch.nn.Module) -> dict[str, torch.Tensor]:
-        """Full CPU state dict of ``model`` on global rank 0, ``{}`` elsewhere (every rank holds all weights)."""
-        return cpu_state_dict(model) if self.is_global_zero else {}
 
     @override
     def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:

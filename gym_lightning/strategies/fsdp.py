@@ -8,8 +8,7 @@ then one unit per top-level child of the LightningModule, so model code knows no
 
 from __future__ import annotations
 
-from collections.abc import Generator, Iterable
-from contextlib import contextmanager
+from collections.abc import Iterable
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -19,7 +18,6 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.strategies import ModelParallelStrategy
 from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
-from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
@@ -31,18 +29,17 @@ from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
+from gym_lightning.models.plan import META, BuildPlan
+from gym_lightning.precision import fp32_master_weights
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
     destroy_process_group_at_exit,
-    fp32_trainable_parameters,
     raise_if_problems,
     rendezvous_timeout,
     return_freed_host_memory,
-    watch_collectives,
 )
-from gym_lightning.strategies.construction import deferred_weights
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
-from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure
+from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
 SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
@@ -180,6 +177,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         self.collective_timeout = timeout
         self._rank_watch: RankWatch | None = None
         self._shard_mesh: DeviceMesh | None = None
+        self._build_plan = BuildPlan(device=META)
 
     @override
     def setup_environment(self) -> None:
@@ -202,13 +200,11 @@ class GymFSDPStrategy(ModelParallelStrategy):
     def _get_process_group_backend(self) -> str:
         return process_group_backend(self.process_group_backend, self.root_device.type, self.cpu_offload)
 
-    @contextmanager
-    @override
-    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
-        # Models built by gym_lightning.models.build_causal_lm in configure_model are created on the meta device;
-        # setup() shards them, then each rank materialises and loads only its own shards (strategies/materialize.py).
-        with deferred_weights(), super().tensor_init_context(empty_init):
-            yield
+    def build_plan(self) -> BuildPlan:
+        """How ``configure_model`` builds models (``protocols.ProvidesBuildPlan``): on the meta device, with no
+        storage; ``setup()`` shards them, then each rank materialises and loads only its own shards
+        (``strategies.materialize``)."""
+        return self._build_plan
 
     @override
     def setup(self, trainer: Trainer) -> None:
@@ -216,11 +212,11 @@ class GymFSDPStrategy(ModelParallelStrategy):
             raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
         self.accelerator.setup(trainer)
         self.model = self.precision_plugin.convert_module(self.model)
-        fp32_trainable_parameters(self.model, str(self.precision_plugin.precision))
+        fp32_master_weights(self.model, self.precision_plugin)
         if not has_meta_tensors(self.model):
             self.model_to_device()  # a meta model gets its storage on the device after sharding, below
         self.shard_module(self.model)
-        materialize(self.model, shard_storage_device(self.root_device, self.cpu_offload))
+        materialize(self.model, shard_storage_device(self.root_device, self.cpu_offload), self._build_plan.take())
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
@@ -273,12 +269,6 @@ class GymFSDPStrategy(ModelParallelStrategy):
         """This rank's gradient shards of ``module`` as plain tensors (for ``NonFiniteGuard``); no collective."""
         grads = [p.grad for p in module.parameters() if p.grad is not None]
         return [g.to_local() if isinstance(g, DTensor) else g for g in grads]
-
-    def full_model_state_dict(self, model: nn.Module) -> dict[str, torch.Tensor]:
-        """Gather the full, unsharded CPU state dict of ``model`` on global rank 0 (``{}`` elsewhere); collective."""
-        options = StateDictOptions(full_state_dict=True, cpu_offload=True)
-        state_dict = get_model_state_dict(model, options=options)
-        return state_dict if self.is_global_zero else {}
 
     def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]:
         """``model``'s state dict as lazy full CPU tensors (``gym_lightning.lazy``), for the exporter: each sharded

@@ -1,7 +1,7 @@
 """Give a sharded model that was built on the meta device its storage and its weights, one rank shard at a time.
 
 The torchtitan recipe (meta device -> ``fully_shard`` -> ``to_empty`` -> initialise or load) for Hugging Face
-models built inside ``strategies.construction.deferred_weights()``:
+models built on a meta-device ``models.plan.BuildPlan`` (which records each model's ``WeightsSource``):
 
 - pretrained weights are read with torch distributed checkpoint's ``HuggingFaceStorageReader``: every rank reads
   only the slices of the ``*.safetensors`` tensors that its shards hold (safetensors slices are memory-mapped), so no
@@ -31,22 +31,8 @@ from transformers import PreTrainedModel
 
 from gym_lightning._compat import metric_state_defaults
 from gym_lightning.errors import GymUserError
-from gym_lightning.strategies.construction import (
-    WEIGHTS_SOURCE_ATTRIBUTE,
-    WeightsSource,
-    reference_state_dict,
-    weights_source_of,
-)
-
-# peft's LoRA wrapper inserts ``base_layer`` into the name of the weight it adapts; the checkpoint has the original.
-_WRAPPER_INFIXES = (".base_layer.",)
-
-
-def checkpoint_key(name: str) -> str:
-    """The checkpoint key of a state dict entry (wrapper modules that insert a name component removed)."""
-    for infix in _WRAPPER_INFIXES:
-        name = name.replace(infix, ".")
-    return name
+from gym_lightning.lora import checkpoint_key
+from gym_lightning.models.plan import WeightsSource, reference_state_dict
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -61,17 +47,21 @@ def has_meta_tensors(module: nn.Module) -> bool:
 
 
 @torch.no_grad()
-def materialize(module: nn.Module, device: torch.device) -> None:
-    """Storage on ``device`` for every meta tensor of the (already sharded) ``module``, filled as described above.
+def materialize(module: nn.Module, device: torch.device, built: list[tuple[nn.Module, WeightsSource]]) -> None:
+    """Storage on ``device`` for every meta tensor of the (already sharded) ``module``, filled as described above;
+    ``built`` is what the build plan recorded: each model inside ``module`` and where its weights come from.
 
-    Collective when ``module`` holds a deferred model; a no-op for a module without meta tensors.
+    Collective when ``module`` holds a meta-built model; a no-op for a module without meta tensors.
     """
     if not has_meta_tensors(module):
         return
-    deferred = [(model, record) for model in module.modules() if (record := weights_source_of(model)) is not None]
+    inside = {id(m) for m in module.modules()}
+    deferred = [(model, record) for model, record in built if id(model) in inside]
     if not deferred:
-        raise RuntimeError(
-            "The module has tensors on the meta device but no WeightsSource (deferred_weights()) to fill them."
+        raise GymUserError(
+            "The module has tensors on the meta device but its build plan recorded no weights source to fill them: "
+            "build the model in configure_model with gym_lightning.models.build_causal_lm(..., "
+            "plan=gym_lightning.models.plan_of(self.trainer.strategy)), or build it with storage."
         )
     pending = {id(model): _meta_state_keys(model) for model, _ in deferred}
     kept = {name: local_tensor(t).clone() for name, t in _named_tensors(module) if not local_tensor(t).is_meta}
@@ -83,7 +73,6 @@ def materialize(module: nn.Module, device: torch.device) -> None:
     for model, record in deferred:
         model.tie_weights()  # to_empty gives each module its own new tensor unless the parameter is swapped in place
         _fill(model, record, pending[id(model)])
-        delattr(model, WEIGHTS_SOURCE_ATTRIBUTE)
 
 
 @contextmanager

@@ -33,11 +33,16 @@ import socket
 import sys
 import threading
 import traceback
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import timedelta
+from typing import Any
 
 import torch
 import torch.distributed as dist
+
+from gym_lightning._compat import set_collective_timeout
+from gym_lightning.strategies._common import leave_process_group_at_exit
 
 ROLL_CALL_SECONDS = 30.0  # longest wait for the other live ranks (they time out at about the same moment)
 NOTE_PREFIX = "gym_lightning: "  # the note this module adds begins so; the command line prints it alone
@@ -247,8 +252,6 @@ def report_rank_failure(watch: RankWatch | None, exception: BaseException) -> No
     except Exception as err:  # the diagnosis must not hide the original error
         line = f"{NOTE_PREFIX}could not tell which rank failed ({type(err).__name__}: {err})"
     if is_collective_failure(exception):
-        from gym_lightning.strategies._common import leave_process_group_at_exit
-
         leave_process_group_at_exit()  # its peers are gone: destroying it at exit could block
     if line is not None:
         exception.add_note(line)
@@ -280,6 +283,18 @@ def exit_within(seconds: float, status: int) -> None:
     timer = threading.Timer(seconds, hard_exit)
     timer.daemon = True
     timer.start()
+
+
+def watch_collectives(timeout: timedelta | None, groups: Iterable[Any] = ()) -> RankWatch | None:
+    """Right after a strategy's process group is up: its collectives (and ``groups``') time out after ``timeout``,
+    and a multi-rank job gets its ``RankWatch`` (a collective); ``None`` for one process, where no peer can stop
+    answering."""
+    if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
+        return None
+    if timeout is not None:
+        for group in (None, *groups):
+            set_collective_timeout(timeout, group)
+    return RankWatch(timeout) if torch.distributed.get_world_size() > 1 else None
 
 
 __all__ = [

@@ -21,7 +21,7 @@ import pytest
 import torch
 
 # tests/ holds the shared launch helpers; pytest only puts tests/gpu on sys.path for this file.
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
 from helpers.dist import REPO_ROOT, rank_env
 
 pytestmark = [

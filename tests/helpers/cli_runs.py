@@ -15,7 +15,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
 import yaml
+from safetensors.torch import load_file
 
 from helpers.dist import REPO_ROOT, free_port, rank_env
 
@@ -92,3 +94,12 @@ def cli_run(strategy: str, lora: bool, out: Path) -> CliRun:
     config = run_config(strategy, lora, out)
     torchrun(["fit", "--config", str(config)])
     return CliRun(out, config)
+
+
+def tensors_of(folder: Path) -> dict[str, torch.Tensor]:
+    """Every tensor of a Hugging Face folder's safetensors files (one dict)."""
+    tensors: dict[str, torch.Tensor] = {}
+    for file in sorted(folder.glob("*.safetensors")):
+        tensors.update(load_file(file))
+    assert tensors, f"no safetensors in {folder}"
+    return tensors

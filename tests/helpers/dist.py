@@ -11,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
+TESTS = REPO_ROOT / "tests"
+HELPERS = TESTS / "helpers"
 
 
 def free_port() -> int:

@@ -1,4 +1,5 @@
-"""Worker for tests/test_loading_sharded.py: ``python loading_worker.py SPEC.json`` (Lightning starts the other rank).
+"""Worker for tests/strategies/test_materialize.py: ``python loading_worker.py SPEC.json`` (Lightning starts the
+other rank).
 
 Each phase fits ``CausalLMModule`` for a few optimizer steps with one strategy and precision and writes, from global
 rank 0, what the tests check: the full weights the model starts from (gathered through the strategy), the dtypes of
@@ -15,8 +16,12 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import Callback
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
 from strategy_worker import TINY_OVERRIDES, RecordLosses, TokenData, build_strategy
 from strategy_worker import main as run_phases
+
+from helpers.full_state import full_model_state_dict
 
 
 class RecordStart(Callback):
@@ -27,7 +32,7 @@ class RecordStart(Callback):
         self.tied: bool | None = None
 
     def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
-        state = trainer.strategy.full_model_state_dict(module.model)
+        state = full_model_state_dict(trainer.strategy, module.model)
         if trainer.is_global_zero:
             torch.save({key: value.detach().cpu() for key, value in state.items()}, self.path)
         base = module.model.get_base_model() if hasattr(module.model, "get_base_model") else module.model

@@ -15,8 +15,10 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
 from gym_lightning import CausalLMDataModule, CausalLMModule
 from gym_lightning.callbacks import NonFiniteGuard, NonFiniteLossError
+from helpers.full_state import full_model_state_dict
 
 BAD_RANK, BAD_STEP = 1, 2
 
@@ -54,7 +56,7 @@ def main(out: Path, strategy: str, action: str) -> None:
         trainer.fit(module, CausalLMDataModule(train_files=str(train), batch_size=4, max_seq_length=16))
     except NonFiniteLossError as err:
         error = str(err)
-    state = trainer.strategy.full_model_state_dict(module.model) if error is None else {}
+    state = full_model_state_dict(trainer.strategy, module.model) if error is None else {}
     result = {
         "error": error,
         "global_step": trainer.global_step,

@@ -3,7 +3,7 @@
 Lightning's launcher re-runs this script for the other local ranks (same argv), so every rank reads the same spec.
 The spec lists phases that run one after the other in the same processes (one process-group start for several
 assertions): each phase is a ``Trainer.fit`` whose per-micro-batch global losses and final full weights (gathered
-through ``strategy.full_model_state_dict`` when the strategy has it) are written by global rank 0.
+through ``helpers.full_state.full_model_state_dict``) are written by global rank 0.
 
 Models: ``"mlp"`` is a plain LightningModule classifier that knows nothing of gym_lightning (the "import into an
 existing project" case); ``"causal"`` is gym_lightning's ``CausalLMModule`` on a tiny Llama with variable-length,
@@ -27,6 +27,9 @@ from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 from torch import nn
 from torch.utils.data import DataLoader, Dataset, DistributedSampler, Sampler, TensorDataset
 from torchmetrics import MeanMetric
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/: the helpers package
+from helpers.full_state import full_model_state_dict
 
 # --------------------------------------------------------------------------------------------- plain Lightning model
 
@@ -161,6 +164,12 @@ def causal_module(
 TINY_OVERRIDES = {"num_hidden_layers": 2, "hidden_size": 32, "intermediate_size": 64}
 
 
+def records() -> list[dict[str, str]]:
+    """24 prompt/completion pairs whose completions differ in length (so token weighting across ranks matters)."""
+    completions = [" ".join(str(i * 7 + k) for k in range(1 + (i * 5) % 6)) for i in range(24)]
+    return [{"prompt": f"{i}+{i}=", "completion": completion} for i, completion in enumerate(completions)]
+
+
 def save_tiny_pretrained(folder: Path) -> Path:
     """A tiny Llama with HF's own initialisation, saved as a local pretrained folder (weights + tokenizer)."""
     from gym_lightning.models.loading import build_causal_lm
@@ -193,7 +202,7 @@ class RecordZero3Trace(Callback):
         self.modes: list[str] = []
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
-        from gym_lightning.strategies.zero3_trace import zero3_parameter_offload
+        from gym_lightning.strategies.zero.trace import zero3_parameter_offload
 
         offload = zero3_parameter_offload(trainer.strategy.model)
         if offload is None:  # not a ZeRO-3 engine
@@ -206,7 +215,7 @@ class RecordZero3Trace(Callback):
 @contextmanager
 def zero3_trace_fix(enabled: bool) -> Generator[None, None, None]:
     """Run with gym_lightning's ZeRO-3 trace fix switched off when not ``enabled`` (the control run)."""
-    import gym_lightning.strategies.deepspeed as gym_deepspeed
+    import gym_lightning.strategies.zero.strategy as gym_deepspeed
 
     original = gym_deepspeed.keep_zero3_trace_valid
     if not enabled:
@@ -249,7 +258,7 @@ PROBE = [[5, 9, 12, 40, 7, 3, 22, 8, 17, 2]]
 
 def export_callbacks(phase: dict[str, Any], out: Path) -> list[Callback]:
     """``HFExport`` at the end of fit, one per LoRA mode the phase asks for, into ``<out>/<name>.export-<mode>``."""
-    from gym_lightning.callbacks.export import HFExport
+    from gym_lightning.callbacks.hf_export import HFExport
 
     return [HFExport(output_dir=str(out / f"{phase['name']}.export-{mode}"), lora=mode) for mode in phase["export"]]
 
@@ -298,8 +307,7 @@ def run_phase(spec: dict[str, Any], phase: dict[str, Any], out: Path) -> dict[st
     with zero3_trace_fix(phase.get("zero3_trace_fix", True)):
         trainer.fit(module, datamodule=data, ckpt_path=ckpt)
     target = module.model if is_causal else module.net
-    gather = getattr(trainer.strategy, "full_model_state_dict", None)
-    state = gather(target) if gather is not None else target.state_dict()
+    state = full_model_state_dict(trainer.strategy, target)
     logits = probe_logits(module) if phase.get("export") else None
     if trainer.is_global_zero:
         torch.save({k: v.detach().cpu() for k, v in state.items()}, out / f"{phase['name']}.pt")

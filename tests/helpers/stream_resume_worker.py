@@ -2,7 +2,7 @@
 
 ``python stream_resume_worker.py TRAIN_JSONL OUT_DIR MAX_STEPS CKPT`` (``CKPT`` is ``none`` or a checkpoint to resume
 from). Checkpoints every 2 optimizer steps into ``OUT_DIR/ckpt``; writes ``OUT_DIR/seen.RANK.json``. The model is a
-single zero-learning-rate parameter: only the data path is under test (tests/test_data_stream_resume.py).
+single zero-learning-rate parameter: only the data path is under test (tests/data/test_stream_resume.py).
 """
 
 from __future__ import annotations

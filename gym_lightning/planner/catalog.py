@@ -1,0 +1,73 @@
+"""The planner's model catalogue: shapes of public models by name (``gym plan --model llama-3-70b``), presets and
+local ``config.json`` files, resolved into ``models.shapes.ModelShape``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from gym_lightning.errors import GymUserError
+from gym_lightning.models.presets import is_preset, preset_config
+from gym_lightning.models.shapes import ModelShape, shape_from_config
+
+
+def _shape(
+    name: str, h: int, inter: int, layers: int, heads: int, kv: int, vocab: int, tied: bool, **extra: object
+) -> ModelShape:
+    head_dim = int(extra.pop("head_dim", h // heads))
+    return ModelShape(name, h, inter, layers, heads, kv, head_dim, vocab, tied, **extra)  # type: ignore[arg-type]
+
+
+# Shapes copied from each model's config.json on the Hugging Face hub (weights are never needed). The published
+# parameter count of each is in PUBLISHED_PARAMS; tests check the computed counts against it.
+BUNDLED: dict[str, ModelShape] = {
+    "llama-3.2-1b": _shape("llama-3.2-1b", 2048, 8192, 16, 32, 8, 128256, True, head_dim=64),
+    "llama-3.2-3b": _shape("llama-3.2-3b", 3072, 8192, 28, 24, 8, 128256, True),
+    "llama-3-8b": _shape("llama-3-8b", 4096, 14336, 32, 32, 8, 128256, False),
+    "llama-3-70b": _shape("llama-3-70b", 8192, 28672, 80, 64, 8, 128256, False),
+    "llama-3.1-405b": _shape("llama-3.1-405b", 16384, 53248, 126, 128, 8, 128256, False),
+    "mistral-7b": _shape("mistral-7b", 4096, 14336, 32, 32, 8, 32000, False),
+    "qwen2.5-7b": _shape("qwen2.5-7b", 3584, 18944, 28, 28, 4, 152064, False, attention_bias=True),
+    "qwen2.5-72b": _shape("qwen2.5-72b", 8192, 29568, 80, 64, 8, 152064, False, attention_bias=True),
+    "qwen3-0.6b": _shape("qwen3-0.6b", 1024, 3072, 28, 16, 8, 151936, True, head_dim=128, qk_norm=True),
+    "qwen3-1.7b": _shape("qwen3-1.7b", 2048, 6144, 28, 16, 8, 151936, True, head_dim=128, qk_norm=True),
+    "qwen3-4b": _shape("qwen3-4b", 2560, 9728, 36, 32, 8, 151936, True, head_dim=128, qk_norm=True),
+    "qwen3-8b": _shape("qwen3-8b", 4096, 12288, 36, 32, 8, 151936, False, head_dim=128, qk_norm=True),
+    "qwen3-14b": _shape("qwen3-14b", 5120, 17408, 40, 40, 8, 151936, False, head_dim=128, qk_norm=True),
+    "qwen3-32b": _shape("qwen3-32b", 5120, 25600, 64, 64, 8, 151936, False, head_dim=128, qk_norm=True),
+}
+
+# Parameter counts from the model cards (billions, as rounded there): what the computed counts are checked against.
+PUBLISHED_PARAMS: dict[str, float] = {
+    "llama-3.2-1b": 1.24,
+    "llama-3.2-3b": 3.21,
+    "llama-3-8b": 8.03,
+    "llama-3-70b": 70.6,
+    "llama-3.1-405b": 405.9,
+    "mistral-7b": 7.24,
+    "qwen2.5-7b": 7.61,
+    "qwen2.5-72b": 72.7,
+    "qwen3-0.6b": 0.6,
+    "qwen3-1.7b": 1.7,
+    "qwen3-4b": 4.0,
+    "qwen3-8b": 8.2,
+    "qwen3-14b": 14.8,
+    "qwen3-32b": 32.8,
+}
+
+
+def resolve_shape(model: str) -> ModelShape:
+    """The shape named by ``model``: a bundled name, a gym_lightning preset, or a ``config.json`` / model folder."""
+    if model.lower() in BUNDLED:
+        return BUNDLED[model.lower()]
+    if is_preset(model):
+        return shape_from_config(preset_config(model).to_dict(), model)
+    path = Path(model)
+    if path.is_dir():
+        path = path / "config.json"
+    if path.is_file():
+        return shape_from_config(json.loads(path.read_text()), model)
+    raise GymUserError(
+        f"Unknown model {model!r}: pass a bundled name ({', '.join(BUNDLED)}), a gym_lightning preset "
+        f"(tiny-llama, tiny-qwen3), or a local Hugging Face config.json / model folder."
+    )

@@ -1,0 +1,135 @@
+"""What modules, data modules, strategies and callbacks ask of each other: every such interface, in one module.
+
+gym_lightning's pieces work with any LightningModule, data module or strategy. Where one needs something only
+another knows, it asks through one of these small typed protocols instead of reading the other's settings by name
+(a strategy never reads a module's hyper-parameters, a module never imports a strategy). Every protocol is optional:
+whoever asks has a stated answer for "not provided".
+
+Module and data module -> strategy (DeepSpeed's ``"auto"`` values, ``strategies.zero.hf_auto``):
+
+- ``ProvidesOptimizerFacts`` (LightningModule): ``optimizer_facts() -> OptimizerFacts``; unknown without it.
+- ``ProvidesModelFacts`` (LightningModule): ``model_facts() -> models.facts.ModelFacts``, the model's width and
+  layer size, known before the model is built (ZeRO-3 sizes its buffers before ``configure_model``).
+- ``ProvidesMicroBatchSize`` (data module, or a module that builds its own DataLoader): ``micro_batch_size``.
+
+Strategy -> module (``models.plan``):
+
+- ``ProvidesBuildPlan``: ``build_plan() -> models.plan.BuildPlan``, how the strategy wants models built in
+  ``configure_model``; the default plan otherwise.
+
+Strategy -> callbacks:
+
+- ``ProvidesFullTensors``: ``full_tensors(model) -> dict[str, lazy.LazyTensor]``, a sharded model one full tensor
+  at a time (the exporter, ``hf_folder``); every rank holds the whole model otherwise.
+- ``ProvidesLocalGradients``: ``local_gradients(module) -> list[Tensor] | None``, this rank's gradients
+  (``NonFiniteGuard``); ``None`` where an engine owns them. The parameters' ``.grad`` otherwise.
+
+This module imports nothing from gym_lightning at run time, so that every layer may depend on it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
+if TYPE_CHECKING:
+    import torch
+    from torch import nn
+
+    from gym_lightning.lazy import LazyTensor
+    from gym_lightning.models.facts import ModelFacts
+    from gym_lightning.models.plan import BuildPlan
+
+
+@dataclass(frozen=True)
+class OptimizerFacts:
+    """The module's optimizer settings, as DeepSpeed's ``"auto"`` needs them; ``None`` means "not known".
+
+    Args:
+        lr: Peak learning rate.
+        betas: Adam betas.
+        eps: Adam epsilon.
+        weight_decay: Weight decay.
+        warmup_steps: Warm-up length in optimizer steps (> 0 wins over ``warmup_ratio``, as in the HF Trainer).
+        warmup_ratio: Warm-up length as a fraction of the run's total optimizer steps.
+    """
+
+    lr: float | None = None
+    betas: tuple[float, float] | None = None
+    eps: float | None = None
+    weight_decay: float | None = None
+    warmup_steps: int | None = None
+    warmup_ratio: float | None = None
+
+
+@runtime_checkable
+class ProvidesOptimizerFacts(Protocol):
+    """A LightningModule that states its optimizer settings (see ``OptimizerFacts``)."""
+
+    def optimizer_facts(self) -> OptimizerFacts: ...
+
+
+@runtime_checkable
+class ProvidesModelFacts(Protocol):
+    """A LightningModule that states its model's facts (``models.facts.ModelFacts``) before building the model."""
+
+    def model_facts(self) -> ModelFacts: ...
+
+
+@runtime_checkable
+class ProvidesMicroBatchSize(Protocol):
+    """A data module (or module) that states its per-device training micro-batch size."""
+
+    @property
+    def micro_batch_size(self) -> int: ...
+
+
+@runtime_checkable
+class ProvidesBuildPlan(Protocol):
+    """A strategy that says how the models built in ``configure_model`` are to be built (``models.plan``)."""
+
+    def build_plan(self) -> BuildPlan: ...
+
+
+@runtime_checkable
+class ProvidesFullTensors(Protocol):
+    """A strategy that shards parameters and can gather them one full tensor at a time."""
+
+    def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]: ...
+
+
+@runtime_checkable
+class ProvidesLocalGradients(Protocol):
+    """A strategy that hands out this rank's gradients (local shards), or ``None`` where an engine owns them."""
+
+    def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None: ...
+
+
+def optimizer_facts_of(module: object) -> OptimizerFacts:
+    """``module.optimizer_facts()`` when the module provides them, else all unknown."""
+    return module.optimizer_facts() if isinstance(module, ProvidesOptimizerFacts) else OptimizerFacts()
+
+
+def micro_batch_size_of(*providers: object) -> int | None:
+    """The first ``micro_batch_size`` stated by one of ``providers`` (``None`` entries are skipped), else ``None``."""
+    for provider in providers:
+        if provider is None or not isinstance(provider, ProvidesMicroBatchSize):
+            continue
+        size = provider.micro_batch_size
+        # A runtime-checkable protocol only checks that the attribute exists; None (or a bool) states nothing.
+        if isinstance(size, int) and not isinstance(size, bool):
+            return size
+    return None
+
+
+__all__ = [
+    "OptimizerFacts",
+    "ProvidesBuildPlan",
+    "ProvidesFullTensors",
+    "ProvidesLocalGradients",
+    "ProvidesMicroBatchSize",
+    "ProvidesModelFacts",
+    "ProvidesOptimizerFacts",
+    "micro_batch_size_of",
+    "optimizer_facts_of",
+]

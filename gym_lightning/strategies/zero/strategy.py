@@ -1,0 +1,616 @@
+"""DeepSpeed ZeRO stages 0-3 (+ CPU/NVMe offload) on CUDA and on CPU ranks, with Lightning owning accumulation.
+
+Differences from Lightning's ``DeepSpeedStrategy`` and why:
+
+- CPU ranks: Lightning refuses non-CUDA accelerators and passes ``root_device.index`` (``None`` on CPU) as
+  DeepSpeed's device rank; DeepSpeed then fails in ``engine._set_distributed_vars``. We pass the local rank.
+- Gradient accumulation: with Lightning's strategy the loss is divided by the accumulation count twice (Lightning
+  divides, then ``engine.backward`` divides again because ``scale_wrt_gas=True``), and DeepSpeed counts
+  micro-steps itself, so its windows drift from Lightning's whenever an epoch is not a multiple of the window.
+  Here Lightning owns the boundary (``managed_gradient_accumulation: false``: ``engine.step()`` is called exactly
+  when Lightning steps) and ``engine.backward(..., scale_wrt_gas=False)``, so the module's loss is the only
+  normalisation.
+- Offload with the module's own torch optimizer is allowed (``zero_force_ds_cpu_optimizer: false``) so that fp32
+  results match a single-process run with the same torch optimizer. ``cpu_optimizer="deepspeed"`` switches Adam/AdamW
+  to DeepSpeed's fused ``DeepSpeedCPUAdam`` (same update rule, faster, different rounding order).
+- ZeRO-3: the model is built inside ``deepspeed.zero.Init`` with the Hugging Face DeepSpeed integration active,
+  so no rank ever holds the full model and HF still initialises (or loads) the weights correctly. A random
+  initialisation drawn that way differs from one process's (HF skips torch's default initialisation under
+  ``zero.Init`` and initialises on rank 0 only), so it is replaced by rank 0's ordinary CPU build from the same seed:
+  the initial weights depend on the seed only, not on the strategy or the number of ranks.
+- ZeRO-3 with torchmetrics: DeepSpeed's hooks are removed from parameter-free metric modules, whose overloaded
+  ``!=`` otherwise invalidates ZeRO-3's prefetch trace on every step (``strategies.zero.trace``).
+
+The pieces: ``config`` (the JSON gym_lightning writes and its checks), ``hf_auto`` (Hugging Face ``"auto"`` values),
+``sizing`` (buffer sizes from the layer size), ``ops`` (DeepSpeed's C++ ops, built once per machine), ``stage3``
+(partitioned parameters one at a time), ``universal`` (resuming on another number of ranks), ``trace`` (the
+torchmetrics trace fix); this module holds the strategy.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+from collections.abc import Generator
+from contextlib import contextmanager
+from datetime import timedelta
+from pathlib import Path
+from typing import Any, ClassVar, Literal
+
+import torch
+from lightning.fabric.plugins import ClusterEnvironment
+from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
+from lightning.fabric.utilities.seed import reset_seed
+from lightning.pytorch import Trainer
+from lightning.pytorch.accelerators import Accelerator
+from lightning.pytorch.plugins.precision import Precision
+from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
+from torch import nn
+from torch.optim import Adam, AdamW, Optimizer
+from typing_extensions import override
+
+from gym_lightning._compat import (
+    _StrategyRegistry,
+    init_deepspeed_config_if_needed,
+    init_deepspeed_distributed,
+    load_universal_next,
+    rank_zero_info,
+    rank_zero_warn,
+    training_dataloader,
+)
+from gym_lightning.checkpointing.manifest import verify_checkpoint
+from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
+from gym_lightning.errors import EveryRankError, GymUserError
+from gym_lightning.lazy import LazyTensor, eager
+from gym_lightning.models.facts import ModelFacts, model_facts_of
+from gym_lightning.models.plan import BuildPlan, WeightsSource, reference_state_dict
+from gym_lightning.optim import resolve_warmup_steps
+from gym_lightning.protocols import (
+    OptimizerFacts,
+    micro_batch_size_of,
+    optimizer_facts_of,
+)
+from gym_lightning.strategies._common import (
+    configure_cpu_threads,
+    destroy_process_group_at_exit,
+    raise_if_problems,
+    rendezvous_timeout,
+    return_freed_host_memory,
+)
+from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
+from gym_lightning.strategies.zero.config import (
+    DEFAULT_NVME_PATH,
+    STAGE3_DERIVED_KEYS,
+    OffloadDevice,
+    apply_gym_defaults,
+    load_deepspeed_json,
+    offload_devices,
+    zero_config,
+    zero_plus_plus_problems,
+    zero_problems,
+)
+from gym_lightning.strategies.zero.hf_auto import (
+    TrainingFacts,
+    drop_autos,
+    needs_total_steps,
+    resolve_hf_deepspeed_config,
+)
+from gym_lightning.strategies.zero.ops import load_ops, ops_needed
+from gym_lightning.strategies.zero.sizing import (
+    cap_bucket_sizes,
+    derived_bucket_size,
+    fill_bucket_sizes,
+    layer_sized_sub_group,
+)
+from gym_lightning.strategies.zero.stage3 import full_tensor, overwrite_partitioned
+from gym_lightning.strategies.zero.trace import keep_zero3_trace_valid
+from gym_lightning.strategies.zero.universal import (
+    UNIVERSAL_TAG,
+    checkpoint_world_size,
+    convert_to_universal,
+    refuse_unsafe_files,
+    repair_zero3_universal_load,
+)
+
+
+def deepspeed_cpu_adam(optimizer: Optimizer) -> Optimizer:
+    """DeepSpeed's fused CPU Adam with the param groups (and hyper-parameters) of a torch Adam/AdamW."""
+    if type(optimizer) not in (Adam, AdamW):
+        raise GymUserError(
+            f"cpu_optimizer='deepspeed' replaces torch Adam/AdamW only, got {type(optimizer).__name__}; "
+            "use cpu_optimizer='torch' or configure torch.optim.AdamW."
+        )
+    from deepspeed.ops.adam import DeepSpeedCPUAdam
+
+    decoupled = isinstance(optimizer, AdamW) or optimizer.defaults.get("decoupled_weight_decay", False)
+    return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=bool(decoupled))
+
+
+def training_facts(
+    trainer: Trainer, optimizer: OptimizerFacts, model: ModelFacts, config: dict[str, Any], micro_batch_size: int | None
+) -> TrainingFacts:
+    """``TrainingFacts`` from a Lightning Trainer (read, never written) and what the module stated.
+
+    The total step count (it may build the training DataLoader) is only computed when ``config`` needs it. The
+    Trainer's accumulation is passed as set, so an explicit JSON number that differs is a conflict.
+    """
+    total = None
+    if needs_total_steps(config):
+        estimated = trainer.estimated_stepping_batches
+        total = int(estimated) if estimated != float("inf") else None
+    betas = optimizer.betas
+    return TrainingFacts(
+        micro_batch_size=micro_batch_size,
+        accumulate_grad_batches=trainer.accumulate_grad_batches,
+        world_size=trainer.world_size,
+        gradient_clip_val=trainer.gradient_clip_val,
+        precision=str(trainer.precision),
+        lr=optimizer.lr,
+        betas=None if betas is None else (float(betas[0]), float(betas[1])),
+        eps=optimizer.eps,
+        weight_decay=optimizer.weight_decay,
+        warmup_steps=_warmup_steps(optimizer, total),
+        total_steps=total,
+        hidden_size=model.hidden_size,
+        layer_numel=model.layer_numel,
+    )
+
+
+def _warmup_steps(optimizer: OptimizerFacts, total: int | None) -> int | None:
+    if total is None or (optimizer.warmup_steps is None and optimizer.warmup_ratio is None):
+        return None
+    return resolve_warmup_steps(optimizer.warmup_steps or 0, optimizer.warmup_ratio or 0.0, total)
+
+
+class ZeROStrategy(DeepSpeedStrategy):
+    """DeepSpeed ZeRO on CUDA or CPU ranks, for any LightningModule, with Lightning owning gradient accumulation.
+
+    Args:
+        stage: ZeRO stage: ``0`` none (DeepSpeed's engine as data parallelism, HF's ``"stage": 0`` JSONs), ``1``
+            shards optimizer state, ``2`` also gradients, ``3`` also parameters. Default 2,
+            or the ``zero_optimization.stage`` of ``config``.
+        offload_optimizer: Where optimizer state lives and the optimizer runs: ``"none"`` (on the device),
+            ``"cpu"``, ``"nvme"`` (ZeRO-Infinity; needs ``nvme_path`` and Debian's ``libaio-dev``).
+        offload_parameters: Where parameters live between uses (stage 3 only): ``"none"``, ``"cpu"``, ``"nvme"``.
+        nvme_path: Folder on a fast local disk for NVMe offload (one per node; DeepSpeed only swaps tensors of
+            at least 1 MiB per rank, smaller ones stay in memory).
+        config: A DeepSpeed JSON config (path or dict), e.g. one written for the Hugging Face Trainer. Its
+            ``zero_optimization`` replaces the arguments above (passing a conflicting ``stage`` is an error).
+            ``"auto"`` values are filled from the Trainer and from what the module and data module state
+            (``optimizer_facts()``, ``model_facts()``, ``micro_batch_size``: ``gym_lightning.protocols``) as the HF
+            integration does, and explicit values that disagree with them fail before training, all listed in one
+            error (see ``gym_lightning.strategies.zero.hf_auto``). ``gradient_accumulation_steps`` is the Trainer's
+            ``accumulate_grad_batches``: ``gym fit``/``gym train`` adopt the JSON's number when the Trainer's is left
+            at 1; in Python pass ``Trainer(accumulate_grad_batches=...)`` (a mismatch is an error). An
+            ``optimizer``/``scheduler`` block makes DeepSpeed build them; without one the module's
+            ``configure_optimizers`` is used. ZeRO++ keys (``zero_quantized_weights``, ``zero_quantized_gradients``,
+            ``zero_hpz_partition_size``) pass through on CUDA and are refused, with the reason, on CPU ranks.
+        cpu_optimizer: With optimizer offload: ``"torch"`` (default) runs the module's own torch optimizer on the
+            offloaded fp32 partitions — results match a single-process run with that optimizer; ``"deepspeed"``
+            replaces torch Adam/AdamW by DeepSpeed's fused ``DeepSpeedCPUAdam`` (several times faster on large
+            models, same update rule, different rounding; JIT-compiled on first use).
+        pin_memory: Pin offloaded host memory (faster host-device copies on CUDA, more locked RAM).
+        bucket_size: Elements per all-gather / reduce bucket (memory vs. communication efficiency). ``None``: one
+            decoder layer's elements when the module states its layer size, else 2e8 (``sizing.derived_bucket_size``).
+        load_full_weights: Resume stage 3 from a single consolidated checkpoint file instead of a sharded folder.
+        exclude_frozen_parameters: Leave frozen parameters (e.g. the base model under LoRA) out of checkpoints.
+        logging_level: DeepSpeed's log level.
+        accelerator: As for ``DeepSpeedStrategy`` (normally chosen by the Trainer).
+        parallel_devices: As for ``DeepSpeedStrategy`` (normally chosen by the Trainer).
+        cluster_environment: As for ``DeepSpeedStrategy`` (torchrun, SLURM, ... detected by the Trainer).
+        precision_plugin: As for ``DeepSpeedStrategy``.
+        process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
+        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
+            (``strategies.rank_failure``). gym train: ``--ddp_timeout`` (seconds).
+
+    Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
+    CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
+    """
+
+    strategy_name = "zero"
+    # ZeRO1/2/3Strategy fix the stage with this instead of copying the signature; ``None``: the ``stage`` argument,
+    # else the config's ``zero_optimization.stage``, else 2.
+    fixed_stage: ClassVar[int | None] = None
+
+    def __init__(
+        self,
+        stage: Literal[0, 1, 2, 3] | None = None,
+        offload_optimizer: OffloadDevice = "none",
+        offload_parameters: OffloadDevice = "none",
+        nvme_path: str | None = None,
+        config: str | dict[str, Any] | None = None,
+        cpu_optimizer: Literal["torch", "deepspeed"] = "torch",
+        pin_memory: bool = False,
+        bucket_size: int | None = None,
+        load_full_weights: bool = False,
+        exclude_frozen_parameters: bool = False,
+        logging_level: int = logging.WARN,
+        accelerator: Accelerator | None = None,
+        parallel_devices: list[torch.device] | None = None,
+        cluster_environment: ClusterEnvironment | None = None,
+        precision_plugin: Precision | None = None,
+        process_group_backend: str | None = None,
+        timeout: timedelta | None = default_pg_timeout,
+    ) -> None:
+        user_config = None if config is None else load_deepspeed_json(config)
+        resolved_stage = self._checked_stage(
+            stage, user_config, offload_optimizer, offload_parameters, nvme_path, cpu_optimizer
+        )
+        # Only in gym_lightning's own config does an "auto" the module cannot fill fall back to DeepSpeed's default.
+        self._generated_config = user_config is None
+        if user_config is None:
+            user_config = zero_config(
+                resolved_stage, offload_optimizer, offload_parameters, nvme_path, pin_memory, bucket_size
+            )
+        super().__init__(
+            accelerator=accelerator,
+            config=apply_gym_defaults(user_config),
+            logging_level=logging_level,
+            parallel_devices=parallel_devices,
+            cluster_environment=cluster_environment,
+            load_full_weights=load_full_weights,
+            precision_plugin=precision_plugin,
+            process_group_backend=process_group_backend,
+            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
+            exclude_frozen_parameters=exclude_frozen_parameters,
+        )
+        self.stage = resolved_stage
+        self.cpu_optimizer = cpu_optimizer
+        self.collective_timeout = timeout
+        self._rank_watch: RankWatch | None = None
+        zero_section = user_config.get("zero_optimization") or {}
+        offload_param = (zero_section.get("offload_param") or {}).get("device", offload_parameters)
+        self.remote_device = offload_param if offload_param in ("cpu", "nvme") else None
+        self._hf_deepspeed_config: Any = None
+        # ZeRO-3: models are built under zero.Init with their random draw recorded (models.plan).
+        self._build_plan = BuildPlan(record_random_init=resolved_stage == 3)
+
+    @classmethod
+    def _checked_stage(
+        cls,
+        stage: int | None,
+        user_config: dict[str, Any] | None,
+        offload_optimizer: str,
+        offload_parameters: str,
+        nvme_path: str | None,
+        cpu_optimizer: str,
+    ) -> int:
+        """The run's ZeRO stage (``stage``, a stage-fixing subclass's, the config's, else 2); every problem of the
+        arguments in one error."""
+        problems = []
+        if cls.fixed_stage is not None and stage not in (None, cls.fixed_stage):
+            problems.append(
+                f"stage={stage} disagrees with {cls.__name__} (stage {cls.fixed_stage}); use ZeROStrategy(stage=...)."
+            )
+        stage = cls.fixed_stage if stage is None else stage
+        config_stage = ((user_config or {}).get("zero_optimization") or {}).get("stage")
+        resolved = stage if stage is not None else (config_stage if config_stage is not None else 2)
+        has_config = user_config is not None
+        args = (offload_optimizer, offload_parameters, nvme_path, cpu_optimizer, config_stage, has_config)
+        raise_if_problems(cls.__name__, problems + zero_problems(resolved, *args))
+        return resolved
+
+    def build_plan(self) -> BuildPlan:
+        """How ``configure_model`` builds models (``protocols.ProvidesBuildPlan``): under ZeRO-3 a random
+        initialisation's draw is recorded, and replaced by one process's before the engine starts."""
+        return self._build_plan
+
+    # ----------------------------------------------------------------------------------------------- environment
+    @override
+    def setup_environment(self) -> None:
+        raise_if_problems(
+            type(self).__name__, zero_plus_plus_problems(self.config, self.root_device.type, self.world_size)
+        )
+        configure_cpu_threads(self.root_device, self.num_processes)
+        return_freed_host_memory(self.root_device)
+        destroy_process_group_at_exit()
+        # Before DeepSpeed asks for them (its CPU collectives load one as the process group starts): built once per
+        # machine, not once per virtual environment (strategies.zero.ops).
+        load_ops(ops_needed(self.root_device.type, self.cpu_optimizer, nvme="nvme" in offload_devices(self.config)))
+        if self.root_device.type == "cuda":
+            super().setup_environment()
+        else:
+            precision = str(self.precision_plugin.precision)
+            if precision in ("16-mixed", "16-true"):
+                raise GymUserError(
+                    f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
+                )
+            # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
+            DDPStrategy.setup_environment(self)
+        self._rank_watch = watch_collectives(self.collective_timeout)
+
+    @override
+    def on_exception(self, exception: BaseException) -> None:
+        super().on_exception(exception)
+        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
+
+    @override
+    def setup_distributed(self) -> None:
+        if self.root_device.type == "cuda":
+            super().setup_distributed()
+            return
+        # Lightning validates CUDA device indices here; CPU devices have none.
+        reset_seed()
+        self.set_world_ranks()
+        init_deepspeed_distributed(self)
+
+    def _deepspeed_args(self) -> argparse.Namespace:
+        # DeepSpeed's device rank: the CUDA index, or the local rank on CPU (Lightning passes None there).
+        index = self.root_device.index
+        return argparse.Namespace(device_rank=index if index is not None else self.local_rank)
+
+    # ------------------------------------------------------------------------------------- accumulation + init
+    @property
+    @override
+    def handles_gradient_accumulation(self) -> bool:
+        # Lightning decides the boundary and calls engine.step() only there (managed_gradient_accumulation=false).
+        return False
+
+    @contextmanager
+    @override
+    def block_backward_sync(self) -> Generator[None, None, None]:
+        # Caller-managed accumulation already defers the stage-1 reduction to step(); stages 2/3 reduce-scatter
+        # every backward by design (DeepSpeed's no_sync() refuses them).
+        yield
+
+    @override
+    def backward(self, closure_loss: torch.Tensor, optimizer: Optimizer | None, *args: Any, **kwargs: Any) -> Any:
+        # Lightning already divided by accumulate_grad_batches; scale_wrt_gas=True would divide a second time.
+        kwargs.setdefault("scale_wrt_gas", False)
+        return super().backward(closure_loss, optimizer, *args, **kwargs)
+
+    @override
+    def _format_batch_size_and_grad_accum_config(self) -> None:
+        # Hugging Face-style JSONs: "auto" resolved and explicit values checked against the Trainer and what the
+        # module/data module state (gym_lightning.protocols), as the HF Trainer does (strategies.zero.hf_auto).
+        # Runs before the model exists under ZeRO-3. The Trainer is only read: its accumulation was settled before it
+        # was built (cli.accumulation_from_strategy_config), and a JSON that disagrees is an error.
+        if self.lightning_module is None:
+            return
+        module = self.lightning_module
+        optimizer, model = optimizer_facts_of(module), model_facts_of(module)
+        facts = training_facts(module.trainer, optimizer, model, self.config, self._micro_batch_size())
+        if self._generated_config:
+            self.config = fill_bucket_sizes(self.config, derived_bucket_size(facts.layer_numel))
+            self.config = layer_sized_sub_group(self.config, facts.layer_numel)
+        if self._generated_config and facts.layer_numel is None:
+            derived = tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS)
+            self.config = drop_autos(self.config, derived)
+        self.config = resolve_hf_deepspeed_config(self.config, facts)
+        # DeepSpeed needs a micro-batch (it only logs throughput with it here); 1 when unknown, as Lightning's.
+        self.config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size or 1)
+        if "optimizer" in self.config and "scheduler" not in self.config:
+            rank_zero_warn(
+                "The DeepSpeed config has an optimizer block but no scheduler block: DeepSpeed builds the optimizer "
+                "and the learning rate stays at optimizer.params.lr. Add a scheduler block (e.g. WarmupDecayLR with "
+                '"auto" params) or drop the optimizer block to use the module\'s optimizer and schedule.'
+            )
+
+    def _micro_batch_size(self) -> int | None:
+        """The per-device training micro-batch: as the data module (or module) states it, else the DataLoader's."""
+        datamodule = getattr(self.lightning_module.trainer, "datamodule", None)
+        stated = micro_batch_size_of(datamodule, self.lightning_module)
+        return stated if stated is not None else self._loader_batch_size()
+
+    def _loader_batch_size(self) -> int | None:
+        # Lightning's _auto_select_batch_size assumes a batch sampler (a DataLoader with batch_size=None that yields
+        # ready batches has none) and answers 1 when it cannot tell; None keeps "unknown" unknown.
+        loader = training_dataloader(self.lightning_module.trainer)
+        size = getattr(getattr(loader, "batch_sampler", None), "batch_size", None)
+        return size if isinstance(size, int) and not isinstance(size, bool) else None
+
+    @override
+    def _init_optimizers(self) -> tuple[Optimizer, Any]:
+        optimizer, scheduler_config = super()._init_optimizers()
+        if self.cpu_optimizer != "deepspeed":
+            return optimizer, scheduler_config
+        fused = deepspeed_cpu_adam(optimizer)
+        if scheduler_config is not None:
+            # The scheduler only reads/writes param_groups' "lr"; point it at the replacement optimizer.
+            scheduler_config.scheduler.optimizer = fused
+        return fused, scheduler_config
+
+    @override
+    def _setup_model_and_optimizer(
+        self, model: nn.Module, optimizer: Optimizer | None, lr_scheduler: Any = None
+    ) -> tuple[Any, Optimizer]:
+        import deepspeed
+
+        self._replace_zero3_random_init()
+        # Under stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
+        self.config = fill_bucket_sizes(self.config, derived_bucket_size(None))  # no module facts were read
+        self.config = cap_bucket_sizes(self.config, sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+        engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
+            args=self._deepspeed_args(),
+            config=self.config,
+            model=model,
+            model_parameters=[p for p in model.parameters() if p.requires_grad],
+            optimizer=optimizer,
+            lr_scheduler=lr_scheduler,
+            dist_init_required=False,
+        )
+        use_weights_only_engine(engine)
+        if self.zero_stage_3:
+            keep_zero3_trace_valid(engine)
+        return engine, deepspeed_optimizer
+
+    @override
+    def _initialize_deepspeed_inference(self, model: nn.Module) -> None:
+        import deepspeed
+
+        self._replace_zero3_random_init()
+        inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
+        for key in ("fp16", "bf16"):
+            if key in self.config:
+                inference_config[key] = self.config[key]
+        if self.zero_stage_3:
+            inference_config["zero_optimization"] = self.config["zero_optimization"]
+            inference_config["zero_allow_untested_optimizer"] = True
+        self.model, _, _, _ = deepspeed.initialize(
+            args=self._deepspeed_args(), config=inference_config, model=model, dist_init_required=False
+        )
+        use_weights_only_engine(self.model)
+        if self.zero_stage_3:
+            keep_zero3_trace_valid(self.model)
+
+    @contextmanager
+    @override
+    def model_sharded_context(self) -> Generator[None, None, None]:
+        # Keep HF's DeepSpeed integration alive while (and after) the model is built: under zero.Init, HF models
+        # built from a config only get their weight initialisation (and from_pretrained its partitioned loading)
+        # when it is active, and generate() then syncs ranks.
+        init_deepspeed_config_if_needed(self)
+        if self.zero_stage_3 and self._hf_deepspeed_config is None:
+            self._hf_deepspeed_config = _activate_hf_deepspeed(self.config)
+        with super().model_sharded_context():
+            yield
+
+    def _replace_zero3_random_init(self) -> None:
+        """Overwrite the random initialisations built under ``zero.Init`` (recorded in the build plan) by one
+        process's draw from the same seed: rank 0 builds it on CPU, then each module is gathered, overwritten on rank
+        0 and re-partitioned. Rank 0 holds the whole model once for this; a pretrained model is loaded partition-wise
+        and never is."""
+        for hf_model, source in self._build_plan.take():
+            if source.folder is not None:
+                continue
+            reference = self._reference_without_zero_init(source) if self.is_global_zero else {}
+            overwrite_partitioned(hf_model, reference, self.is_global_zero)
+
+    def _reference_without_zero_init(self, source: WeightsSource) -> dict[str, torch.Tensor]:
+        from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
+
+        # With the HF integration active, from_config would build under zero.Init again (a collective on one rank).
+        unset_hf_deepspeed_config()
+        try:
+            return reference_state_dict(source)
+        finally:
+            if self._hf_deepspeed_config is not None:
+                set_hf_deepspeed_config(self._hf_deepspeed_config)
+
+    @override
+    def teardown(self) -> None:
+        if self._hf_deepspeed_config is not None:
+            from transformers.integrations.deepspeed import unset_hf_deepspeed_config
+
+            unset_hf_deepspeed_config()
+            self._hf_deepspeed_config = None
+        super().teardown()
+
+    # ----------------------------------------------------------------------------------------------- checkpoints
+    @override
+    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
+        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
+        saved = None if self.load_full_weights and self.zero_stage_3 else checkpoint_world_size(checkpoint_path)
+        universal = saved is not None and saved != self.world_size
+        if universal:
+            self._prepare_universal(checkpoint_path, saved)
+        # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a
+        # weights_only=True one (gym_lightning.checkpointing.safe_load), and a full-weights file loads the same way.
+        with refuse_unsafe_pickles(checkpoint_path):
+            weights_only = True if weights_only is None else weights_only
+            state = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        if universal and self.zero_stage_3:
+            repair_zero3_universal_load(self.deepspeed_engine, checkpoint_path)
+        return state
+
+    def _prepare_universal(self, checkpoint_path: Any, saved: int) -> None:
+        """A checkpoint of ``saved`` ranks on this run's number: rank 0 converts it to a universal checkpoint (once;
+        ``strategies.zero.universal``), every rank will then load that. A failed conversion fails every rank."""
+        failure: Exception | None = None
+        if self.is_global_zero:
+            rank_zero_info(
+                f"gym_lightning: {checkpoint_path} was written by {saved} ranks, this run has {self.world_size}: "
+                "loading it as a DeepSpeed universal checkpoint (converted once, into its 'universal' folder)."
+            )
+            try:
+                convert_to_universal(checkpoint_path)
+            except Exception as err:  # reported on every rank below, so none waits for rank 0 in a collective
+                failure = err
+        problem = self.broadcast(None if failure is None else f"{type(failure).__name__}: {failure}")
+        if problem is not None:  # rank 0 keeps the conversion's traceback (GYM_DEBUG=1 shows it)
+            raise EveryRankError(
+                f"The ZeRO checkpoint {os.fspath(checkpoint_path)!r} was written by {saved} ranks and this run has "
+                f"{self.world_size}; converting it to a DeepSpeed universal checkpoint failed ({problem}). Resume "
+                "on the original number of ranks, or export it (gym export) and start a new run from that folder."
+            ) from failure
+        if not self.is_global_zero:
+            refuse_unsafe_files(Path(checkpoint_path) / UNIVERSAL_TAG)
+        load_universal_next(self.deepspeed_engine)
+
+    def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None:
+        """``None``: the engine owns the gradients (``.grad`` stays empty) and always steps, so ``NonFiniteGuard``
+        can neither inspect nor drop them."""
+        return None
+
+    # ---------------------------------------------------------------------------------------------------- export
+    def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]:
+        """``model``'s state dict as lazy full CPU tensors (``gym_lightning.lazy``), for the exporter.
+
+        Under stage 3 each parameter is gathered on its own when loaded (a collective: every rank loads in the same
+        order), so an export holds one parameter at a time, not a module or the model. Stages 1 and 2 keep the
+        whole model on every rank: nothing to gather.
+        """
+        state = model.state_dict(keep_vars=True)
+        if not self.zero_stage_3:
+            return {key: eager(value) for key, value in state.items()}
+        return {key: full_tensor(value) for key, value in state.items()}
+
+    @classmethod
+    @override
+    def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
+        presets: dict[str, tuple[str, dict[str, Any]]] = {
+            "zero1": ("ZeRO-1: shard optimizer state", {"stage": 1}),
+            "zero2": ("ZeRO-2: shard optimizer state and gradients", {"stage": 2}),
+            "zero3": ("ZeRO-3: shard optimizer state, gradients and parameters", {"stage": 3}),
+            "zero2_offload": ("ZeRO-2 with optimizer offload to CPU", {"stage": 2, "offload_optimizer": "cpu"}),
+            "zero3_offload": (
+                "ZeRO-3 with optimizer and parameter offload to CPU",
+                {"stage": 3, "offload_optimizer": "cpu", "offload_parameters": "cpu"},
+            ),
+        }
+        for name, (description, init_params) in presets.items():
+            strategy_registry.register(name, cls, description=description, override=True, **init_params)
+        strategy_registry.register(
+            "zero_infinity",
+            cls,
+            description=f"ZeRO-3 with optimizer and parameter offload to NVMe under {DEFAULT_NVME_PATH}",
+            override=True,
+            stage=3,
+            offload_optimizer="nvme",
+            offload_parameters="nvme",
+            nvme_path=DEFAULT_NVME_PATH,
+        )
+
+
+def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
+    try:
+        from transformers.integrations import HfDeepSpeedConfig
+    except ImportError:  # a plain LightningModule without transformers installed
+        return None
+    rank_zero_info("gym_lightning: ZeRO-3 model construction with the transformers DeepSpeed integration active.")
+    return HfDeepSpeedConfig(config)
+
+
+class ZeRO1Strategy(ZeROStrategy):
+    """``ZeROStrategy(stage=1)``: optimizer state sharded over ranks. Arguments as for
+    :class:`ZeROStrategy` (``offload_parameters`` needs stage 3 and is refused here)."""
+
+    fixed_stage = 1
+
+
+class ZeRO2Strategy(ZeROStrategy):
+    """``ZeROStrategy(stage=2)``: optimizer state and gradients sharded over ranks. Arguments as for
+    :class:`ZeROStrategy` (``offload_parameters`` needs stage 3 and is refused here)."""
+
+    fixed_stage = 2
+
+
+class ZeRO3Strategy(ZeROStrategy):
+    """``ZeROStrategy(stage=3)``: optimizer state, gradients and parameters sharded over ranks.
+    Arguments as for :class:`ZeROStrategy`."""
+
+    fixed_stage = 3
+
+
+__all__ = ["ZeRO1Strategy", "ZeRO2Strategy", "ZeRO3Strategy", "ZeROStrategy", "deepspeed_cpu_adam", "training_facts"]
