@@ -21,6 +21,15 @@ layer, which is exact when adapters sit in the first layer (PEFT's usual ``targe
 small overestimate otherwise. Activation recomputation (gradient checkpointing) is not model FLOPs and is not counted:
 this is MFU, not HFU (hardware FLOPs utilisation), in PaLM's terms.
 
+Mixture of experts (Qwen3-30B-A3B, Mixtral, DeepSeek-V3, gpt-oss): each token goes through ``k`` of the ``E``
+routed experts of a layer (``num_experts_per_tok`` of ``num_experts``), so a routed expert's weights enter ``N`` at
+``k/E`` of their size: exactly the ``k`` experts' weights a token uses, whichever they are. Routers and shared experts
+(DeepSeek's ``shared_experts``, Qwen2-MoE's ``shared_expert``) run for every token and count whole. ``N`` is then the
+*active* parameter count the model cards publish ("A3B": 3.3B of Qwen3-30B-A3B's 30.5B, checked in
+tests/metrics/test_flops.py). Which parameters are routed experts is what the model's config says: its expert-parallel
+plan (``base_model_ep_plan``, the plan transformers shards experts by), not a table of ours. A model without that plan
+counts every parameter whole (an overestimate for MoE, exact for a dense model).
+
 Under padding we count only real tokens: a sequence of ``n`` non-padding tokens costs ``dense·n + attention·n²`` where
 ``dense = 6·N_trainable + 4·N_frozen`` and ``attention = 12·L·H·Q``, so a batch costs
 ``dense·Σn + attention·Σn²`` and the callback only has to accumulate ``Σn`` and ``Σn²``.
@@ -28,6 +37,8 @@ Under padding we count only real tokens: a sequence of ``n`` non-padding tokens 
 
 from __future__ import annotations
 
+import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -42,16 +53,24 @@ class TransformerFlops:
     """Training FLOPs of a decoder-only transformer, per the module docstring's convention.
 
     Args:
-        trainable_params: Matmul parameters that receive gradients (``N_trainable``).
-        frozen_params: Matmul parameters with ``requires_grad=False`` (``N_frozen``, e.g. the base model under LoRA).
+        trainable_params: Active matmul parameters that receive gradients (``N_trainable``; routed experts at
+            ``k/E`` of their size).
+        frozen_params: Active matmul parameters with ``requires_grad=False`` (``N_frozen``, e.g. the base model under
+            LoRA).
         num_layers: Transformer blocks ``L``.
         attention_dim: Query heads times head size, ``H·Q``.
+        expert_params: Parameters of the routed experts, all of them (0 for a dense model).
+        experts_per_token: Routed experts each token uses, ``k`` (0 for a dense model).
+        num_experts: Routed experts per MoE layer, ``E`` (0 for a dense model).
     """
 
     trainable_params: int
     frozen_params: int
     num_layers: int
     attention_dim: int
+    expert_params: int = 0
+    experts_per_token: int = 0
+    num_experts: int = 0
 
     @property
     def dense_per_token(self) -> int:
@@ -79,23 +98,50 @@ def global_numel(param: torch.Tensor) -> int:
     return int(ds_numel) if ds_numel is not None else param.numel()
 
 
-def matmul_param_counts(model: nn.Module) -> tuple[int, int]:
+def matmul_param_counts(
+    model: nn.Module, experts: Sequence[re.Pattern[str]] = (), expert_share: tuple[int, int] = (1, 1)
+) -> tuple[int, int]:
     """``(trainable, frozen)`` parameter counts that enter ``N``: all parameters except embedding lookups, plus the
-    output projection when it is tied to an embedding (see the module docstring)."""
+    output projection when it is tied to an embedding (see the module docstring). Parameters named by ``experts``
+    (:func:`expert_patterns`) count ``k / E`` of their size, ``expert_share = (k, E)``."""
     embedding_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     output_ids = {id(p) for p in output.parameters()} if isinstance(output, nn.Module) else set()
     trainable = frozen = 0
     seen: set[int] = set()
-    for param in model.parameters():
+    for name, param in model.named_parameters(remove_duplicate=False):
         if id(param) in seen or (id(param) in embedding_ids and id(param) not in output_ids):
             continue
         seen.add(id(param))
+        numel = global_numel(param)
+        if is_routed_expert(name, experts):
+            numel = numel * expert_share[0] // expert_share[1]
         if param.requires_grad:
-            trainable += global_numel(param)
+            trainable += numel
         else:
-            frozen += global_numel(param)
+            frozen += numel
     return trainable, frozen
+
+
+def expert_patterns(config: Any) -> list[re.Pattern[str]]:
+    """The routed experts' parameter names of a model, from its config's expert-parallel plan
+    (``base_model_ep_plan``: ``"layers.*.mlp.experts": ...``); none for a dense model or one without the plan."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    plan = getattr(text_config, "base_model_ep_plan", None) or {}
+    return [re.compile(r"(^|\.)" + re.escape(key).replace(r"\*", r"\d+") + r"(\.|$)") for key in plan]
+
+
+def is_routed_expert(name: str, patterns: Sequence[re.Pattern[str]]) -> bool:
+    """Whether parameter ``name`` (any prefix: ``model.``, PEFT's ``base_model.model.``) lies in a routed expert."""
+    return any(pattern.search(name) for pattern in patterns)
+
+
+def expert_routing(config: Any) -> tuple[int, int] | None:
+    """``(k, E)``: routed experts per token and per layer, from a Hugging Face config; ``None`` for a dense model."""
+    text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
+    per_token = _first_attr(text_config, ("num_experts_per_tok", "moe_topk", "top_k"))
+    experts = _first_attr(text_config, ("num_experts", "num_local_experts", "n_routed_experts"))
+    return (per_token, experts) if per_token and experts else None
 
 
 def attention_shape(config: Any) -> tuple[int, int]:
@@ -120,10 +166,14 @@ def attention_shape(config: Any) -> tuple[int, int]:
 
 
 def transformer_flops(model: nn.Module, config: Any) -> TransformerFlops:
-    """:class:`TransformerFlops` of a Hugging Face causal LM (or PEFT model) and its config."""
-    trainable, frozen = matmul_param_counts(model)
+    """:class:`TransformerFlops` of a Hugging Face causal LM (or PEFT model) and its config (MoE: active parameters)."""
     num_layers, attention_dim = attention_shape(config)
-    return TransformerFlops(trainable, frozen, num_layers, attention_dim)
+    patterns, routing = expert_patterns(config), expert_routing(config)
+    if not patterns or routing is None:
+        return TransformerFlops(*matmul_param_counts(model), num_layers, attention_dim)
+    experts = sum(global_numel(p) for name, p in model.named_parameters() if is_routed_expert(name, patterns))
+    counts = matmul_param_counts(model, patterns, routing)
+    return TransformerFlops(*counts, num_layers, attention_dim, experts, *routing)
 
 
 def _first_attr(obj: Any, names: tuple[str, ...]) -> int | None:

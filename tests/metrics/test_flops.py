@@ -7,7 +7,15 @@ import torch
 import transformers
 from helpers.tiny import TINY
 
-from gym_lightning.metrics.flops import TransformerFlops, attention_shape, matmul_param_counts, transformer_flops
+from gym_lightning.metrics.flops import (
+    TransformerFlops,
+    attention_shape,
+    expert_patterns,
+    expert_routing,
+    is_routed_expert,
+    matmul_param_counts,
+    transformer_flops,
+)
 
 # Hand count for TINY: per layer q 32*32 + k 32*16 + v 32*16 + o 32*32 + mlp 3*32*64 + 2 norms*32 = 9280;
 # 2 layers = 18560; final norm 32; lm_head 256*32 = 8192; embedding 8192 (excluded: a lookup, not a matmul).
@@ -78,3 +86,74 @@ def test_config_without_attention_shape_is_a_clear_error() -> None:
 
     with pytest.raises(ValueError, match="flops_per_token"):
         attention_shape(Config())
+
+
+# ------------------------------------------------------------------------------------------- mixture of experts
+def _tiny_qwen3_moe() -> transformers.PreTrainedModel:
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=32, hidden_size=16, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=8, moe_intermediate_size=8, num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    return transformers.AutoModelForCausalLM.from_config(config)
+
+
+def test_moe_routed_experts_count_k_over_e_by_hand() -> None:
+    model = _tiny_qwen3_moe()
+    # Hand count: q 16x16 + k 16x8 + v 16x8 + o 16x16 + q/k norms 2x8 + 2 layer norms 2x16 + router 4x16 = 880;
+    # final norm 16; lm_head 32x16 = 512 -> 1408 always active. Experts: gate_up 4x16x16 + down 4x16x8 = 1536, of
+    # which a token uses 2 of 4: 768. The input embedding (32x16) is a lookup, not counted.
+    flops = transformer_flops(model, model.config)
+    assert (flops.expert_params, flops.experts_per_token, flops.num_experts) == (1536, 2, 4)
+    assert flops.trainable_params == 1408 + 768 and flops.frozen_params == 0
+    assert matmul_param_counts(model) == (1408 + 1536, 0)  # without the routing: every expert whole
+
+
+@pytest.mark.parametrize(
+    ("shape", "total", "active"),
+    [
+        (dict(hidden_size=2048, num_hidden_layers=48, num_attention_heads=32, moe_intermediate_size=768), 30.5, 3.3),
+        (dict(hidden_size=4096, num_hidden_layers=94, num_attention_heads=64, moe_intermediate_size=1536), 235, 22),
+    ],
+    ids=["Qwen3-30B-A3B", "Qwen3-235B-A22B"],
+)
+def test_qwen3_moe_active_parameters_match_the_model_cards(shape: dict[str, int], total: float, active: float) -> None:
+    """The config.json shapes of the two models (128 experts, 8 per token, 4 KV heads of 128); the cards publish
+    30.5B / 3.3B activated and 235B / 22B activated, embeddings included."""
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=151936, num_key_value_heads=4, head_dim=128, num_experts=128, num_experts_per_tok=8,
+        tie_word_embeddings=False, **shape,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    flops = transformer_flops(model, config)
+    embedding = config.vocab_size * config.hidden_size
+    assert sum(p.numel() for p in model.parameters()) / 1e9 == pytest.approx(total, rel=0.005)
+    assert (flops.trainable_params + embedding) / 1e9 == pytest.approx(active, rel=0.02)
+
+
+@pytest.mark.parametrize(
+    ("model_type", "routed", "whole"),
+    [
+        ("qwen2_moe", "model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.mlp.shared_expert.up_proj.weight"),
+        ("deepseek_v3", "model.layers.3.mlp.experts.down_proj", "model.layers.3.mlp.shared_experts.down_proj.weight"),
+        ("gpt_oss", "base_model.model.model.layers.1.mlp.experts.down_proj_bias", "model.layers.1.mlp.router.weight"),
+        ("mixtral", "model.layers.12.mlp.experts.gate_up_proj", "model.layers.12.mlp.gate.weight"),
+    ],
+)
+def test_routed_experts_come_from_the_model_config_shared_experts_and_routers_count_whole(
+    model_type: str, routed: str, whole: str
+) -> None:
+    config = transformers.AutoConfig.for_model(model_type)
+    patterns = expert_patterns(config)
+    assert is_routed_expert(routed, patterns) and not is_routed_expert(whole, patterns)
+    assert expert_routing(config) is not None
+    assert not expert_patterns(transformers.LlamaConfig()) and expert_routing(transformers.LlamaConfig()) is None
+
+
+def test_moe_under_lora_frozen_base_counts_active_experts() -> None:
+    peft = pytest.importorskip("peft")
+    model = peft.get_peft_model(_tiny_qwen3_moe(), peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"]))
+    flops = transformer_flops(model, model.config)
+    # LoRA: q A 16x2 + B 2x16 = 64, v A 16x2 + B 2x8 = 48; the frozen base is the dense model's active count.
+    assert (flops.trainable_params, flops.frozen_params) == (112, 1408 + 768)
