@@ -4,8 +4,9 @@ The memory planner (``gym_lightning.planner``) and the model facts a strategy si
 (``models.facts``) need shapes only: hidden size, MLP width, layer count, attention heads, key/value heads,
 head dimension, vocabulary, whether the LM head shares the embedding, and the small tensors Qwen adds (QK-norm in
 Qwen3, q/k/v biases in Qwen2). Parameter counts are computed from these shapes for a Llama-style decoder
-(``transformers``' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``MistralForCausalLM``)
-and checked in ``tests/planner/test_estimate.py`` against the counts the model cards publish.
+(``transformers``' ``LlamaForCausalLM`` / ``Qwen2ForCausalLM`` / ``Qwen3ForCausalLM`` / ``MistralForCausalLM``, and
+the mixtures of experts ``Qwen3MoeForCausalLM`` / ``MixtralForCausalLM``: total and active counts) and checked in
+``tests/planner/test_estimate.py`` against the counts the model cards publish and the models transformers builds.
 """
 
 from __future__ import annotations
@@ -44,6 +45,12 @@ class ModelShape:
         tied_embeddings: The LM head reuses the embedding matrix.
         qk_norm: Per-head RMSNorm on queries and keys (Qwen3).
         attention_bias: Biases on the q/k/v projections (Qwen2 / Qwen2.5).
+        num_experts: Routed experts per layer ``E`` of a mixture of experts whose every layer is sparse (Qwen3-MoE,
+            Mixtral); 0 for a dense model. Each layer's MLP is then a router (``h -> E``) and ``E`` SwiGLU experts
+            of width ``moe_intermediate_size``, stored as transformers 5 does: two 3-D tensors per layer
+            (``gate_up_proj`` ``E x 2I x h``, ``down_proj`` ``E x h x I``).
+        experts_per_token: Experts each token is routed to, ``k`` (0 for a dense model).
+        moe_intermediate_size: Width ``I`` of one expert's SwiGLU.
     """
 
     name: str
@@ -57,6 +64,13 @@ class ModelShape:
     tied_embeddings: bool
     qk_norm: bool = False
     attention_bias: bool = False
+    num_experts: int = 0
+    experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+
+    @property
+    def is_moe(self) -> bool:
+        return self.num_experts > 0
 
     @property
     def q_width(self) -> int:
@@ -67,17 +81,30 @@ class ModelShape:
         return self.num_kv_heads * self.head_dim
 
     def linear_shapes(self) -> dict[str, tuple[int, int]]:
-        """``(in_features, out_features)`` of each linear layer in one decoder layer."""
+        """``(in_features, out_features)`` of each ``nn.Linear`` in one decoder layer (a mixture of experts has only
+        the attention's: its router and experts are plain parameters, :meth:`expert_numels`)."""
         h, q, kv, inter = self.hidden_size, self.q_width, self.kv_width, self.intermediate_size
-        return {
-            "q_proj": (h, q),
-            "k_proj": (h, kv),
-            "v_proj": (h, kv),
-            "o_proj": (q, h),
-            "gate_proj": (h, inter),
-            "up_proj": (h, inter),
-            "down_proj": (inter, h),
-        }
+        attention = {"q_proj": (h, q), "k_proj": (h, kv), "v_proj": (h, kv), "o_proj": (q, h)}
+        if self.is_moe:
+            return attention
+        return {**attention, "gate_proj": (h, inter), "up_proj": (h, inter), "down_proj": (inter, h)}
+
+    def expert_numels(self) -> dict[str, int]:
+        """Elements of one layer's router and expert tensors (empty for a dense model)."""
+        if not self.is_moe:
+            return {}
+        h, e, inter = self.hidden_size, self.num_experts, self.moe_intermediate_size
+        return {"router": e * h, "experts.gate_up_proj": e * 2 * inter * h, "experts.down_proj": e * h * inter}
+
+    def active_params(self) -> int:
+        """Parameters one token uses: all but the ``E - k`` experts it is not routed to (the "A3B" of a model card)."""
+        experts = sum(n for name, n in self.expert_numels().items() if name.startswith("experts.")) * self.num_layers
+        return self.num_params() - (experts * (self.num_experts - self.experts_per_token) // max(self.num_experts, 1))
+
+    def largest_tensor(self) -> int:
+        """Elements of the model's largest parameter tensor (what an export or a gather holds whole)."""
+        linear = max(i * o for i, o in self.linear_shapes().values())
+        return max(self.embedding_params(), linear, *self.expert_numels().values())
 
     def layer_params(self) -> int:
         """Parameters of one decoder layer (the unit FSDP shards and ZeRO-3 gathers)."""
@@ -100,6 +127,8 @@ class ModelShape:
             groups.append(TensorGroup("lm_head", self.vocab_size * h, 1, full))
         for name, (fan_in, fan_out) in self.linear_shapes().items():
             groups.append(TensorGroup(f"layer.{name}", fan_in * fan_out, L, full))
+        for name, numel in self.expert_numels().items():
+            groups.append(TensorGroup(f"layer.{name}", numel, L, full))
         groups.append(TensorGroup("layer.norms", h, 2 * L, full))
         if self.qk_norm:
             groups.append(TensorGroup("layer.qk_norm", self.head_dim, 2 * L, full))
@@ -123,7 +152,7 @@ def lora_target_names(targets: LoraTargets) -> tuple[str, ...]:
     return ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 
 
-_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3")
+_ARCHITECTURES = ("llama", "mistral", "qwen2", "qwen3", "qwen3_moe", "mixtral")
 
 
 def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
@@ -145,6 +174,7 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
             f"decoders (model_type one of {', '.join(_ARCHITECTURES)})."
         )
     heads = int(config["num_attention_heads"])
+    experts, per_token, expert_width = _moe_fields(config, name)
     return ModelShape(
         name=name,
         hidden_size=int(config["hidden_size"]),
@@ -155,6 +185,24 @@ def shape_from_config(config: dict[str, Any], name: str) -> ModelShape:
         head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
         vocab_size=int(config["vocab_size"]),
         tied_embeddings=bool(config.get("tie_word_embeddings", False)),
-        qk_norm=model_type == "qwen3",
+        qk_norm=model_type in ("qwen3", "qwen3_moe"),
         attention_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+        num_experts=experts,
+        experts_per_token=per_token,
+        moe_intermediate_size=expert_width,
     )
+
+
+def _moe_fields(config: dict[str, Any], name: str) -> tuple[int, int, int]:
+    """``(E, k, I)`` of a Qwen3-MoE / Mixtral config (``(0, 0, 0)`` for a dense one). The shapes assume every layer
+    is sparse, as in every published Qwen3-MoE and Mixtral; a config with dense layers among them is refused."""
+    experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    if not experts:
+        return 0, 0, 0
+    if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
+        raise GymUserError(
+            f"config of {name!r} mixes dense and sparse layers (mlp_only_layers / decoder_sparse_step); the planner's "
+            "mixture-of-experts shapes assume every layer is sparse, as in the published Qwen3-MoE and Mixtral models."
+        )
+    width = config.get("moe_intermediate_size") or config["intermediate_size"]  # Mixtral: experts are the MLP width
+    return experts, int(config["num_experts_per_tok"]), int(width)

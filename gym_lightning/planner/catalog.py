@@ -18,6 +18,8 @@ def _shape(
     return ModelShape(name, h, inter, layers, heads, kv, head_dim, vocab, tied, **extra)  # type: ignore[arg-type]
 
 
+_MOE = {"head_dim": 128, "qk_norm": True, "num_experts": 128, "experts_per_token": 8}  # the Qwen3-MoE family's
+
 # Shapes copied from each model's config.json on the Hugging Face hub (weights are never needed). The published
 # parameter count of each is in PUBLISHED_PARAMS; tests check the computed counts against it.
 BUNDLED: dict[str, ModelShape] = {
@@ -35,6 +37,11 @@ BUNDLED: dict[str, ModelShape] = {
     "qwen3-8b": _shape("qwen3-8b", 4096, 12288, 36, 32, 8, 151936, False, head_dim=128, qk_norm=True),
     "qwen3-14b": _shape("qwen3-14b", 5120, 17408, 40, 40, 8, 151936, False, head_dim=128, qk_norm=True),
     "qwen3-32b": _shape("qwen3-32b", 5120, 25600, 64, 64, 8, 151936, False, head_dim=128, qk_norm=True),
+    # Mixtures of experts: every layer sparse, 128 experts of which 8 per token.
+    "qwen3-30b-a3b": _shape("qwen3-30b-a3b", 2048, 6144, 48, 32, 4, 151936, False, moe_intermediate_size=768, **_MOE),
+    "qwen3-235b-a22b": _shape(
+        "qwen3-235b-a22b", 4096, 12288, 94, 64, 4, 151936, False, moe_intermediate_size=1536, **_MOE
+    ),
 }
 
 # Parameter counts from the model cards (billions, as rounded there): what the computed counts are checked against.
@@ -53,7 +60,12 @@ PUBLISHED_PARAMS: dict[str, float] = {
     "qwen3-8b": 8.2,
     "qwen3-14b": 14.8,
     "qwen3-32b": 32.8,
+    "qwen3-30b-a3b": 30.5,
+    "qwen3-235b-a22b": 235.0,
 }
+
+# Activated parameters of the mixtures of experts, from the same model cards (billions).
+PUBLISHED_ACTIVE_PARAMS: dict[str, float] = {"qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22.0}
 
 
 def resolve_shape(model: str) -> ModelShape:

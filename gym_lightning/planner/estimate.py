@@ -214,10 +214,19 @@ def activation_bytes_per_layer(shape: ModelShape, setup: Setup, micro_batch: int
     (``4q``); the SwiGLU's gate, SiLU output, up and product (``8I``); no dropout masks (dropout is 0). SDPA
     (flash / memory-efficient) keeps only an fp32 log-sum-exp per head (``4a``) instead of the ``5as`` scores term;
     eager attention stores the fp32 softmax and its 16-bit copy (``6as``). In fp32 every 16-bit term doubles.
+
+    A mixture of experts (transformers 5's expert loop, ``Qwen3MoeExperts.forward``) saves, per token, the router's
+    logits and fp32 softmax (``(a_b + 4)E``) and, for each of its ``k`` experts, the gathered input and the weighted
+    output (``2 a_b h``) and the expert's SwiGLU terms (``4 a_b I``): the SwiGLU's ``4 a_b I`` becomes
+    ``k(2 a_b h + 4 a_b I) + (a_b + 4)E``. Derived from the code, not yet checked against a measured MoE peak.
     """
     h, q, kv, inter = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
     a_b = 2 if setup.precision == "bf16-mixed" else 4
-    per_token = 2 * (4 * h + 2 * a_b * h) + a_b * (q + 2 * kv) + 2 * a_b * q + 4 * a_b * inter + 4 * shape.num_heads
+    mlp = 4 * a_b * inter
+    if shape.is_moe:
+        expert = 2 * a_b * h + 4 * a_b * shape.moe_intermediate_size
+        mlp = shape.experts_per_token * expert + (a_b + 4) * shape.num_experts
+    per_token = 2 * (4 * h + 2 * a_b * h) + a_b * (q + 2 * kv) + 2 * a_b * q + mlp + 4 * shape.num_heads
     if setup.attention == "eager":
         per_token += (4 + a_b) * shape.num_heads * setup.seq_length
     return float(per_token * setup.seq_length * micro_batch)

@@ -158,7 +158,7 @@ def save_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
 def export_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     """Peak of the Hugging Face export at the end of fit: the states are still held; the exporter gathers one
     tensor at a time in fp32 and writes its copy in the export dtype (``checkpoint_dtype_bytes``, the source's)."""
-    largest = max(shape.embedding_params(), max(i * o for i, o in shape.linear_shapes().values()))
+    largest = shape.largest_tensor()
     one_tensor = largest * (4 + setup.checkpoint_dtype_bytes)
     # Lightning tears the strategy down before on_fit_end: the DDP wrapper and its reducer buckets are gone.
     buffers = 0.0 if strategy.framework == "torch" else resident_buffers(shape, strategy, setup)

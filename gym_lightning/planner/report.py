@@ -74,7 +74,11 @@ class PlanReport:
         best = self.recommendation
         return {
             "model": asdict(self.shape),
-            "parameters": {"total": counts.total_with_adapters, "trainable": counts.trainable},
+            "parameters": {
+                "total": counts.total_with_adapters,
+                "trainable": counts.trainable,
+                "active": self.shape.active_params(),  # base parameters one token uses: all of a dense model
+            },
             "setup": asdict(self.setup),
             "usable_gpu_memory": self.setup.usable_gpu_memory,
             "strategies": [
@@ -84,11 +88,19 @@ class PlanReport:
             "recommendation": None if best is None else best.strategy.key,
         }
 
+    def _active(self) -> str:
+        """`` (3.35B active, 8 of 128 experts per token)`` for a mixture of experts, else nothing."""
+        shape = self.shape
+        if not shape.is_moe:
+            return ""
+        experts = f"{shape.experts_per_token} of {shape.num_experts} experts per token"
+        return f" ({shape.active_params() / 1e9:.2f}B active, {experts})"
+
     def table(self) -> str:
         counts, s = param_counts(self.shape, self.setup), self.setup
         mode = "full finetune" if s.lora_r == 0 else f"LoRA r={s.lora_r} ({s.lora_targets})"
         lines = [
-            f"{self.shape.name}: {counts.total_with_adapters / 1e9:.2f}B parameters, "
+            f"{self.shape.name}: {counts.total_with_adapters / 1e9:.2f}B parameters{self._active()}, "
             f"{counts.trainable / 1e9:.3g}B trainable ({mode}), {s.optimizer}, {s.precision}",
             f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {_gib(s.gpu_memory)} "
             f"({_gib(s.usable_gpu_memory)} usable), host {_gib(s.host_memory)} per node; micro-batch "

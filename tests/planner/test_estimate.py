@@ -18,11 +18,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import torch
 import transformers
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import shape_from_config
 from gym_lightning.planner import BUNDLED, STRATEGIES, Setup, estimate, parse_bytes, plan
-from gym_lightning.planner.catalog import PUBLISHED_PARAMS
+from gym_lightning.planner.catalog import PUBLISHED_ACTIVE_PARAMS, PUBLISHED_PARAMS
 from gym_lightning.planner.estimate import (
     activation_bytes,
     activation_bytes_per_layer,
@@ -49,6 +51,57 @@ def test_llama_3_8b_parameter_count_by_hand() -> None:
 def test_bundled_parameter_counts_match_model_cards(name: str) -> None:
     # Model cards round to 2-3 significant digits (Qwen3-1.7B is 1.72B), hence 1.5 %.
     assert BUNDLED[name].num_params() / 1e9 == pytest.approx(PUBLISHED_PARAMS[name], rel=0.015)
+
+
+@pytest.mark.parametrize("name", list(PUBLISHED_ACTIVE_PARAMS))
+def test_moe_active_parameter_counts_match_model_cards(name: str) -> None:
+    # "A3B" / "A22B": the cards' activated counts (embeddings included) are rounded down to 2 digits (3.35 -> 3.3).
+    assert BUNDLED[name].active_params() / 1e9 == pytest.approx(PUBLISHED_ACTIVE_PARAMS[name], rel=0.02)
+
+
+_QWEN3_30B_A3B = {"vocab_size": 151936, "hidden_size": 2048, "intermediate_size": 6144, "num_hidden_layers": 48,
+                  "num_attention_heads": 32, "num_key_value_heads": 4, "head_dim": 128, "moe_intermediate_size": 768,
+                  "num_experts": 128, "num_experts_per_tok": 8, "tie_word_embeddings": False}  # fmt: skip
+_TINY_MOE = {"vocab_size": 64, "hidden_size": 16, "num_hidden_layers": 2, "num_attention_heads": 2,
+             "num_key_value_heads": 1, "num_experts_per_tok": 2}  # fmt: skip
+MOE_CONFIGS: dict[str, Callable[[], transformers.PretrainedConfig]] = {
+    "qwen3-30b-a3b": lambda: transformers.Qwen3MoeConfig(**_QWEN3_30B_A3B),
+    "tiny-qwen3-moe": lambda: transformers.Qwen3MoeConfig(
+        **_TINY_MOE, intermediate_size=48, head_dim=8, moe_intermediate_size=8, num_experts=4
+    ),
+    "tiny-mixtral": lambda: transformers.MixtralConfig(**_TINY_MOE, intermediate_size=24, num_local_experts=4),
+}
+
+
+@pytest.mark.parametrize("name", list(MOE_CONFIGS))
+def test_moe_shape_from_config_is_the_model_transformers_builds(name: str) -> None:
+    """Total count, one decoder layer (the unit FSDP shards, experts inside) and the largest tensor of the shape
+    equal those of the model transformers builds from the same config (on the meta device)."""
+    config = MOE_CONFIGS[name]()
+    shape = shape_from_config(config.to_dict(), name)
+    with torch.device("meta"):
+        model = transformers.AutoModelForCausalLM.from_config(config)
+    assert shape.is_moe and shape.num_params() == sum(p.numel() for p in model.parameters())
+    assert shape.layer_params() == sum(p.numel() for p in model.model.layers[0].parameters())
+    assert shape.largest_tensor() == max(p.numel() for p in model.parameters())
+    assert param_counts(shape, Setup(lora_r=4)).trainable == sum(
+        4 * (fan_in + fan_out) * shape.num_layers for fan_in, fan_out in shape.linear_shapes().values()
+    )  # adapters on the attention's linears only: routers and experts are plain parameters, not nn.Linear
+
+
+def test_moe_with_dense_layers_is_refused_in_one_line() -> None:
+    config = MOE_CONFIGS["tiny-qwen3-moe"]().to_dict() | {"mlp_only_layers": [0]}
+    with pytest.raises(GymUserError, match="mixes dense and sparse layers"):
+        shape_from_config(config, "mixed")
+
+
+def test_plan_for_qwen3_30b_a3b_shows_total_and_gathers_whole_expert_layers() -> None:
+    report = plan("qwen3-30b-a3b", gpu_memory="80GB", gpus_per_node=8, activation_checkpointing=True)
+    assert report.table().startswith("qwen3-30b-a3b: 30.53B parameters (3.35B active, 8 of 128 experts per token)")
+    # One layer, the unit FSDP and ZeRO-3 gather: q and o 2 x 2048*4096 = 16_777_216, k and v 2 x 2048*512 =
+    # 2_097_152, q/k norms 256, two RMSNorms 4096, router 128*2048 = 262_144, experts 128 x 3 x 768*2048 =
+    # 603_979_776 -> 623_120_640: 97 % of it experts, all gathered although a token uses 8 of 128.
+    assert BUNDLED["qwen3-30b-a3b"].layer_params() == 623_120_640
 
 
 def test_lora_trainable_count_by_hand() -> None:
@@ -164,7 +217,7 @@ def test_table_and_json_from_the_command_line(tmp_path: Path) -> None:
     flags = ["--json", "--checkpoint_file_size", "500MB", "--loss_chunking", "on"]
     report = json.loads(subprocess.run([*base, *flags], capture_output=True, text=True, check=True).stdout)
     assert report["setup"]["checkpoint_file_bytes"] == 500 * 2**20 and report["setup"]["loss_chunking"] == "on"
-    assert report["parameters"]["total"] == 34_976  # the hand count of tests/callbacks/test_memory_monitor.py
+    assert report["parameters"]["total"] == report["parameters"]["active"] == 34_976  # the hand count of helpers.tiny
     assert [s["key"] for s in report["strategies"]] == [s.key for s in STRATEGIES]
     assert report["recommendation"] == "ddp"
     assert "Peak per phase, GiB, host RAM / GPU memory per rank:" in table
