@@ -202,7 +202,8 @@ def _moe_fields(config: dict[str, Any], name: str) -> tuple[int, int, int]:
     if config.get("mlp_only_layers") or int(config.get("decoder_sparse_step", 1)) != 1:
         raise GymUserError(
             f"config of {name!r} mixes dense and sparse layers (mlp_only_layers / decoder_sparse_step); the planner's "
-            "mixture-of-experts shapes assume every layer is sparse, as in the published Qwen3-MoE and Mixtral models."
+            "mixture-of-experts shapes assume every layer is sparse, as in the published Qwen3-MoE and Mixtral models: "
+            "plan with mlp_only_layers=[] and decoder_sparse_step=1 (an upper bound: its dense layers count as sparse)."
         )
     width = config.get("moe_intermediate_size") or config["intermediate_size"]  # Mixtral: experts are the MLP width
     return experts, int(config["num_experts_per_tok"]), int(width)
