@@ -207,7 +207,9 @@ def run_recorded(args: argparse.Namespace) -> dict[str, Any]:
     if args.cpu_smoke and args.strategy.startswith("lightning_"):
         return record | {"ok": None, "skipped": "needs CUDA (Lightning's FSDPStrategy / DeepSpeedStrategy)"}
     try:
-        import gym_lightning  # noqa: F401 - first: it quiets DeepSpeed before DeepSpeed is imported
+        from gym_lightning.quiet import quiet_console
+
+        quiet_console()  # as `gym` does: before DeepSpeed is first imported
 
         op_loads = refuse_jit_builds(CPU_ONLY_OPS if args.cpu_smoke else ())
         record |= run(args, op_loads)

@@ -586,7 +586,9 @@ def main() -> int:
     import transformers
     from helpers.strategy_worker import save_tiny_pretrained
 
-    import gym_lightning  # noqa: F401 - it quiets DeepSpeed before DeepSpeed is first imported (nothing above does)
+    from gym_lightning.quiet import quiet_console
+
+    quiet_console()  # as `gym` does: before DeepSpeed is first imported (nothing above imports it)
 
     for name in ("lightning.pytorch", "lightning.fabric"):  # one "GPU available" banner per Trainer otherwise
         logging.getLogger(name).setLevel(logging.WARNING)
