@@ -36,7 +36,7 @@ def measure(chunking: str, args: argparse.Namespace) -> dict[str, float]:
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
     before = psutil.Process().memory_info().rss
     start = time.perf_counter()
-    loss, _ = module._summed_loss(batch)
+    loss = module._summed_loss(batch).loss
     loss.backward()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

@@ -122,6 +122,10 @@ DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_COORDINATOR, "trace_prologue"),
     # The full shape of a partitioned ZeRO-3 parameter (whose .data is empty), read by the exporter.
     DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_shape"),
+    # Where a ZeRO-3 parameter's partition lies in its flattened tensor (strategies/zero/stage3.read_partitions):
+    # partition i of a parameter's process group holds elements i * ds_tensor.ds_numel onwards, up to ds_numel.
+    DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_numel"),
+    DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_process_group"),
     # The ops loaded in this process, filled from the machine-wide op cache (strategies/zero/ops.py), and the JIT
     # build that cache stands in front of for one load.
     DeepSpeedMember("deepspeed.ops.op_builder.builder.OpBuilder", "_loaded_ops"),
@@ -332,6 +336,22 @@ def zero3_full_shape(param: torch.Tensor) -> tuple[int, ...] | None:
     return None if shape is None else tuple(shape)
 
 
+def full_numel(param: torch.Tensor) -> int:
+    """Elements of the full parameter: a ZeRO-3 partition's ``ds_numel``, else ``numel()`` (a DTensor's is global)."""
+    numel = getattr(param, "ds_numel", None)
+    return int(numel) if numel is not None else param.numel()
+
+
+def zero3_partition(param: torch.Tensor) -> tuple[torch.Tensor, range] | None:
+    """A ZeRO-3 parameter's local partition (flat, possibly padded at the end) and the elements of the flattened
+    full tensor it holds; ``None`` for any other tensor, or a partition that is not in memory (swapped to NVMe)."""
+    local = getattr(param, "ds_tensor", None)
+    if local is None or local.numel() != local.ds_numel:
+        return None
+    start = local.ds_numel * torch.distributed.get_rank(group=param.ds_process_group)
+    return local, range(min(start, param.ds_numel), min(start + local.ds_numel, param.ds_numel))
+
+
 def deepspeed_engine_config(engine: Any) -> Any:
     """The engine's parsed ``DeepSpeedConfig`` (what DeepSpeed builds its checkpoint engines from)."""
     return engine._config
@@ -441,6 +461,20 @@ def zero_optimizer_lacks_memory_attributes(obj: Any) -> bool:
     return is_zero_optimizer(obj) and not any(hasattr(obj, name) for name in ZERO_OPTIMIZER_MEMORY_ATTRIBUTES)
 
 
+# ------------------------------------------------------------------------------------------------ transformers
+# Private transformers members, named with the module that assigns them (checked by tests/test_compat.py).
+TRANSFORMERS_MEMBERS: tuple[tuple[str, str], ...] = (
+    # The conversion table from_pretrained loaded a model with; save_pretrained reverts that one
+    # (core_model_loading.revert_weight_conversion), and so does the exporter (models/conversion.py).
+    ("transformers.core_model_loading", "_weight_conversions"),
+)
+
+
+def weight_conversions_of(model: nn.Module) -> list[Any] | None:
+    """The weight transforms ``from_pretrained`` loaded ``model`` with, or ``None`` (built another way)."""
+    return getattr(model, "_weight_conversions", None)
+
+
 __all__ = [
     "DEEPSPEED_MEMBERS",
     "DEEPSPEED_MEMORY_ATTRIBUTES",
@@ -457,6 +491,7 @@ __all__ = [
     "deepspeed_attribute",
     "deepspeed_engine_config",
     "deepspeed_loaded_ops",
+    "full_numel",
     "hook_handle_target",
     "init_deepspeed_config_if_needed",
     "init_deepspeed_distributed",
@@ -478,10 +513,12 @@ __all__ = [
     "set_zero3_hook_handles",
     "skip_same_device_result_moves",
     "training_dataloader",
+    "weight_conversions_of",
     "wrapped_optimizer",
     "zero3_full_shape",
     "zero3_hook_handles",
     "zero3_parameter_offload",
+    "zero3_partition",
     "zero3_trace_compares_with_ne",
     "zero_optimizer_lacks_memory_attributes",
 ]

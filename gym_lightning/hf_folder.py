@@ -8,6 +8,8 @@ device for a checkpoint), the LoRA config and scale, the tokenizer. ``write_expo
 - renames PEFT keys to the base model's and merges LoRA (``W + scale * B @ A``) one layer at a time, or keeps only
   the adapter, under the names and in the files PEFT's ``save_pretrained`` writes (``lora="adapter"``);
 - drops tied weights as ``save_pretrained`` does: the targets of the base model's ``all_tied_weights_keys``;
+- writes the checkpoint layout ``save_pretrained`` writes (``models.conversion.checkpoint_layout``: a mixture of
+  experts' fused 3-D expert tensors go back to one tensor per expert), converting one layer's group at a time;
 - casts to the export dtype: by default (``"source"``) the dtype the source folder's config.json records (what the
   run started from: a bf16 checkpoint exports as bf16 even if training kept fp32 weights), float32 for presets and
   random initialisations; adapters keep their own dtype, as PEFT saves them;
@@ -43,6 +45,7 @@ from transformers import PretrainedConfig, PreTrainedModel, PreTrainedTokenizerB
 from gym_lightning.atomic import atomic_directory
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, full_tensors_of
+from gym_lightning.models.conversion import checkpoint_layout
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -281,6 +284,8 @@ def write_export(
         raise GymUserError("lora='adapter' exports LoRA adapters, but this model has none; use lora='merged'.")
     limit, target = parse_size(max_shard_size), export_dtype(source, dtype, lora)
     tensors = hf_tensors(source, lora)
+    if lora != "adapter" or source.lora_config is None:
+        tensors = checkpoint_layout(source.base, tensors)  # what save_pretrained writes (per-expert MoE tensors)
     if not writer:
         write_shards(tensors, None, limit, "", target)
         return Path(output_dir)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass, fields
 from typing import Any
@@ -10,7 +11,7 @@ import torch
 from transformers import PreTrainedModel
 
 from gym_lightning._compat import zero3_full_shape
-from gym_lightning.errors import GymUserError
+from gym_lightning.errors import EveryRankError, GymUserError
 
 
 @dataclass(frozen=True)
@@ -71,6 +72,16 @@ def checkpoint_key(name: str) -> str:
     return name
 
 
+# The names peft gives the tensors it adds (lora_A, lora_B, lora_embedding_A/B, lora_magnitude_vector): none is in
+# the base model's checkpoint.
+_ADAPTER_KEY = re.compile(r"(^|\.)lora_[A-Za-z_]+(\.|$)")
+
+
+def is_adapter_key(name: str) -> bool:
+    """Whether a state dict key is a LoRA adapter's (added by peft, not in the base model's checkpoint)."""
+    return _ADAPTER_KEY.search(name) is not None
+
+
 def peft_lora_config(args: LoRAArgs) -> Any:
     """The ``peft.LoraConfig`` of ``args`` (for training, and for the adapter_config.json of an export)."""
     try:
@@ -91,16 +102,39 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
     """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable, the adapters drawn by
     :func:`draw_adapters` from the CPU generator's state before the wrap (one rule for every strategy and device).
 
-    Under ZeRO-3's ``zero.Init`` the adapters are partitioned as they are created and keep DeepSpeed's draw.
+    Under ZeRO-3's ``zero.Init`` the adapters are partitioned as they are created; the strategy gives them peft's
+    initialisation once the weights are in (``strategies.zero.stage3.draw_partitioned_adapters``).
     """
     from peft import get_peft_model
 
+    _check_targets(model, args.target_modules)
     state = torch.get_rng_state()
-    peft_model = get_peft_model(model, peft_lora_config(args))
-    if not any(zero3_full_shape(p) is not None for p in peft_model.parameters()):
+    partitioned = any(zero3_full_shape(p) is not None for p in model.parameters())
+    # peft casts bf16/fp16 adapters to fp32 by swapping each one's ``.data``; on a ZeRO-3 parameter that replaces the
+    # placeholder and leaves DeepSpeed with a 0-element partition (an empty trainable group, an AssertionError in
+    # its defragment: a bf16 checkpoint with LoRA under bf16-mixed). DeepSpeed's engine keeps bf16 module weights
+    # and fp32 master partitions itself, so under ZeRO-3 the adapters stay in the module's dtype.
+    peft_model = get_peft_model(model, peft_lora_config(args), autocast_adapter_dtype=not partitioned)
+    if not partitioned:
         torch.set_rng_state(state)
         draw_adapters(peft_model)
     return peft_model
+
+
+def _check_targets(model: PreTrainedModel, targets: list[str] | None) -> None:
+    """Named target modules that match no layer of ``model`` (peft's rule: the name, or its last components) are
+    refused in one line that lists the names the model has, before peft raises its own multi-line error."""
+    if not targets or targets == ["all-linear"]:
+        return
+    if any(name == t or name.endswith(f".{t}") for name, _ in model.named_modules() for t in targets):
+        return
+    linear = (name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear))
+    have = sorted({name.rpartition(".")[2] for name in linear})
+    raise EveryRankError(
+        f"LoRA target_modules {targets} match no linear layer of {type(model).__name__} "
+        f"({model.config.model_type}); its linear layers are named {', '.join(have)}. Set model.lora.target_modules "
+        "to some of these, or to ['all-linear']."
+    )
 
 
 def draw_adapters(model: torch.nn.Module) -> None:

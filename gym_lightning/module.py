@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import inspect
 from functools import partial
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -28,7 +28,13 @@ from gym_lightning.loss import (
     use_chunked_loss,
 )
 from gym_lightning.models.facts import ModelFacts, model_facts
-from gym_lightning.models.loading import AttnImplementation, DType, build_causal_lm, load_model_config
+from gym_lightning.models.loading import (
+    AttnImplementation,
+    DType,
+    build_causal_lm,
+    import_model_code,
+    load_model_config,
+)
 from gym_lightning.models.plan import plan_of
 from gym_lightning.models.presets import resolve_tokenizer_source
 from gym_lightning.optim import (
@@ -47,6 +53,20 @@ from gym_lightning.patches import apply_patches
 from gym_lightning.precision import fp32_master_weights
 from gym_lightning.protocols import OptimizerFacts
 from gym_lightning.tokenizer import load_tokenizer
+
+
+class SummedLoss(NamedTuple):
+    """One micro-batch's summed target-token cross-entropy, its target-token count and, for a mixture of experts
+    whose config sets ``output_router_logits``, its router load-balancing loss (``None`` otherwise)."""
+
+    loss: torch.Tensor
+    tokens: torch.Tensor
+    router_aux: torch.Tensor | None = None
+
+
+def _aux(outputs: Any) -> torch.Tensor | None:
+    """The model's router load-balancing loss, where its forward computed one (transformers' MoE outputs)."""
+    return getattr(outputs, "aux_loss", None)
 
 
 class CausalLMModule(pl.LightningModule):
@@ -180,11 +200,14 @@ class CausalLMModule(pl.LightningModule):
     @override
     def setup(self, stage: str) -> None:
         apply_patches()  # explicit, once per process: gym_lightning.patches says what and why
+        if self.model is None:
+            # Before configure_model, outside any construction context the strategy opens there (models.loading).
+            import_model_code(self._model_config(), self.hparams.trust_remote_code)
         if self.tokenizer is None:
             self.tokenizer = load_tokenizer(self.tokenizer_source, trust_remote_code=self.hparams.trust_remote_code)
 
     # ----------------------------------------------------------------------------------------------- training
-    def _summed_loss(self, batch: dict[str, Any]) -> tuple[torch.Tensor, torch.Tensor]:
+    def _summed_loss(self, batch: dict[str, Any]) -> SummedLoss:
         inputs = {
             "input_ids": batch["input_ids"],
             "attention_mask": batch.get("attention_mask"),  # None for padding-free packed rows (data.collate)
@@ -193,18 +216,20 @@ class CausalLMModule(pl.LightningModule):
         }
         labels = batch["labels"]
         if not self._loss_is_chunked():
-            return summed_cross_entropy(self.model(**inputs).logits, labels), count_target_tokens(labels)
+            outputs = self.model(**inputs)
+            return SummedLoss(summed_cross_entropy(outputs.logits, labels), count_target_tokens(labels), _aux(outputs))
         chunks, pending = self._start_chunk_count(labels)
         # The whole model runs (so FSDP's root hooks unshard and keep the head's weight for backward) with no
         # position kept for the LM head: it returns [batch, 0, vocab] logits and the final hidden states.
         keep_none = torch.empty(0, dtype=torch.long, device=labels.device)
-        hidden = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=True).hidden_states[-1]
+        outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=True)
         if pending is not None:
             pending.wait()
         head = self._base_model().get_output_embeddings()
         chunks = chunks if isinstance(chunks, int) else int(chunks.item())  # a device sync only on NCCL-only groups
+        hidden = outputs.hidden_states[-1]
         loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks)
-        return loss, count_target_tokens(labels)
+        return SummedLoss(loss, count_target_tokens(labels), _aux(outputs))
 
     def _base_model(self) -> torch.nn.Module:
         """The transformers model (inside a peft wrapper when LoRA is on)."""
@@ -267,13 +292,20 @@ class CausalLMModule(pl.LightningModule):
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         step_tokens, undo_accumulation, pending = self._start_step_token_count(batch)
-        loss_sum, count = self._summed_loss(batch)
+        loss_sum, count, router_aux = self._summed_loss(batch)
         # The local micro-batch's token mean, logged as a tensor (no host sync here). Not through a torchmetrics
         # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero/trace.py).
         self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False, prog_bar=True)
         if pending is not None:
             pending.wait()
-        return loss_sum * step_loss_scale(step_tokens[0], self.trainer.world_size, undo_accumulation)
+        loss = loss_sum * step_loss_scale(step_tokens[0], self.trainer.world_size, undo_accumulation)
+        if router_aux is None:
+            return loss
+        # A mixture of experts whose config asks for it (output_router_logits) adds its load-balancing loss as
+        # transformers' own forward does, router_aux_loss_coef times each micro-batch's value: Lightning's division
+        # by the accumulation count and the ranks' gradient average make it the mean over the step's micro-batches.
+        self.log("train/router_aux_loss", router_aux.detach(), on_step=True, on_epoch=False)
+        return loss + self._base_model().config.router_aux_loss_coef * router_aux
 
     # ----------------------------------------------------------------------------------------------- resume
     @override
@@ -284,7 +316,7 @@ class CausalLMModule(pl.LightningModule):
     # ----------------------------------------------------------------------------------------------- evaluation
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        loss_sum, count = self._summed_loss(batch)
+        loss_sum, count, _ = self._summed_loss(batch)  # the language-model loss only, as perplexity needs
         self.val_loss.update(loss_sum / count.clamp(min=1), weight=count)
         if self.hparams.val_exact_match and "references" in batch:
             predictions = self._generate(batch)

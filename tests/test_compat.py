@@ -35,6 +35,7 @@ from gym_lightning._compat import (
     PRIVATE_IMPORTS,
     PRIVATE_MEMBERS,
     PRIVATE_OVERRIDES,
+    TRANSFORMERS_MEMBERS,
     DeepSpeedMember,
     _FitLoop,
 )
@@ -105,6 +106,12 @@ def _deepspeed_defines(owner: Any, name: str) -> bool:
 def test_declared_deepspeed_member_exists(member: DeepSpeedMember) -> None:
     pytest.importorskip("deepspeed")
     assert _deepspeed_defines(_resolve(member.owner), member.name), f"{member.owner} no longer has {member.name}"
+
+
+@pytest.mark.parametrize(("owner", "name"), TRANSFORMERS_MEMBERS, ids=lambda v: v)
+def test_declared_transformers_member_exists(owner: str, name: str) -> None:
+    # Instance attributes set by a module's functions: the module still reads and assigns them.
+    assert _deepspeed_defines(importlib.import_module(owner), name), f"{owner} no longer sets {name}"
 
 
 def test_the_memory_table_is_what_memory_reads() -> None:

@@ -62,7 +62,7 @@ def _loss_and_grads(chunking: str, lora: LoRAArgs | None) -> tuple[torch.Tensor,
     }
     batch["attention_mask"][1, -7:] = 0
     assert module._loss_is_chunked() == (chunking == "on")
-    loss, count = module._summed_loss(batch)
+    loss, count, _ = module._summed_loss(batch)
     loss.backward()
     grads = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
     assert count == (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
@@ -90,7 +90,7 @@ def test_the_chunk_count_of_one_rank_is_never_read_back_from_a_tensor(monkeypatc
     reads: list[torch.Tensor] = []
     item = torch.Tensor.item
     monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))
-    loss, _ = module._summed_loss(batch)
+    loss, _, _ = module._summed_loss(batch)
     monkeypatch.undo()
     assert torch.isfinite(loss) and reads == []
 

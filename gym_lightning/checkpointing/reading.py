@@ -16,6 +16,7 @@ on the meta device from the checkpoint's hyper-parameters (model source + overri
 from __future__ import annotations
 
 import contextlib
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -84,8 +85,15 @@ def _deepspeed_load(path: Path) -> Any:
         return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
 
 
+# [bf16_]zero_pp_rank_<r>_mp_rank_00_{model,optim}_states.pt: DeepSpeed's bf16 optimizer prefixes its files.
+_RANK_FILE = re.compile(r"zero_pp_rank_(\d+)_")
+
+
 def _rank_of(file: Path) -> int:
-    return int(file.name.split("_")[3])  # zero_pp_rank_<r>_mp_rank_00_{model,optim}_states.pt
+    match = _RANK_FILE.search(file.name)
+    if match is None:
+        raise GymUserError(f"{file} is not a DeepSpeed rank file (zero_pp_rank_<rank>_...).")
+    return int(match[1])
 
 
 def read_deepspeed_checkpoint(path: Path) -> CheckpointContents:
@@ -97,7 +105,12 @@ def read_deepspeed_checkpoint(path: Path) -> CheckpointContents:
     module = states.pop("module")
     if not any(tensor.numel() == 0 for tensor in module.values()):  # ZeRO-1/2: the module holds the full weights
         return CheckpointContents(_from_tensors(module), states)
-    optim_files = sorted(folder.glob("zero_pp_rank_*_optim_states.pt"), key=_rank_of)
+    optim_files = sorted(folder.glob("*zero_pp_rank_*_optim_states.pt"), key=_rank_of)
+    if not optim_files:
+        raise GymUserError(
+            f"The ZeRO-3 checkpoint {folder} has no optimizer partition files (*zero_pp_rank_*_optim_states.pt), "
+            "which hold its trained weights: copy the whole checkpoint folder, or export another checkpoint."
+        )
     flat = [_deepspeed_load(f)["optimizer_state_dict"]["fp32_flat_groups"] for f in optim_files]
     # Buffers are whole in the module state; partitioned parameters are empty there and rebuilt below.
     tensors = _from_tensors({k: v for k, v in module.items() if v.numel() > 0})

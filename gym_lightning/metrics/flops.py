@@ -42,9 +42,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
 from torch import nn
 
+from gym_lightning._compat import full_numel
 from gym_lightning.errors import GymUserError
 
 
@@ -91,13 +91,6 @@ class TransformerFlops:
         return self.dense_per_token * num_tokens + self.attention_per_token_per_position * sum_squared_lengths
 
 
-def global_numel(param: torch.Tensor) -> int:
-    """Elements of the full (unsharded) parameter: DeepSpeed ZeRO-3 keeps it in ``ds_numel``; a DTensor's
-    ``numel()`` is already global."""
-    ds_numel = getattr(param, "ds_numel", None)
-    return int(ds_numel) if ds_numel is not None else param.numel()
-
-
 def matmul_param_counts(
     model: nn.Module, experts: Sequence[re.Pattern[str]] = (), expert_share: tuple[int, int] = (1, 1)
 ) -> tuple[int, int]:
@@ -113,7 +106,7 @@ def matmul_param_counts(
         if id(param) in seen or (id(param) in embedding_ids and id(param) not in output_ids):
             continue
         seen.add(id(param))
-        numel = global_numel(param)
+        numel = full_numel(param)
         if is_routed_expert(name, experts):
             numel = numel * expert_share[0] // expert_share[1]
         if param.requires_grad:
@@ -171,7 +164,7 @@ def transformer_flops(model: nn.Module, config: Any) -> TransformerFlops:
     patterns, routing = expert_patterns(config), expert_routing(config)
     if not patterns or routing is None:
         return TransformerFlops(*matmul_param_counts(model), num_layers, attention_dim)
-    experts = sum(global_numel(p) for name, p in model.named_parameters() if is_routed_expert(name, patterns))
+    experts = sum(full_numel(p) for name, p in model.named_parameters() if is_routed_expert(name, patterns))
     counts = matmul_param_counts(model, patterns, routing)
     return TransformerFlops(*counts, num_layers, attention_dim, experts, *routing)
 

@@ -82,6 +82,38 @@ def load_model_config(source: str, overrides: dict[str, Any] | None, trust_remot
     return apply_config_overrides(config, overrides or {})
 
 
+def import_model_code(config: PretrainedConfig, trust_remote_code: bool = False) -> None:
+    """Check that transformers can build ``config`` as a causal LM, and import the module that defines its class
+    now (transformers imports it lazily, on the first build), so that no construction context is open when its
+    classes are created. A model that cannot be built is refused in one line, before any rank loads weights.
+
+    Why import early: DeepSpeed's ``zero.Init`` wraps the ``__init__`` of every ``nn.Module`` class created while it
+    is open and, on exit, puts back the ``__init__`` the class had when it was created, which drops what a class
+    decorator added after that. transformers' ``@use_experts_implementation`` (Qwen3-MoE, DeepSeek-V3, ... experts)
+    sets ``self.config`` in the ``__init__`` it installs, so a second build of such a model in the same process (a
+    second fit, a notebook) failed with "'DeepseekV3Experts' object has no attribute 'config'".
+    """
+    import transformers
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) in MODEL_FOR_CAUSAL_LM_MAPPING:
+        MODEL_FOR_CAUSAL_LM_MAPPING[type(config)]  # the lazy mapping imports the modeling module on access
+        return
+    remote = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if remote and trust_remote_code:
+        return
+    hint = (
+        "Its folder ships its own modeling code: set model.trust_remote_code=true if you trust that code."
+        if remote
+        else "gym_lightning finetunes decoder-only causal LMs (Llama, Qwen, Mistral, Gemma, the MoE families, ...): "
+        "for an encoder-decoder or vision-language model, use a text-only causal LM checkpoint instead."
+    )
+    raise GymUserError(
+        f"The model type {config.model_type!r} ({type(config).__name__}) has no causal-LM class in transformers "
+        f"{transformers.__version__}: AutoModelForCausalLM cannot build it. {hint}"
+    )
+
+
 def apply_config_overrides(config: PretrainedConfig, overrides: dict[str, Any]) -> PretrainedConfig:
     """A new config of the same class with ``overrides`` passed to its constructor.
 
@@ -147,6 +179,9 @@ def build_causal_lm(
             "rank's shards.",
             stacklevel=2,
         )
+    fill = plan.fill_pretrained and not random_init and _has_weights(source)
+    if fill and (folder := safetensors_folder(source)) is not None:
+        return _build_to_fill(folder, config, options, plan)
     if random_init:
         return _random_init(config, options, plan)
     if not _has_weights(source):
@@ -182,13 +217,28 @@ def _random_init(config: PretrainedConfig, options: dict[str, Any], plan: BuildP
     return model
 
 
+def _build_to_fill(folder: str, config: PretrainedConfig, options: dict[str, Any], plan: BuildPlan) -> PreTrainedModel:
+    """The model built where the construction context puts it (``from_config``), its weights left to the strategy,
+    which reads them from ``folder`` (``BuildPlan.fill_pretrained``); ``plan`` records the folder."""
+    options = _checkpoint_dtype(folder, config, options)
+    model = AutoModelForCausalLM.from_config(config, **options)
+    plan.record(model, WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state()))
+    return model
+
+
+def _checkpoint_dtype(folder: str | None, config: PretrainedConfig, options: dict[str, Any]) -> dict[str, Any]:
+    """``options`` with dtype ``"auto"`` (transformers 5's default, and no dtype) resolved as ``from_pretrained``
+    does for a folder: the dtype the checkpoint was saved in."""
+    if folder is not None and options.get("dtype", "auto") == "auto":
+        return {**options, "dtype": config.dtype or torch.get_default_dtype()}
+    return options
+
+
 def _build_on_meta(
     folder: str | None, config: PretrainedConfig, options: dict[str, Any], plan: BuildPlan
 ) -> PreTrainedModel:
     """The model with all parameters and buffers on the meta device; ``plan`` records its ``WeightsSource``."""
-    if folder is not None and options.get("dtype", "auto") == "auto":
-        # As from_pretrained's dtype="auto" (transformers 5's default): the dtype the checkpoint was saved in.
-        options = {**options, "dtype": config.dtype or torch.get_default_dtype()}
+    options = _checkpoint_dtype(folder, config, options)
     record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
     with META:
         model = AutoModelForCausalLM.from_config(config, **options)

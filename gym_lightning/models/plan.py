@@ -11,7 +11,8 @@ says how it wants models built through a :class:`BuildPlan` that the module pass
 - ``gym_fsdp`` plans a meta-device build: it shards the empty model, then each rank reads only its own shards
   (``strategies.materialize``);
 - ZeRO-3 plans a recorded random initialisation: it builds under ``deepspeed.zero.Init`` (partitioned as created),
-  and replaces a random draw by the one one process makes from the same seed (:func:`reference_state_dict`);
+  and replaces a random draw by the one one process makes from the same seed (:func:`reference_state_dict`), or
+  reads each partition's slice of a pretrained folder;
 - every other strategy gets the default plan: an ordinary build on the current default device.
 """
 
@@ -68,6 +69,7 @@ class BuildPlan:
 
     device: torch.device | None = None
     record_random_init: bool = False
+    fill_pretrained: bool = False
     built: list[tuple[nn.Module, WeightsSource]] = field(default_factory=list)
 
     @property
@@ -102,4 +104,27 @@ def reference_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
         return AutoModelForCausalLM.from_config(source.config, **source.options).state_dict()
 
 
-__all__ = ["META", "BuildPlan", "WeightsSource", "plan_of", "reference_state_dict"]
+def reference_buffers(source: WeightsSource) -> dict[str, torch.Tensor]:
+    """The buffers no checkpoint holds (non-persistent: the rotary ``inv_freq``, ...) as one CPU process computes
+    them, in their own dtype; the model is built on the meta device, so no parameter gets storage.
+
+    A model built inside a construction context that changes how tensors are created (DeepSpeed's ``zero.Init``
+    makes ``arange``/``zeros`` produce bf16 under bf16) computes them differently: measured on tiny models, Mixtral's
+    ``inv_freq`` came out in bf16 and gpt-oss's YaRN frequencies 4e-5 off, and the logits 0.2 off a plain load.
+    """
+    with torch.random.fork_rng(devices=[]), META:
+        model = AutoModelForCausalLM.from_config(source.config, **source.options)
+    saved = set(model.state_dict())
+    for name, module in model.named_modules():
+        for key, buffer in list(module.named_buffers(recurse=False)):
+            full = f"{name}.{key}" if name else key
+            module.register_buffer(key, torch.empty_like(buffer, device="cpu"), persistent=full in saved)
+    for module in model.modules():
+        module.__dict__.pop("_is_hf_initialized", None)  # set on the meta build, would skip the module entirely
+    for tensor in [*model.parameters(), *(b for k, b in model.named_buffers() if k in saved)]:
+        tensor._is_hf_initialized = True  # transformers' initialisation fills only what is left: these buffers
+    model.initialize_weights()
+    return {key: buffer for key, buffer in model.named_buffers() if key not in saved}
+
+
+__all__ = ["META", "BuildPlan", "WeightsSource", "plan_of", "reference_buffers", "reference_state_dict"]

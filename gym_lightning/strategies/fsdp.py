@@ -29,6 +29,7 @@ from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
+from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
 from gym_lightning.precision import fp32_master_weights
 from gym_lightning.strategies._common import (
@@ -248,6 +249,12 @@ class GymFSDPStrategy(ModelParallelStrategy):
             raise GymUserError(f"layer_classes={self.layer_classes} matched no module; module classes present: {found}")
         if not layers:
             rank_zero_info("gym_fsdp: no decoder layers found; each top-level submodule is one shard unit.")
+        elif blocks := [b for b in moe_blocks(module) if any(b in set(layer.modules()) for layer in layers)]:
+            # A rank gathers a layer's experts with the rest of its layer; expert parallelism is not offered.
+            rank_zero_info(
+                f"gym_fsdp: mixture of experts: {len(layers)} shard units ({', '.join(sorted(names))}), each with its "
+                f"{type(blocks[0]).__name__} and all of its experts inside; every rank gathers a layer's experts whole."
+            )
         return layers
 
     def _fully_shard_kwargs(self) -> dict[str, Any]:

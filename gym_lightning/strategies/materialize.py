@@ -25,13 +25,22 @@ import torch
 from torch import nn
 from torch.distributed.checkpoint import HuggingFaceStorageReader
 from torch.distributed.checkpoint import load as dcp_load
-from torch.distributed.tensor import DTensor, distribute_tensor
+from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torchmetrics import Metric
 from transformers import PreTrainedModel
 
 from gym_lightning._compat import metric_state_defaults
 from gym_lightning.errors import GymUserError
 from gym_lightning.lora import checkpoint_key
+from gym_lightning.models.conversion import (
+    Loader,
+    SafetensorsReader,
+    TensorSource,
+    checkpoint_sources,
+    convert,
+    refuse_missing,
+    tied_groups,
+)
 from gym_lightning.models.plan import WeightsSource, reference_state_dict
 
 
@@ -124,40 +133,59 @@ def _meta_state_keys(model: nn.Module) -> list[str]:
 def _fill(model: PreTrainedModel, record: WeightsSource, keys: list[str]) -> None:
     state = model.state_dict(keep_vars=True)
     if record.folder is not None:
-        _read_checkpoint(record.folder, {key: state[key] for key in keys})
+        _read_checkpoint(model, record.folder, {key: state[key] for key in keys})
     else:
         _scatter_random_init(record, {key: state[key] for key in keys})
     _initialize_the_rest(model, state)
 
 
-def _read_checkpoint(folder: str, targets: dict[str, torch.Tensor]) -> None:
-    """Each rank reads the slices of the safetensors tensors that its shards of ``targets`` hold."""
+def _read_checkpoint(model: PreTrainedModel, folder: str, targets: dict[str, torch.Tensor]) -> None:
+    """Each rank reads the slices of the safetensors tensors that its shards of ``targets`` hold, mapped as
+    ``from_pretrained`` maps them (``models.conversion``): renamed tensors through DCP's slice reads, converted ones
+    (fused experts) from the checkpoint tensors of this rank's rows only."""
     reader = HuggingFaceStorageReader(folder)
-    stored = set(reader.read_metadata().state_dict_metadata)
-    wanted: dict[str, torch.Tensor] = {}
-    missing = []
-    for group in _tied_groups(targets):
-        found = [key for key in group if checkpoint_key(key) in stored]
-        if found:
-            wanted[checkpoint_key(found[0])] = targets[found[0]]
-        else:
-            missing.append(group[0])
-    if missing:
-        raise GymUserError(
-            f"The checkpoint in {folder!r} has no tensor for {', '.join(checkpoint_key(k) for k in missing)}. "
-            "Sharded loading needs every weight in the safetensors files: re-save the model with save_pretrained, "
-            "or set model.pretrained=false to start from a random initialisation."
-        )
+    stored = reader.read_metadata().state_dict_metadata
+    groups = {checkpoint_key(group[0]): group for group in tied_groups(targets)}
+    sources = checkpoint_sources(model, stored, groups)
+    refuse_missing(folder, [key for key in groups if key not in sources])
+    renamed = {s.keys[0]: targets[groups[key][0]] for key, s in sources.items() if s.converter is None}
     # In place: DCP copies each slice into the local shard of the (DTensor) parameter, casting to its dtype.
-    dcp_load(wanted, storage_reader=reader)
+    dcp_load(renamed, storage_reader=reader)
+    converted = [(s, targets[groups[key][0]]) for key, s in sources.items() if s.converter is not None]
+    if converted:
+        reader = SafetensorsReader(folder)
+        for source, target in converted:
+            _read_converted(model, source, target, reader.load)
 
 
-def _tied_groups(targets: dict[str, torch.Tensor]) -> list[list[str]]:
-    """Keys grouped by tensor identity: tied weights (embeddings and LM head) are one tensor under two names."""
-    groups: dict[int, list[str]] = {}
-    for key, tensor in targets.items():
-        groups.setdefault(id(tensor), []).append(key)
-    return list(groups.values())
+def _read_converted(model: PreTrainedModel, source: TensorSource, target: torch.Tensor, load: Loader) -> None:
+    """Fill this rank's part of ``target`` from the checkpoint tensors ``source`` converts; where the conversion
+    works row by row (one expert per row), only the rows this rank holds are read and converted."""
+    rows = _local_rows(target) if source.by_rows else None
+    if rows is not None:
+        if rows[1] > rows[0]:
+            local_tensor(target).copy_(convert(source, load, model, rows))
+        return
+    full = convert(source, load, model)  # one whole tensor, then this rank's slice of it (no communication)
+    if isinstance(target, DTensor):
+        full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
+    local_tensor(target).copy_(full)
+
+
+def _local_rows(target: torch.Tensor) -> tuple[int, int] | None:
+    """The range of dim-0 rows of ``target`` this rank holds, or ``None`` when its shard is not a row range."""
+    if not isinstance(target, DTensor):
+        return 0, target.shape[0]
+    if any(not (isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim == 0)) for p in target.placements):
+        return None
+    # Where the rows of a sharded tensor go, asked of DTensor itself (uneven shards included): shard the row indices
+    # the same way, from local data (no communication).
+    index = torch.arange(target.shape[0], device=local_tensor(target).device)
+    rows = distribute_tensor(index, target.device_mesh, target.placements, src_data_rank=None).to_local().cpu()
+    if rows.numel() == 0:
+        return 0, 0
+    first, last = int(rows[0]), int(rows[-1]) + 1
+    return (first, last) if torch.equal(rows, torch.arange(first, last)) else None
 
 
 def _scatter_random_init(record: WeightsSource, targets: dict[str, torch.Tensor]) -> None:
@@ -166,7 +194,7 @@ def _scatter_random_init(record: WeightsSource, targets: dict[str, torch.Tensor]
     reference: dict[str, torch.Tensor] = {}
     if rank == 0:
         reference = reference_state_dict(record)
-    for group in _tied_groups(targets):
+    for group in tied_groups(targets):
         target = targets[group[0]]
         full = reference.pop(checkpoint_key(group[0])) if rank == 0 else torch.empty(target.shape)
         _copy_from_rank0(full.to(device=local_tensor(target).device, dtype=target.dtype), target)

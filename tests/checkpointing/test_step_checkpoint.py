@@ -142,7 +142,7 @@ class PoisonLoss(pl.Callback):
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.at_step:
             summed = module._summed_loss
-            module._summed_loss = lambda b: (summed(b)[0] * float("nan"), summed(b)[1])
+            module._summed_loss = lambda b: summed(b)._replace(loss=summed(b).loss * float("nan"))
         elif "_summed_loss" in vars(module):
             del module._summed_loss
 

@@ -1,6 +1,6 @@
 """Training runs made the way users make them: a shipped YAML, changed as a user would, run by ``gym fit``.
 
-``cli_run(strategy, lora, out)`` copies ``configs/<strategy>.yaml``, shortens it (4 optimizer steps, a checkpoint
+``cli_runs({(strategy, lora): out})`` copies ``configs/<strategy>.yaml``, shortens it (4 optimizer steps, a checkpoint
 every 2 steps) and, for LoRA, adds ``model.lora`` and a second ``HFExport`` callback that writes the PEFT adapter
 beside the merged export of the ``export:`` section. Both ranks start together under ``torchrun`` (one import time
 instead of two in a row; Lightning's own launcher is exercised by the failure tests), and the run's checkpoints and
@@ -43,15 +43,24 @@ class CliRun:
 
 
 def run_config(
-    strategy: str, lora: bool, out: Path, callbacks: list[dict[str, Any]] = (), name: str = "run.yaml", **changes: Any
+    strategy: str,
+    lora: bool,
+    out: Path,
+    callbacks: list[dict[str, Any]] = (),
+    name: str = "run.yaml",
+    checkpoints: bool = True,
+    **changes: Any,
 ) -> Path:
     """``configs/<strategy>.yaml`` as a user would shorten it, written to ``out/<name>``; ``callbacks`` are added to
-    the trainer's (``{"class_path": ..., "init_args": ...}``), ``changes`` are dotted ``section.key`` settings
-    applied on top (``{"trainer.max_steps": 6}``)."""
+    the trainer's (``{"class_path": ..., "init_args": ...}``), ``checkpoints=False`` drops the shipped checkpoint
+    callback, ``changes`` are dotted ``section.key`` settings applied on top (``{"trainer.max_steps": 6}``)."""
     config = yaml.safe_load((REPO_ROOT / "configs" / f"{CONFIGS[strategy]}.yaml").read_text())
     trainer = config["trainer"]
     trainer.update(accelerator="cpu", max_steps=STEPS, default_root_dir=str(out))
     extra, callbacks = list(callbacks), list(trainer["callbacks"])
+    if not checkpoints:
+        callbacks = [c for c in callbacks if not c["class_path"].endswith("StepCheckpoint")]
+        trainer["enable_checkpointing"] = False
     for callback in callbacks:
         if callback["class_path"].endswith("StepCheckpoint"):
             callback["init_args"] = {"dirpath": str(out / "checkpoints"), "every_n_steps": EVERY, "keep_last": 3}
@@ -89,11 +98,27 @@ def torchrun(args: list[str], timeout: float = 600, nproc: int = 2) -> subproces
     return proc
 
 
-def cli_run(strategy: str, lora: bool, out: Path) -> CliRun:
-    """Train ``strategy``'s shipped config (shortened) on 2 CPU ranks with ``gym fit``."""
-    config = run_config(strategy, lora, out)
-    torchrun(["fit", "--config", str(config)])
-    return CliRun(out, config)
+def fit_in_one_launch(configs: list[Path], timeout: float = 900) -> None:
+    """``gym fit --config C`` for each of ``configs`` in turn, on 2 CPU ranks started once (``helpers.fit_worker``);
+    raises with the output's tail if one fails."""
+    command = [
+        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
+        str(REPO_ROOT / "tests" / "helpers" / "fit_worker.py"), *map(str, configs),
+    ]  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
+    if done.returncode != 0:
+        raise AssertionError(
+            f"gym fit series exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
+        )
+
+
+def cli_runs(outs: dict[tuple[str, bool], Path]) -> dict[tuple[str, bool], CliRun]:
+    """Train each ``(strategy, lora)``'s shipped config (shortened) into its folder with ``gym fit``, all in one
+    launch of 2 CPU ranks."""
+    configs = {pair: run_config(pair[0], pair[1], out) for pair, out in outs.items()}
+    fit_in_one_launch(list(configs.values()))
+    return {pair: CliRun(outs[pair], config) for pair, config in configs.items()}
 
 
 def tensors_of(folder: Path) -> dict[str, torch.Tensor]:

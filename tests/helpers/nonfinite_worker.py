@@ -23,13 +23,18 @@ from helpers.full_state import full_model_state_dict
 BAD_RANK, BAD_STEP = 1, 2
 
 
+def poisoned(summed: Any) -> Any:
+    """A micro-batch's ``SummedLoss`` with its loss multiplied by NaN."""
+    return summed._replace(loss=summed.loss * float("nan"))
+
+
 class PoisonLossOnOneRank(pl.Callback):
     """Multiply one rank's summed loss by NaN in one optimizer step (the model itself stays finite)."""
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_rank == BAD_RANK and trainer.global_step == BAD_STEP:
             summed = type(module)._summed_loss
-            module._summed_loss = lambda b: (summed(module, b)[0] * float("nan"), summed(module, b)[1])
+            module._summed_loss = lambda b: poisoned(summed(module, b))
         elif "_summed_loss" in vars(module):
             del module._summed_loss
 

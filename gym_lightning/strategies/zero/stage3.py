@@ -1,15 +1,102 @@
-"""ZeRO-3's partitioned parameters, one module or one tensor at a time: overwriting a partitioned model with one
-process's values, and gathering a full tensor for the exporter (collectives: every rank calls them in the same
-order)."""
+"""ZeRO-3's partitioned parameters: each rank reading its partitions' slices of a pretrained folder (no collective),
+overwriting a partitioned model with one process's values one module at a time, and gathering a full tensor for the
+exporter (collectives: every rank calls them in the same order)."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 from torch import nn
+from transformers import PreTrainedModel
 
-from gym_lightning._compat import zero3_full_shape
+from gym_lightning._compat import zero3_full_shape, zero3_partition
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.lora import checkpoint_key
+from gym_lightning.lora import checkpoint_key, is_adapter_key
+from gym_lightning.models.conversion import (
+    SafetensorsReader,
+    TensorSource,
+    checkpoint_sources,
+    convert,
+    flat_range,
+    refuse_missing,
+    tied_groups,
+)
+
+
+@torch.no_grad()
+def read_partitions(model: PreTrainedModel, folder: str) -> None:
+    """Each rank fills its partitions of ``model``'s parameters from ``folder``'s safetensors files, reading only the
+    checkpoint rows they cover, mapped as ``from_pretrained`` maps them (``models.conversion``: fused experts
+    included); buffers the checkpoint holds are read whole. LoRA adapters keep their values.
+
+    No collective: ``from_pretrained`` under ZeRO-3 reads the whole checkpoint on rank 0 and gathers every module on
+    every rank to copy it in; here no rank holds more than its partitions plus the rows of one tensor.
+    """
+    reader = SafetensorsReader(folder)
+    state = model.state_dict(keep_vars=True)
+    groups = {checkpoint_key(group[0]): group for group in tied_groups(state)}
+    sources = checkpoint_sources(model, reader.where, groups)
+    refuse_missing(folder, [key for key in groups if key not in sources and not is_adapter_key(key)])
+    swapped: list[tuple[TensorSource, torch.Tensor]] = []
+    for key, source in sources.items():
+        tensor = state[groups[key][0]]
+        partition, shape = zero3_partition(tensor), zero3_full_shape(tensor)
+        if partition is not None and shape is not None:
+            local, span = partition
+            local[: len(span)].copy_(flat_range(source, reader, model, shape, span))
+        elif shape is None:  # a buffer, or a parameter ZeRO-3 does not partition
+            tensor.data.copy_(convert(source, reader.load, model))
+        else:
+            swapped.append((source, tensor))
+    for source, tensor in swapped:  # partitions on NVMe: gathered one by one, written from rank 0 (collectives)
+        _overwrite_whole(tensor, lambda source=source: convert(source, reader.load, model))
+
+
+def replace_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
+    """``model``'s non-persistent buffers named in ``buffers`` replaced by those tensors (their values and dtypes),
+    on the device each buffer was on. ZeRO-3 never partitions buffers: every rank sets its own."""
+    for key, value in buffers.items():
+        owner, _, name = key.rpartition(".")
+        module = model.get_submodule(owner)
+        module.register_buffer(name, value.to(getattr(module, name).device), persistent=False)
+
+
+def draw_partitioned_adapters(model: nn.Module) -> None:
+    """peft's own initialisation of every LoRA adapter of ``model`` (``lora_B = 0``: the wrapped model starts as
+    the base model), drawn on rank 0 and partitioned again (a collective per adapted layer).
+
+    Why: under ``zero.Init`` the adapters peft creates are partitioned as they are created, with ``nn.Linear``'s
+    random initialisation, and peft's reset then writes into the empty placeholders, which changes nothing; the
+    adapters kept ``lora_B != 0`` and a LoRA run started 0.8 logits away from its base model (tiny models, measured).
+    """
+    import deepspeed
+
+    try:
+        from peft.tuners.lora import LoraLayer
+    except ImportError:  # LoRA is an extra: without peft there are no adapters
+        return
+    for module in model.modules():
+        if not isinstance(module, LoraLayer):
+            continue
+        params = [
+            p
+            for adapter in module.lora_A
+            for part in (module.lora_A, module.lora_B)
+            for p in part[adapter].parameters()
+        ]
+        with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=bool(params)):
+            if torch.distributed.get_rank() == 0:
+                for adapter in module.lora_A:
+                    module.reset_lora_parameters(adapter, init_lora_weights=True)
+
+
+def _overwrite_whole(param: torch.Tensor, value: Callable[[], torch.Tensor]) -> None:
+    import deepspeed
+
+    with deepspeed.zero.GatheredParameters([param], modifier_rank=0):
+        if torch.distributed.get_rank() == 0:
+            param.data.copy_(value())
 
 
 def overwrite_partitioned(
@@ -47,4 +134,10 @@ def full_tensor(value: torch.Tensor) -> LazyTensor:
     return LazyTensor(tuple(shape), value.dtype, lambda: load_as(value.dtype), load_as)
 
 
-__all__ = ["full_tensor", "overwrite_partitioned"]
+__all__ = [
+    "draw_partitioned_adapters",
+    "full_tensor",
+    "overwrite_partitioned",
+    "read_partitions",
+    "replace_buffers",
+]

@@ -20,6 +20,9 @@ Differences from Lightning's ``DeepSpeedStrategy`` and why:
   the initial weights depend on the seed only, not on the strategy or the number of ranks.
 - ZeRO-3 with torchmetrics: DeepSpeed's hooks are removed from parameter-free metric modules, whose overloaded
   ``!=`` otherwise invalidates ZeRO-3's prefetch trace on every step (``strategies.zero.trace``).
+- ZeRO-3 with mixtures of experts: every MoE block the model reveals (``models.moe``: transformers' expert-parallel
+  plan, else an ``nn.ModuleList`` named ``experts``) becomes a ZeRO-3 leaf module before the engine starts, so ranks
+  whose tokens went to different experts still gather the same parameters (``mark_moe_leaf_modules``).
 
 The pieces: ``config`` (the JSON gym_lightning writes and its checks), ``hf_auto`` (Hugging Face ``"auto"`` values),
 ``sizing`` (buffer sizes from the layer size), ``ops`` (DeepSpeed's C++ ops, built once per machine), ``stage3``
@@ -30,13 +33,14 @@ torchmetrics trace fix); this module holds the strategy.
 from __future__ import annotations
 
 import argparse
+import functools
 import logging
 import os
-from collections.abc import Generator
+from collections.abc import Callable, Generator
 from contextlib import contextmanager
 from datetime import timedelta
 from pathlib import Path
-from typing import Any, ClassVar, Literal
+from typing import Any, ClassVar, Literal, TypeVar
 
 import torch
 from lightning.fabric.plugins import ClusterEnvironment
@@ -52,6 +56,7 @@ from typing_extensions import override
 
 from gym_lightning._compat import (
     _StrategyRegistry,
+    full_numel,
     init_deepspeed_config_if_needed,
     init_deepspeed_distributed,
     load_universal_next,
@@ -64,7 +69,8 @@ from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_wei
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.facts import ModelFacts, model_facts_of
-from gym_lightning.models.plan import BuildPlan, WeightsSource, reference_state_dict
+from gym_lightning.models.moe import moe_block_classes
+from gym_lightning.models.plan import BuildPlan, WeightsSource, reference_buffers, reference_state_dict
 from gym_lightning.optim import resolve_warmup_steps
 from gym_lightning.protocols import (
     OptimizerFacts,
@@ -103,7 +109,13 @@ from gym_lightning.strategies.zero.sizing import (
     fill_bucket_sizes,
     layer_sized_sub_group,
 )
-from gym_lightning.strategies.zero.stage3 import full_tensor, overwrite_partitioned
+from gym_lightning.strategies.zero.stage3 import (
+    draw_partitioned_adapters,
+    full_tensor,
+    overwrite_partitioned,
+    read_partitions,
+    replace_buffers,
+)
 from gym_lightning.strategies.zero.trace import keep_zero3_trace_valid
 from gym_lightning.strategies.zero.universal import (
     UNIVERSAL_TAG,
@@ -112,6 +124,8 @@ from gym_lightning.strategies.zero.universal import (
     refuse_unsafe_files,
     repair_zero3_universal_load,
 )
+
+_T = TypeVar("_T")
 
 
 def deepspeed_cpu_adam(optimizer: Optimizer) -> Optimizer:
@@ -154,6 +168,33 @@ def training_facts(
         total_steps=total,
         hidden_size=model.hidden_size,
         layer_numel=model.layer_numel,
+    )
+
+
+def mark_moe_leaf_modules(model: nn.Module) -> list[type[nn.Module]]:
+    """Make every instance of ``model``'s mixture-of-experts block classes (``models.moe``) a ZeRO-3 leaf module;
+    returns the classes.
+
+    ZeRO-3 then gathers a block's experts together on every rank, whichever experts its tokens were routed to. One
+    expert module at a time, ranks routed differently issue different all-gathers: gloo pairs equal-sized ones of
+    different experts (wrong weights, no error) and aborts on unequal ones (tests/strategies/zero/test_moe_leaf.py).
+    Before ``deepspeed.initialize``: the engine reads the flag when it installs its hooks
+    (``DeepSpeedZeRoOffload._register_deepspeed_module``).
+    """
+    from deepspeed.utils import set_z3_leaf_modules
+
+    classes = moe_block_classes(model)
+    if classes:
+        set_z3_leaf_modules(model, classes)
+        _log_leaf_classes(tuple(cls.__name__ for cls in classes))
+    return classes
+
+
+@functools.cache
+def _log_leaf_classes(names: tuple[str, ...]) -> None:
+    # Once per process and model: fit, validate and predict each set up an engine.
+    rank_zero_info(
+        f"gym_lightning: ZeRO-3 gathers each mixture-of-experts block whole (leaf modules: {', '.join(names)})."
     )
 
 
@@ -206,6 +247,11 @@ class ZeROStrategy(DeepSpeedStrategy):
 
     Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
     CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
+
+    Mixtures of experts (stage 3): each MoE block class found in the model (``gym_lightning.models.moe``) is made a
+    ZeRO-3 leaf module (its experts are gathered together; one log line names the classes). Blocks the rules miss:
+    DeepSpeed's own ``"zero_optimization": {"leaf_module": {"classes": [...]}}`` in ``config`` (also ``names`` and
+    ``name_suffixes``), which DeepSpeed applies as the engine starts.
     """
 
     strategy_name = "zero"
@@ -263,8 +309,8 @@ class ZeROStrategy(DeepSpeedStrategy):
         offload_param = (zero_section.get("offload_param") or {}).get("device", offload_parameters)
         self.remote_device = offload_param if offload_param in ("cpu", "nvme") else None
         self._hf_deepspeed_config: Any = None
-        # ZeRO-3: models are built under zero.Init with their random draw recorded (models.plan).
-        self._build_plan = BuildPlan(record_random_init=resolved_stage == 3)
+        # ZeRO-3: models are built under zero.Init with their random draw or their folder recorded (models.plan).
+        self._build_plan = BuildPlan(record_random_init=resolved_stage == 3, fill_pretrained=resolved_stage == 3)
 
     @classmethod
     def _checked_stage(
@@ -417,10 +463,12 @@ class ZeROStrategy(DeepSpeedStrategy):
     ) -> tuple[Any, Optimizer]:
         import deepspeed
 
-        self._replace_zero3_random_init()
+        self._fill_zero3_weights()
+        if self.zero_stage_3:
+            mark_moe_leaf_modules(model)
         # Under stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
         self.config = fill_bucket_sizes(self.config, derived_bucket_size(None))  # no module facts were read
-        self.config = cap_bucket_sizes(self.config, sum(getattr(p, "ds_numel", p.numel()) for p in model.parameters()))
+        self.config = cap_bucket_sizes(self.config, sum(full_numel(p) for p in model.parameters()))
         engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
             args=self._deepspeed_args(),
             config=self.config,
@@ -439,7 +487,7 @@ class ZeROStrategy(DeepSpeedStrategy):
     def _initialize_deepspeed_inference(self, model: nn.Module) -> None:
         import deepspeed
 
-        self._replace_zero3_random_init()
+        self._fill_zero3_weights()
         inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
         for key in ("fp16", "bf16"):
             if key in self.config:
@@ -447,6 +495,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         if self.zero_stage_3:
             inference_config["zero_optimization"] = self.config["zero_optimization"]
             inference_config["zero_allow_untested_optimizer"] = True
+            mark_moe_leaf_modules(model)
         self.model, _, _, _ = deepspeed.initialize(
             args=self._deepspeed_args(), config=inference_config, model=model, dist_init_required=False
         )
@@ -466,24 +515,30 @@ class ZeROStrategy(DeepSpeedStrategy):
         with super().model_sharded_context():
             yield
 
-    def _replace_zero3_random_init(self) -> None:
-        """Overwrite the random initialisations built under ``zero.Init`` (recorded in the build plan) by one
-        process's draw from the same seed: rank 0 builds it on CPU, then each module is gathered, overwritten on rank
-        0 and re-partitioned. Rank 0 holds the whole model once for this; a pretrained model is loaded partition-wise
-        and never is."""
+    def _fill_zero3_weights(self) -> None:
+        """Give the models built under ``zero.Init`` (recorded in the build plan) their weights. A pretrained folder:
+        each rank reads only its partitions' slices (``read_partitions``; no collective, no rank holds the model).
+        A random initialisation: one process's draw from the same seed, which rank 0 builds on CPU, then each module
+        is gathered, overwritten on rank 0 and re-partitioned (rank 0 holds the whole model once for this). Then the
+        buffers no checkpoint holds as one CPU process computes them (``reference_buffers``) and peft's adapter
+        initialisation (``draw_partitioned_adapters``)."""
         for hf_model, source in self._build_plan.take():
             if source.folder is not None:
-                continue
-            reference = self._reference_without_zero_init(source) if self.is_global_zero else {}
-            overwrite_partitioned(hf_model, reference, self.is_global_zero)
+                read_partitions(hf_model, source.folder)
+            else:
+                reference = self._without_zero_init(reference_state_dict, source) if self.is_global_zero else {}
+                overwrite_partitioned(hf_model, reference, self.is_global_zero)
+            replace_buffers(hf_model, self._without_zero_init(reference_buffers, source))
+            draw_partitioned_adapters(hf_model)
 
-    def _reference_without_zero_init(self, source: WeightsSource) -> dict[str, torch.Tensor]:
+    def _without_zero_init(self, build: Callable[[WeightsSource], _T], source: WeightsSource) -> _T:
+        """``build(source)`` with the transformers DeepSpeed integration off: with it on, ``from_config`` would build
+        under ``zero.Init`` again (a collective, when one rank builds) and initialise through gathers."""
         from transformers.integrations.deepspeed import set_hf_deepspeed_config, unset_hf_deepspeed_config
 
-        # With the HF integration active, from_config would build under zero.Init again (a collective on one rank).
         unset_hf_deepspeed_config()
         try:
-            return reference_state_dict(source)
+            return build(source)
         finally:
             if self._hf_deepspeed_config is not None:
                 set_hf_deepspeed_config(self._hf_deepspeed_config)
@@ -613,4 +668,12 @@ class ZeRO3Strategy(ZeROStrategy):
     fixed_stage = 3
 
 
-__all__ = ["ZeRO1Strategy", "ZeRO2Strategy", "ZeRO3Strategy", "ZeROStrategy", "deepspeed_cpu_adam", "training_facts"]
+__all__ = [
+    "ZeRO1Strategy",
+    "ZeRO2Strategy",
+    "ZeRO3Strategy",
+    "ZeROStrategy",
+    "deepspeed_cpu_adam",
+    "mark_moe_leaf_modules",
+    "training_facts",
+]
