@@ -4,7 +4,8 @@
     python benchmarks/scale.py --sizes 250m --strategies gym_fsdp zero3
     python benchmarks/scale.py --write-docs            # also replaces the section in docs/benchmarks.md
 
-Builds (once, cached under ``--workdir``/models) random-init Llama-shaped folders of about 250M and 1B parameters,
+Builds (once, cached under ``--workdir``/models) random-init Llama-shaped folders of about 250M and 1B parameters
+and a 0.4B Qwen3-MoE (``--sizes moe-400m``),
 saved as sharded bf16 safetensors (``max_shard_size="500MB"``, the shipped tokenizer), like a downloaded checkpoint.
 For each size and strategy it runs the real CLI on 2 CPU ranks (``python -m gym_lightning fit --config
 configs/quickstart.yaml --trainer.devices 2 --trainer.strategy S --model.model FOLDER``, ``bf16-mixed``, packed rows
@@ -44,26 +45,40 @@ SECTION = "## Peak memory per phase at 250M and 1B parameters"
 MIB = 2**20
 GIB = 2**30
 # Llama shapes (tied embeddings, 32,000 vocabulary). 1B: TinyLlama's width with 20 layers (GQA 32/4 heads): 0.95B.
+# moe-400m: a Qwen3-MoE (Qwen3-30B-A3B's structure: every layer sparse, 8 of 128 experts) scaled down to 16 experts,
+# top-2, 8 layers: 0.40B parameters, saved as transformers saves it (one tensor per expert), loaded into fused expert
+# tensors.
 SIZES: dict[str, dict[str, Any]] = {
-    "250m": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 16, "num_attention_heads": 16,
-             "num_key_value_heads": 16, "vocab_size": 32000, "tie_word_embeddings": True},
-    "1b": {"hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 20, "num_attention_heads": 32,
-           "num_key_value_heads": 4, "vocab_size": 32000, "tie_word_embeddings": True},
+    "250m": {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 16,
+             "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000, "tie_word_embeddings": True},
+    "1b": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 20,
+           "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000, "tie_word_embeddings": True},
+    "moe-400m": {"model_type": "qwen3_moe", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8,
+                 "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "num_experts": 16,
+                 "num_experts_per_tok": 2, "moe_intermediate_size": 768, "vocab_size": 32000,
+                 "tie_word_embeddings": False},
 }  # fmt: skip
-STRATEGIES = {"250m": ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3"], "1b": ["gym_fsdp", "zero3"]}
+STRATEGIES = {
+    "250m": ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3"],
+    "1b": ["gym_fsdp", "zero3"],
+    "moe-400m": ["gym_fsdp", "zero3"],
+}
 PHASES = ("load", "step", "save", "export")
 
 
 def build_folder(folder: Path, size: str) -> None:
     """A random-init model of ``SIZES[size]`` saved as 500 MB bf16 safetensors shards (own process: it holds it)."""
     import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
+    from transformers import AutoConfig, AutoModelForCausalLM
 
     from gym_lightning.tokenizer import load_tokenizer
 
     torch.manual_seed(0)
     # from_config builds on the meta device and materialises the parameters already in bf16 (no fp32 copy).
-    model = AutoModelForCausalLM.from_config(LlamaConfig(**SIZES[size]), dtype=torch.bfloat16)
+    fields = dict(SIZES[size])
+    model = AutoModelForCausalLM.from_config(
+        AutoConfig.for_model(fields.pop("model_type"), **fields), dtype=torch.bfloat16
+    )
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
     model.save_pretrained(partial, max_shard_size="500MB")
@@ -72,8 +87,13 @@ def build_folder(folder: Path, size: str) -> None:
     print(f"wrote {folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
 
 
+def folder_of(workdir: Path, size: str) -> Path:
+    """Where the model folder of ``size`` is kept (``llama-250m``, ``qwen3_moe-moe-400m``)."""
+    return workdir / "models" / f"{SIZES[size]['model_type']}-{size}"
+
+
 def ensure_folder(workdir: Path, size: str) -> Path:
-    folder = workdir / "models" / f"llama-{size}"
+    folder = folder_of(workdir, size)
     if not (folder / "config.json").exists():
         folder.parent.mkdir(parents=True, exist_ok=True)
         command = [sys.executable, __file__, "--role", "build", "--sizes", size, "--workdir", str(workdir)]
@@ -189,7 +209,7 @@ def run_one(workdir: Path, size: str, strategy: str, steps: int, seq: int) -> di
     shutil.rmtree(run, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     start = time.perf_counter()
-    done = subprocess.run(fit_command(workdir / "models" / f"llama-{size}", strategy, run, steps, seq), env=env,
+    done = subprocess.run(fit_command(folder_of(workdir, size), strategy, run, steps, seq), env=env,
                           cwd=REPO_ROOT, capture_output=True, text=True)  # fmt: skip
     seconds = time.perf_counter() - start
     (workdir / f"{size}-{strategy}.log").write_text(done.stdout + done.stderr)
@@ -250,7 +270,7 @@ def render(results: dict[str, Any], workdir: Path) -> str:
         if "ranks" not in result:
             lines.append(f"| {size} | {strategy} | — | failed (exit {result['failed']}) | | | | |")
             continue
-        folder = workdir / "models" / f"llama-{size}"
+        folder = folder_of(workdir, size)
         shape = resolve_shape(str(folder))
         setup = planner_setup(folder, max(r["baseline"] for r in result["ranks"]), result["seq"])
         planned = phase_peaks(shape, STRATEGY_BY_KEY[PLANNER_KEYS[strategy]], setup).by_phase()
@@ -289,7 +309,7 @@ def main() -> None:
     parser.add_argument("--role", choices=["driver", "build"], default="driver", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.role == "build":
-        return build_folder(args.workdir / "models" / f"llama-{args.sizes[0]}", args.sizes[0])
+        return build_folder(folder_of(args.workdir, args.sizes[0]), args.sizes[0])
     results_file = args.workdir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     for size in [] if args.render_only else args.sizes:

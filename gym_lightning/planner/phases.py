@@ -7,8 +7,8 @@ against measured peaks in docs/benchmarks.md by ``benchmarks/scale.py``):
 
 * load — gym_fsdp builds on the meta device, shards, and each rank reads only its slices of the safetensors files
   (``strategies/materialize.py``): its fp32 shard plus the slices of the file being read. DDP and ZeRO-1/2 load
-  the whole checkpoint on every rank (``from_pretrained``); ZeRO-3 builds under ``zero.Init`` and transformers
-  gathers one module at a time while it copies a file's tensors in. Trainable weights become fp32 under
+  the whole checkpoint on every rank (``from_pretrained``); ZeRO-3 builds under ``zero.Init`` and each rank reads
+  its partitions' slices (``strategies/zero/stage3.py``). Trainable weights become fp32 under
   ``bf16-mixed`` whatever the checkpoint's dtype (``precision.fp32_master_weights``); DeepSpeed
   keeps the module in 16 bits and builds fp32 master partitions in ``deepspeed.initialize``. AdamW's states come
   with the first step under every strategy.
@@ -72,11 +72,18 @@ def _place(setup: Setup, tensors: float, host_only: float = 0.0) -> PhasePeak:
     return PhasePeak(host, tensors)
 
 
-def read_slice_bytes(setup: Setup, sharded: bool) -> float:
+def read_slice_bytes(setup: Setup, sharded: bool, shape: ModelShape | None = None) -> float:
     """Checkpoint bytes in flight while loading. Each file is memory-mapped and its tensors are copied out one at a
     time; the mapped pages that were read stay resident until the file is closed: one file, or a rank's 1/N of it
-    when the rank reads only its own slices (gym_fsdp's ``HuggingFaceStorageReader``)."""
-    return setup.checkpoint_file_bytes / (setup.world_size if sharded else 1)
+    when the rank reads only its own slices (gym_fsdp's ``HuggingFaceStorageReader``). A mixture of experts' expert
+    tensors are read one checkpoint tensor at a time from a file opened for it (``models.conversion``), so only
+    the rest of a file stays mapped: measured at 0.4B (moe-400m of benchmarks/scale.py), the whole-file term put
+    the load 15 % above the measured peak."""
+    in_flight = setup.checkpoint_file_bytes / (setup.world_size if sharded else 1)
+    if sharded and shape is not None and shape.is_moe:
+        experts = sum(n for k, n in shape.expert_numels().items() if k.startswith("experts.")) * shape.num_layers
+        in_flight *= 1 - experts / shape.num_params()
+    return in_flight
 
 
 def resident_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
@@ -100,8 +107,8 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
         # Meta build -> fully_shard -> to_empty -> slices read into the fp32 shards (fp32 masters under bf16-mixed).
         shard = (4 * t + frozen * f) / n
         if strategy.offload_parameters != "none":  # cpu_offload: the shards live on the host
-            return _place(setup, 0.0, shard + read_slice_bytes(setup, sharded=True))
-        return _place(setup, shard, read_slice_bytes(setup, sharded=True))
+            return _place(setup, 0.0, shard + read_slice_bytes(setup, sharded=True, shape=shape))
+        return _place(setup, shard, read_slice_bytes(setup, sharded=True, shape=shape))
     if strategy.framework == "torch":
         # from_pretrained on every rank in the checkpoint dtype, then the trainables cast to fp32: the loaded copy is
         # held until the last tensor is cast (measured at 250M: +6.0 bytes per parameter above the process with a
@@ -119,10 +126,11 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
         # process; 2.0 + 4/N after it.
         load = p * t + frozen * f + p * t + p * t / n + 4 * t / n
         return _place(setup, load, states.host)
-    # ZeRO-3: zero.Init partitions the 16-bit weights as the model is built; transformers gathers one module at a
-    # time to copy the checkpoint in; deepspeed.initialize adds the 16-bit gradient partition and the fp32 master
-    # partition (AdamW's states come with the first step). Measured at 1B: 2 + 2 + 4 bytes per parameter / N after
-    # load, and about two gathered units more at its peak.
+    # ZeRO-3: zero.Init partitions the 16-bit weights as the model is built and each rank reads its partitions'
+    # slices; deepspeed.initialize adds the 16-bit gradient partition and the fp32 master partition (AdamW's states
+    # come with the first step). Measured at 1B: 2 + 2 + 4 bytes per parameter / N after load, and about two
+    # gathered units more at its peak, reached in deepspeed.initialize (the same with transformers' own loader,
+    # which gathered one module at a time: 2,183 against 2,191 MiB for the 0.4B MoE of benchmarks/scale.py).
     on_device = states.params + p * t / n + 4 * t / n + 2 * p * counts.largest_unit
     return _place(setup, on_device, states.host)
 
