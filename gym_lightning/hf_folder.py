@@ -283,14 +283,15 @@ def write_export(
     if lora == "adapter" and source.lora_config is None:
         raise GymUserError("lora='adapter' exports LoRA adapters, but this model has none; use lora='merged'.")
     limit, target = parse_size(max_shard_size), export_dtype(source, dtype, lora)
+    adapter_only = source.lora_config is not None and lora == "adapter"
     tensors = hf_tensors(source, lora)
-    if lora != "adapter" or source.lora_config is None:
+    if not adapter_only:
         tensors = checkpoint_layout(source.base, tensors)  # what save_pretrained writes (per-expert MoE tensors)
     if not writer:
         write_shards(tensors, None, limit, "", target)
         return Path(output_dir)
     with atomic_directory(output_dir) as staging:
-        if source.lora_config is not None and lora == "adapter":
+        if adapter_only:
             write_shards(tensors, staging, limit, "adapter_model", target)
             _write_adapter_config(source, staging)
         else:

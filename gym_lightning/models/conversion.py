@@ -50,6 +50,7 @@ from transformers.core_model_loading import (
 from gym_lightning._compat import weight_conversions_of
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor
+from gym_lightning.models.loading import safetensors_files
 
 Loader = Callable[[str], torch.Tensor]
 
@@ -167,7 +168,7 @@ class SafetensorsReader:
 
     def __init__(self, folder: str | Path) -> None:
         self.where: dict[str, Path] = {}
-        for path in sorted(Path(folder).glob("*.safetensors")):
+        for path in safetensors_files(str(folder)):
             with safe_open(path, framework="pt") as file:
                 self.where.update(dict.fromkeys(file.keys(), path))
 

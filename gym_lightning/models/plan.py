@@ -23,7 +23,7 @@ from typing import Any
 
 import torch
 from torch import nn
-from transformers import AutoModelForCausalLM, PretrainedConfig
+from transformers import AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
 from gym_lightning.protocols import ProvidesBuildPlan
 
@@ -119,12 +119,26 @@ def reference_buffers(source: WeightsSource) -> dict[str, torch.Tensor]:
         for key, buffer in list(module.named_buffers(recurse=False)):
             full = f"{name}.{key}" if name else key
             module.register_buffer(key, torch.empty_like(buffer, device="cpu"), persistent=full in saved)
-    for module in model.modules():
-        module.__dict__.pop("_is_hf_initialized", None)  # set on the meta build, would skip the module entirely
-    for tensor in [*model.parameters(), *(b for k, b in model.named_buffers() if k in saved)]:
-        tensor._is_hf_initialized = True  # transformers' initialisation fills only what is left: these buffers
-    model.initialize_weights()
+    initialize_unsaved(model, model.state_dict(keep_vars=True))
     return {key: buffer for key, buffer in model.named_buffers() if key not in saved}
 
 
-__all__ = ["META", "BuildPlan", "WeightsSource", "plan_of", "reference_buffers", "reference_state_dict"]
+def initialize_unsaved(model: PreTrainedModel, state: dict[str, torch.Tensor]) -> None:
+    """Hugging Face's own initialisation for what no state dict holds (non-persistent buffers, e.g. rotary
+    ``inv_freq``): every tensor of ``state`` is marked initialised, so ``initialize_weights`` leaves it alone."""
+    for module in model.modules():
+        module.__dict__.pop("_is_hf_initialized", None)  # set on a meta build, would skip the module entirely
+    for tensor in state.values():
+        tensor._is_hf_initialized = True
+    model.initialize_weights()
+
+
+__all__ = [
+    "META",
+    "BuildPlan",
+    "WeightsSource",
+    "initialize_unsaved",
+    "plan_of",
+    "reference_buffers",
+    "reference_state_dict",
+]

@@ -41,7 +41,7 @@ from gym_lightning.models.conversion import (
     refuse_missing,
     tied_groups,
 )
-from gym_lightning.models.plan import WeightsSource, reference_state_dict
+from gym_lightning.models.plan import WeightsSource, initialize_unsaved, reference_state_dict
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -136,7 +136,7 @@ def _fill(model: PreTrainedModel, record: WeightsSource, keys: list[str]) -> Non
         _read_checkpoint(model, record.folder, {key: state[key] for key in keys})
     else:
         _scatter_random_init(record, {key: state[key] for key in keys})
-    _initialize_the_rest(model, state)
+    initialize_unsaved(model, state)
 
 
 def _read_checkpoint(model: PreTrainedModel, folder: str, targets: dict[str, torch.Tensor]) -> None:
@@ -210,13 +210,3 @@ def _copy_from_rank0(full: torch.Tensor, target: torch.Tensor) -> None:
     if torch.distributed.is_initialized():
         torch.distributed.broadcast(full, src=0)
     target.copy_(full)
-
-
-def _initialize_the_rest(model: PreTrainedModel, state: dict[str, torch.Tensor]) -> None:
-    """Hugging Face's own initialisation for what no state dict holds (non-persistent buffers, e.g. rotary
-    ``inv_freq``): every state dict tensor is marked initialised, so ``initialize_weights`` leaves it alone."""
-    for module in model.modules():
-        module.__dict__.pop("_is_hf_initialized", None)  # set on the meta build, would skip the module entirely
-    for tensor in state.values():
-        tensor._is_hf_initialized = True
-    model.initialize_weights()

@@ -83,34 +83,31 @@ def run_config(
     return path
 
 
-def torchrun(args: list[str], timeout: float = 600, nproc: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node N -m gym_lightning ARGS``; raises with the output's tail if it fails."""
+def _torchrun(entry: list[str], name: str, timeout: float, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node N ENTRY...`` from the repository root; raises with the output's tail if it fails."""
     command = [
         sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", "-m", "gym_lightning", *args,
+        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", *entry,
     ]  # fmt: skip
     proc = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
     if proc.returncode != 0:
         raise AssertionError(
-            f"`gym {' '.join(args)}` exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
+            f"`{name}` exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
             f"--- stderr ---\n{proc.stderr[-8000:]}"
         )
     return proc
 
 
+def torchrun(args: list[str], timeout: float = 600, nproc: int = 2) -> subprocess.CompletedProcess:
+    """``torchrun --nproc_per_node N -m gym_lightning ARGS``; raises with the output's tail if it fails."""
+    return _torchrun(["-m", "gym_lightning", *args], f"gym {' '.join(args)}", timeout, nproc)
+
+
 def fit_in_one_launch(configs: list[Path], timeout: float = 900) -> None:
     """``gym fit --config C`` for each of ``configs`` in turn, on 2 CPU ranks started once (``helpers.fit_worker``);
     raises with the output's tail if one fails."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2",
-        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}",
-        str(REPO_ROOT / "tests" / "helpers" / "fit_worker.py"), *map(str, configs),
-    ]  # fmt: skip
-    done = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
-    if done.returncode != 0:
-        raise AssertionError(
-            f"gym fit series exited with {done.returncode}\n{done.stdout[-3000:]}\n{done.stderr[-8000:]}"
-        )
+    worker = str(REPO_ROOT / "tests" / "helpers" / "fit_worker.py")
+    _torchrun([worker, *map(str, configs)], f"gym fit series of {len(configs)} configs", timeout)
 
 
 def cli_runs(outs: dict[tuple[str, bool], Path]) -> dict[tuple[str, bool], CliRun]:
