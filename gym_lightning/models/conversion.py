@@ -41,8 +41,6 @@ from transformers.core_model_loading import (
     WeightConverter,
     WeightRenaming,
     WeightTransform,
-    apply_converters,
-    apply_renamings,
     dot_natural_key,
     rename_source_key,
 )
@@ -205,6 +203,25 @@ def flat_range(
 
 
 # ------------------------------------------------------------------------------------------------ export
+# transformers >= 5.2x has these two as module functions (core_model_loading.apply_converters/apply_renamings);
+# 5.17, the oldest version gym_lightning supports, does not: the same few lines over the transforms' public
+# ``rename_source_key``.
+def _apply_converters(key: str, converters: list[WeightConverter]) -> tuple[str, str | None]:
+    """``key`` renamed by the first converter that matches it, and that converter's source pattern (else None)."""
+    for converter in converters:
+        renamed, pattern = converter.rename_source_key(key)
+        if pattern is not None:
+            return renamed, pattern
+    return key, None
+
+
+def _apply_renamings(key: str, renamings: list[WeightRenaming]) -> str:
+    """``key`` renamed by every renaming in turn."""
+    for renaming in renamings:
+        key, _ = renaming.rename_source_key(key)
+    return key
+
+
 def _reverse_transforms(model: PreTrainedModel) -> tuple[list[WeightRenaming], list[WeightConverter]]:
     """The transforms ``save_pretrained`` applies (``revert_weight_conversion``): those the model was loaded with,
     else its class's table without prefix changes, reversed."""
@@ -235,9 +252,9 @@ def checkpoint_layout(model: PreTrainedModel, tensors: dict[str, LazyTensor]) ->
     order: list[tuple[str, LazyTensor] | dict[str, str]] = []
     groups: dict[str, dict[str, str]] = {}  # group name -> {model key: the converter's source pattern}
     for key, tensor in tensors.items():
-        renamed, pattern = apply_converters(key, converters)
+        renamed, pattern = _apply_converters(key, converters)
         if pattern is None:
-            order.append((apply_renamings(key, renamings), tensor))
+            order.append((_apply_renamings(key, renamings), tensor))
             continue
         if renamed not in groups:
             groups[renamed] = {}
@@ -271,11 +288,11 @@ class _ReversedGroup:
     def _run(self, values: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         converter = copy.deepcopy(self.converter)
         first = next(iter(values))
-        renamed, _ = apply_converters(first, [converter])
+        renamed, _ = _apply_converters(first, [converter])
         for key, value in values.items():
             converter.add_tensor(renamed, key, self.patterns[key], value)
         made = converter.convert(renamed, model=self.model, config=self.model.config)
-        return {apply_renamings(k, self.renamings): v[0] if isinstance(v, list) else v for k, v in made.items()}
+        return {_apply_renamings(k, self.renamings): v[0] if isinstance(v, list) else v for k, v in made.items()}
 
     def lazy(self) -> dict[str, LazyTensor]:
         meta = {key: torch.empty(t.shape, dtype=t.dtype, device="meta") for key, t in self.inputs.items()}
