@@ -203,18 +203,25 @@ def fit_command(folder: Path, strategy: str, run: Path, steps: int, seq: int) ->
 
 def run_one(workdir: Path, size: str, strategy: str, steps: int, seq: int) -> dict[str, Any]:
     """One CLI run; returns ``{"ranks": [rank0 rows, rank1 rows], "seconds": ...}`` and deletes its outputs."""
+    name = f"{size}-{strategy}"
+    command = fit_command(folder_of(workdir, size), strategy, workdir / "runs" / name, steps, seq)
+    return run_cli(workdir, name, command, steps, seq)
+
+
+def run_cli(workdir: Path, name: str, command: list[str], steps: int, seq: int) -> dict[str, Any]:
+    """Run ``command``, a CLI fit whose ``PhasePeaks`` write under ``workdir/runs/<name>``; its log goes to
+    ``workdir/<name>.log``, its outputs are deleted. Returns the ranks' rows, or ``{"failed": rc}``."""
     import time
 
-    run = workdir / "runs" / f"{size}-{strategy}"
+    run = workdir / "runs" / name
     shutil.rmtree(run, ignore_errors=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     start = time.perf_counter()
-    done = subprocess.run(fit_command(folder_of(workdir, size), strategy, run, steps, seq), env=env,
-                          cwd=REPO_ROOT, capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
     seconds = time.perf_counter() - start
-    (workdir / f"{size}-{strategy}.log").write_text(done.stdout + done.stderr)
+    (workdir / f"{name}.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
-        print(f"{size} {strategy} failed (rc {done.returncode}): {done.stderr[-2000:]}", file=sys.stderr)
+        print(f"{name} failed (rc {done.returncode}): {done.stderr[-2000:]}", file=sys.stderr)
         shutil.rmtree(run, ignore_errors=True)
         return {"failed": done.returncode, "seconds": seconds}
     ranks = [json.loads((run / "phases" / f"rank{r}.json").read_text()) for r in (0, 1)]

@@ -25,6 +25,7 @@ from gym_lightning.data.loader import StepTokenDataLoader
 from gym_lightning.generation import GenerationArgs
 from gym_lightning.lora import LoRAArgs
 from gym_lightning.module import CausalLMModule
+from gym_lightning.quant import QuantizationArgs
 from gym_lightning.registration import register
 from gym_lightning.strategies import (
     GymDDPStrategy,
@@ -52,6 +53,7 @@ __all__ = [
     "MemoryCallback",
     "NonFiniteGuard",
     "NonFiniteLossError",
+    "QuantizationArgs",
     "StepCheckpoint",
     "StepTokenDataLoader",
     "ThroughputCallback",

@@ -467,12 +467,23 @@ TRANSFORMERS_MEMBERS: tuple[tuple[str, str], ...] = (
     # The conversion table from_pretrained loaded a model with; save_pretrained reverts that one
     # (core_model_loading.revert_weight_conversion), and so does the exporter (models/conversion.py).
     ("transformers.core_model_loading", "_weight_conversions"),
+    # Undocumented: marks DeepSpeed's zero.Init as open already, so that from_config under transformers' ZeRO-3
+    # integration neither opens another one nor gathers every module to initialise it (initialize_weights_zero3).
+    ("transformers.modeling_utils", "set_zero3_state"),
 )
 
 
 def weight_conversions_of(model: nn.Module) -> list[Any] | None:
     """The weight transforms ``from_pretrained`` loaded ``model`` with, or ``None`` (built another way)."""
     return getattr(model, "_weight_conversions", None)
+
+
+def zero3_init_open() -> contextlib.AbstractContextManager[None]:
+    """transformers' own marker that a ``zero.Init`` context is open (``set_zero3_state``, declared above): a
+    model built inside it is neither wrapped in a second ``zero.Init`` nor initialised by gathers."""
+    from transformers.modeling_utils import set_zero3_state
+
+    return set_zero3_state()
 
 
 __all__ = [
@@ -517,6 +528,7 @@ __all__ = [
     "wrapped_optimizer",
     "zero3_full_shape",
     "zero3_hook_handles",
+    "zero3_init_open",
     "zero3_parameter_offload",
     "zero3_partition",
     "zero3_trace_compares_with_ne",

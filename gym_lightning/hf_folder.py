@@ -46,6 +46,7 @@ from gym_lightning.atomic import atomic_directory
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, full_tensors_of
 from gym_lightning.models.conversion import checkpoint_layout
+from gym_lightning.models.quantized import dequantized_tensors
 
 if TYPE_CHECKING:
     import lightning.pytorch as pl
@@ -109,8 +110,9 @@ def export_problems(lora: str, dtype: str, max_shard_size: str | int) -> list[st
 
 # ------------------------------------------------------------------------------------------------ tensor names
 def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
-    """The tensors to write, under the names ``from_pretrained`` (or PEFT, for ``lora="adapter"``) expects."""
-    tensors = source.tensors
+    """The tensors to write, under the names ``from_pretrained`` (or PEFT, for ``lora="adapter"``) expects; a 4-bit
+    base (QLoRA) dequantised a layer at a time (written in the export's dtype, the source folder's by default)."""
+    tensors = dequantized_tensors(source.tensors)
     factors: dict[str, dict[str, LazyTensor]] = {}
     for key, value in tensors.items():
         if match := _LORA_KEY.match(key):

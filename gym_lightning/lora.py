@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -12,6 +12,7 @@ from transformers import PreTrainedModel
 
 from gym_lightning._compat import zero3_full_shape
 from gym_lightning.errors import EveryRankError, GymUserError
+from gym_lightning.settings import settings_from
 
 
 @dataclass(frozen=True)
@@ -51,14 +52,7 @@ class LoRAArgs:
         ``lora`` is a plain dict there (LightningCLI's instantiator); Python callers pass ``LoRAArgs``. Both mean the
         same settings, and every reader of a ``lora`` value goes through here.
         """
-        if value is None or isinstance(value, cls):
-            return value
-        if not isinstance(value, Mapping):
-            raise GymUserError(f"lora must be LoRA settings (r, alpha, dropout, target_modules), got {value!r}.")
-        known = {spec.name for spec in fields(cls)}
-        if unknown := sorted(set(value) - known):
-            raise GymUserError(f"lora has unknown settings {unknown}; the settings are {sorted(known)}.")
-        return cls(**value)
+        return settings_from(cls, value, "lora", "LoRA settings (r, alpha, dropout, target_modules)")
 
 
 # peft's LoRA wrapper inserts ``base_layer`` into the name of the weight it adapts; the checkpoint has the original.
@@ -118,7 +112,14 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
     if not partitioned:
         torch.set_rng_state(state)
         draw_adapters(peft_model)
+    else:  # drawn once the weights are in, from this same state: the adapters of every strategy are the same
+        model.__dict__[ADAPTER_RNG_STATE] = state
     return peft_model
+
+
+# Where ``apply_lora`` leaves the CPU generator state the adapters of a partitioned model are to be drawn from
+# (``strategies.zero.stage3.draw_partitioned_adapters``), in the model's ``__dict__``: not a parameter or buffer.
+ADAPTER_RNG_STATE = "_gym_adapter_rng_state"
 
 
 def _check_targets(model: PreTrainedModel, targets: list[str] | None) -> None:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import inspect
+from contextlib import nullcontext
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
@@ -52,6 +53,7 @@ from gym_lightning.optim import (
 from gym_lightning.patches import apply_patches
 from gym_lightning.precision import fp32_master_weights
 from gym_lightning.protocols import OptimizerFacts
+from gym_lightning.quant.config import QuantizationArgs, check_strategy
 from gym_lightning.tokenizer import load_tokenizer
 
 
@@ -91,6 +93,8 @@ class CausalLMModule(pl.LightningModule):
         gradient_checkpointing: Recompute activations in the backward pass (transformers' own checkpointing).
         trust_remote_code: Allow code from the model's repository to run. Off by default: it executes remote code.
         lora: LoRA settings; ``None`` finetunes all parameters.
+        quantization: 4-bit NF4 base weights (QLoRA; ``quant.QuantizationArgs``), quantised as they are read;
+            needs ``lora`` (the 4-bit base is frozen) and a pretrained folder or hub model with safetensors.
         lr: Peak learning rate of AdamW (> 0).
         weight_decay: AdamW weight decay, applied to matrices only (not to biases and norm weights).
         betas: AdamW betas.
@@ -130,6 +134,7 @@ class CausalLMModule(pl.LightningModule):
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
         lora: LoRAArgs | None = None,
+        quantization: QuantizationArgs | None = None,
         lr: float = 3e-4,
         weight_decay: float = 0.0,
         betas: tuple[float, float] = (0.9, 0.999),
@@ -149,11 +154,13 @@ class CausalLMModule(pl.LightningModule):
     ) -> None:
         super().__init__()
         lora = LoRAArgs.from_value(lora)  # a dict where the settings come as plain data (YAML, a checkpoint)
+        quantization = QuantizationArgs.from_value(quantization)
         _validate(locals())
         self.save_hyperparameters()
         self.model_source = model
         self.tokenizer_source = resolve_tokenizer_source(model, tokenizer)
         self.lora = lora
+        self.quantization = quantization
         self.generation = generation
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
@@ -169,15 +176,22 @@ class CausalLMModule(pl.LightningModule):
             return
         hp = self.hparams
         trainer = self._attached_trainer()
-        model = build_causal_lm(
-            self.model_source,
-            pretrained=hp.pretrained,
-            config_overrides=hp.config_overrides,
-            dtype=hp.torch_dtype,
-            attn_implementation=hp.attn_implementation,
-            trust_remote_code=hp.trust_remote_code,
-            plan=plan_of(trainer.strategy if trainer is not None else None),
-        )
+        if self.quantization is not None and trainer is not None:
+            check_strategy(trainer.strategy)
+        # LoRA adapters are drawn from the CPU generator's state before the build, whatever the build drew (a random
+        # initialisation under ZeRO-3's zero.Init, nothing on the meta device): every strategy starts from the same
+        # adapters, as one process does (measured before: ZeRO-3's lora_A 0.3 away from gym_ddp's).
+        with torch.random.fork_rng(devices=[]) if self.lora is not None else nullcontext():
+            model = build_causal_lm(
+                self.model_source,
+                pretrained=hp.pretrained,
+                config_overrides=hp.config_overrides,
+                dtype=hp.torch_dtype,
+                attn_implementation=hp.attn_implementation,
+                trust_remote_code=hp.trust_remote_code,
+                plan=plan_of(trainer.strategy if trainer is not None else None),
+                quantization=self.quantization,
+            )
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -408,6 +422,13 @@ def _validate(args: dict[str, Any]) -> None:
         problems.append(f"loss_chunk_tokens must be an integer >= 1, got {args['loss_chunk_tokens']!r}")
     if args["lora"] is not None:
         problems += args["lora"].problems()
+    if args["quantization"] is not None:
+        problems += args["quantization"].problems()
+        if args["lora"] is None:
+            problems.append(
+                "quantization (a 4-bit base) needs lora: the NF4 weights are frozen and cannot be finetuned; "
+                "set model.lora (QLoRA), or drop model.quantization for a full finetune"
+            )
     problems += args["generation"].problems()
     raise_if_problems("Invalid CausalLMModule settings", problems)
 

@@ -19,6 +19,10 @@ by one, at their source, so that real warnings keep reaching the console:
 - Lightning's "Loading `train_dataloader` to estimate number of stepping batches." (an internal detail), dropped by
   the same filter, and torch's deprecation warning about ``LeafSpec()`` raised from Lightning's own
   ``utilities/_pytree.py`` on every fit (``warnings`` filter on that message from that module only).
+- bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels" (its
+  ``backends/cpu/ops.py``, at WARNING level, on import on CPUs with AVX512-BF16): about a 4-bit matmul kernel
+  gym_lightning does not call (QLoRA uses its dequantisation only, ``quant/nf4.py``); ``drop_bitsandbytes_gemm_notice``
+  filters that record on that logger.
 - ``v_num`` on the progress bar: the logger's version number, the same on every step; ``GymProgressBar`` drops it
   (``callbacks.progress``).
 """
@@ -35,6 +39,7 @@ import warnings
 # is importable (or torch reports CUDA/XPU, or the machine is a Mac with MPS); only otherwise does it warn.
 _ACCELERATOR_EXTENSIONS = ("torch_npu", "torch_sdaa", "habana_frameworks", "torch_mlu", "torch_supa", "torch_xmlir")
 LIGHTNING_TIP_PREFIX = "💡 Tip"
+BNB_CPU_LOGGER, BNB_GEMM_NOTICE = "bitsandbytes.backends.cpu.ops", "Failed to load CPU gemm_4bit_forward"
 # Lightning's INFO records that describe its own internals, not the run: dropped like the tips.
 LIGHTNING_NOISE_PREFIXES: tuple[str, ...] = (LIGHTNING_TIP_PREFIX, "Loading `train_dataloader` to estimate number of")
 # torch deprecated constructing LeafSpec(); Lightning 2.6's own pytree copy still does on every fit
@@ -79,15 +84,35 @@ def drop_lightning_tips() -> None:
             logger.addFilter(_DropLightningTips())
 
 
+class _DropMessage(logging.Filter):
+    """Drops the records whose message starts with ``prefix``."""
+
+    def __init__(self, prefix: str) -> None:
+        super().__init__()
+        self.prefix = prefix
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith(self.prefix)
+
+
+def drop_bitsandbytes_gemm_notice() -> None:
+    """Attach a filter for bitsandbytes' ``BNB_GEMM_NOTICE`` to its CPU backend's logger (once)."""
+    logger = logging.getLogger(BNB_CPU_LOGGER)
+    if not any(isinstance(f, _DropMessage) and f.prefix == BNB_GEMM_NOTICE for f in logger.filters):
+        logger.addFilter(_DropMessage(BNB_GEMM_NOTICE))
+
+
 def quiet_console() -> None:
     """Silence the noise sources listed in this module's docstring (idempotent); the command line calls it first."""
     silence_deepspeed_cpu_detection()
     drop_lightning_tips()
+    drop_bitsandbytes_gemm_notice()
     warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, module=LEAFSPEC_MODULE)
 
 
 __all__ = [
     "deepspeed_would_fall_back_to_cpu",
+    "drop_bitsandbytes_gemm_notice",
     "drop_lightning_tips",
     "quiet_console",
     "silence_deepspeed_cpu_detection",

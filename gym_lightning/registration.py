@@ -2,8 +2,9 @@
 
 - gym_lightning's strategy names (``gym_ddp``, ``gym_fsdp``, ``zero1``-``zero3``, ...) go into Lightning's
   ``StrategyRegistry``, so that ``Trainer(strategy="zero3")`` works;
-- the module's hyper-parameter classes (``GenerationArgs``, ``LoRAArgs``) are allow-listed for torch's
-  ``weights_only=True`` unpickler, so that a checkpoint that stores them loads without running arbitrary code.
+- the module's hyper-parameter classes (``GenerationArgs``, ``LoRAArgs``, ``QuantizationArgs``) are allow-listed for
+  torch's ``weights_only=True`` unpickler, so that a checkpoint that stores them loads without running arbitrary
+  code.
 
 Console quieting (``gym_lightning.quiet``) is the command line's choice, and patches to other libraries are applied
 explicitly (``gym_lightning.patches``).
@@ -16,10 +17,11 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from gym_lightning.generation import GenerationArgs
 from gym_lightning.lora import LoRAArgs
+from gym_lightning.quant import QuantizationArgs
 from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeROStrategy
 
 # Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
-SAFE_GLOBALS: tuple[type, ...] = (GenerationArgs, LoRAArgs)
+SAFE_GLOBALS: tuple[type, ...] = (GenerationArgs, LoRAArgs, QuantizationArgs)
 
 
 def register() -> None:

@@ -55,6 +55,8 @@ ENTRY_POINTS = [
     "verdicts.py",
     "data_prep.py",
     "checkpoint_manifest.py",
+    "qlora_libs.py",
+    "qlora_peak.py",
 ]
 
 

@@ -34,7 +34,9 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "patches",
             "precision",
             "protocols",
+            "quant",
             "quiet",
+            "settings",
             "tokenizer",
         )
     },

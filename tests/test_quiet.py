@@ -72,6 +72,23 @@ def test_lightning_tips_are_dropped_and_other_info_kept() -> None:
     assert records == ["GPU available: False, used: False"]
 
 
+def test_bitsandbytes_gemm_notice_is_dropped_and_its_other_warnings_kept() -> None:
+    from gym_lightning.quiet import BNB_CPU_LOGGER
+
+    quiet_console()
+    records: list[str] = []
+    handler = logging.Handler()
+    handler.emit = lambda record: records.append(record.getMessage())  # type: ignore[method-assign]
+    logger = logging.getLogger(BNB_CPU_LOGGER)
+    logger.addHandler(handler)
+    try:
+        logger.warning("Failed to load CPU gemm_4bit_forward from kernels-community: %s. Please ...", "No module")
+        logger.warning("another bitsandbytes warning")
+    finally:
+        logger.removeHandler(handler)
+    assert records == ["another bitsandbytes warning"]
+
+
 def test_lightnings_leafspec_deprecation_is_silenced_only_from_its_module() -> None:
     import gym_lightning.quiet
 

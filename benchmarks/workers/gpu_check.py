@@ -29,7 +29,10 @@ Checks, in this order; each appends {"check", "ok", "figures" | "detail", "secon
    (after setup, before any forward or step) of gym_fsdp, zero1, zero2, zero3 equals gym_ddp's exactly.
 6. ``chunked_loss``: loss_chunking on vs off, the same summed loss and gradients (fp32 on the device: 1e-5 / 1e-4),
    and a gym_fsdp bf16-mixed run with the chunked loss within 2e-2 of check 1's unchunked one.
-7. ``ddp_hook/<fp16|bf16|powersgd>``: ``GymDDPStrategy(gradient_compression=...)`` registers its DDP hook and
+7. ``qlora/gym_fsdp``: a 4-bit NF4 base (``model.quantization``, blocks of 32) with LoRA adapters on q/v under
+   gym_fsdp in bf16-mixed, its losses within 5e-2 of the same QLoRA run in fp32, and its merged export reloaded as
+   in check 4 (dequantised on the device: bitsandbytes' kernel where installed, plain torch otherwise).
+8. ``ddp_hook/<fp16|bf16|powersgd>``: ``GymDDPStrategy(gradient_compression=...)`` registers its DDP hook and
    trains at world size 1, finite and within 5e-2 of check 1's gym_ddp.
 
 Last, ``op_builds`` lists the DeepSpeed ops loaded: none may be built (on CPU only DeepSpeed's shared-memory
@@ -353,6 +356,23 @@ def check_offload(ctx: Context, runs: dict[str, Run]) -> dict[str, Any]:
     return verdict
 
 
+# QLoRA: a 4-bit base (blocks of 32: the tiny model is 32 wide) under LoRA adapters on q/v.
+QLORA_LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
+
+
+def check_qlora(ctx: Context, runs: dict[str, Run]) -> dict[str, Any]:
+    """QLoRA under gym_fsdp in bf16-mixed (the base dequantised to bf16 on the device, bitsandbytes' kernel where it
+    is installed, plain torch otherwise) against the same run in fp32, then its merged export reloaded."""
+    settings = {"lora": QLORA_LORA, "quantization": {"block_size": 32, "compute_dtype": "float32"}}
+    reference = fit(ctx, "qlora_fp32", "gym_fsdp", "32-true", settings)
+    settings = {**settings, "quantization": {"block_size": 32, "compute_dtype": "bfloat16"}}
+    runs["qlora"] = fit(ctx, "qlora", "gym_fsdp", "bf16-mixed", settings, export=True)
+    verdict = training_verdict(runs["qlora"], reference, TRAIN_TOL)
+    exported = check_export(ctx, runs["qlora"])
+    verdict["figures"]["export"] = exported["figures"]
+    return {**verdict, "ok": verdict["ok"] and exported["ok"]}
+
+
 def val_passes(run: Run) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """The sanity pass (before training) and the last validation after training of ``run``."""
     sanity = next((v for v in run.val if v["sanity"] and "val/loss" in v), None)
@@ -559,7 +579,7 @@ def init_process_group(cuda: bool) -> str:
 def check_names() -> list[str]:
     """Every record this worker writes, in order (tests/gpu and tests/test_benchmarks.py expect each one)."""
     names = [f"train/{name}" for name, _, _ in TRAIN_RUNS] + ["offload/gym_fsdp", "val_metrics"]
-    names += [f"export/{name}" for name, _, _ in TRAIN_RUNS] + ["init_weights", "chunked_loss"]
+    names += [f"export/{name}" for name, _, _ in TRAIN_RUNS] + ["init_weights", "chunked_loss", "qlora/gym_fsdp"]
     return [*names, *(f"ddp_hook/{hook}" for hook in HOOKS), "op_builds"]
 
 
@@ -573,6 +593,7 @@ def run_checks(ctx: Context, recorder: Recorder) -> None:
         recorder.check(f"export/{name}", partial(check_export, ctx, runs.get(name)))
     recorder.check("init_weights", partial(check_init, ctx))
     recorder.check("chunked_loss", partial(check_chunked, ctx, runs))
+    recorder.check("qlora/gym_fsdp", partial(check_qlora, ctx, runs))
     for hook in HOOKS:
         recorder.check(f"ddp_hook/{hook}", partial(check_hook, ctx, runs, hook))
 

@@ -5,7 +5,8 @@
 prints one row per strategy (GiB per GPU of parameters, gradients, optimizer state, activations, logits and
 buffers; host and NVMe per node; whether it fits; the largest micro-batch that fits), the peak per rank of each
 phase (load, training step, checkpoint save, export; host and GPU) and the fastest strategy that fits. ``--json``
-prints the same as JSON. Bad flags end with one line on stderr and exit status 2.
+prints the same as JSON. ``--quantization nf4`` (or ``--load_in_4bit``) with ``--lora_r`` plans QLoRA: a frozen
+4-bit NF4 base. Bad flags end with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -18,7 +19,7 @@ from typing import get_args
 from gym_lightning.commands import CommandParser
 from gym_lightning.models.shapes import LoraTargets
 from gym_lightning.planner.catalog import BUNDLED
-from gym_lightning.planner.estimate import Accelerator, Attention, LossChunking, Optimizer, Precision
+from gym_lightning.planner.estimate import Accelerator, Attention, LossChunking, Optimizer, Precision, Quantization
 from gym_lightning.planner.report import plan
 
 
@@ -41,6 +42,16 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--checkpoint_file_size", default="5GB", help="largest safetensors file of the checkpoint")
     parser.add_argument("--loss_chunking", choices=get_args(LossChunking), default="auto")
     parser.add_argument("--loss_chunk_tokens", type=int, default=1024)
+    parser.add_argument(
+        "--quantization",
+        choices=get_args(Quantization),
+        default="none",
+        help="nf4: QLoRA's 4-bit base (needs --lora_r)",
+    )
+    # The Hugging Face / TRL spelling of the same choice (gym train takes it too).
+    parser.add_argument(
+        "--load_in_4bit", dest="quantization", action="store_const", const="nf4", default=argparse.SUPPRESS
+    )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
 

@@ -97,6 +97,7 @@ LOGGERS = {
 }
 HF_DDP_TIMEOUT = 1800  # seconds, TrainingArguments' default: Lightning's default collective timeout too
 LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+QUANT_FLAGS = ("bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage")
 # TrainingArguments fields mapped below (or without effect here, e.g. local_rank: the launcher's rank, which
 # Lightning reads from the environment). Every other field is refused unless at its default (refused_flags).
 MAPPED_FIELDS = frozenset(
@@ -198,6 +199,19 @@ class ModelArguments:
     lora_dropout: float | None = field(default=None, metadata={"help": "LoRA dropout (default 0)."})
     lora_target_modules: list[str] | None = field(
         default=None, metadata={"help": "Layers to adapt, e.g. q_proj v_proj, or all-linear."}
+    )
+    # TRL's ModelConfig / transformers' BitsAndBytesConfig names: the 4-bit base of QLoRA (gym_lightning.quant).
+    load_in_4bit: bool = field(default=False, metadata={"help": "Hold the frozen base in 4-bit NF4 (QLoRA)."})
+    bnb_4bit_quant_type: str | None = field(default=None, metadata={"choices": ["nf4"], "help": "Only nf4."})
+    bnb_4bit_compute_dtype: str | None = field(
+        default=None, metadata={"choices": ["bfloat16", "float16", "float32"], "help": "Dequantise to (bfloat16)."}
+    )
+    bnb_4bit_use_double_quant: bool = field(
+        default=False,
+        metadata={"aliases": ["--use_bnb_nested_quant"], "help": "Quantise the scales too (4.14 bits a weight)."},
+    )
+    bnb_4bit_quant_storage: str | None = field(
+        default=None, metadata={"choices": ["uint8"], "help": "Storage of the codes: uint8 only."}
     )
 
 
@@ -340,6 +354,11 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
     given_lora = [f"--{name}" for name in LORA_FLAGS if getattr(args, name) is not None]
     if given_lora and not args.use_lora:
         problems.append(f"{', '.join(given_lora)} need --use_lora.")
+    given_4bit = [f"--{name}" for name in QUANT_FLAGS if getattr(args, name) not in (None, False)]
+    if given_4bit and not args.load_in_4bit:
+        problems.append(f"{', '.join(given_4bit)} need --load_in_4bit.")
+    if args.load_in_4bit and not args.use_lora:
+        problems.append("--load_in_4bit freezes the base in 4 bits: add --use_lora (QLoRA) to train adapters on it.")
     if args.eval_steps is not None and str(args.eval_strategy) not in ("no", "steps"):
         problems.append(f"--eval_steps needs --eval_strategy steps, got {args.eval_strategy}.")
     return problems
@@ -567,6 +586,10 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         lora = {"r": args.lora_r, "alpha": args.lora_alpha, "dropout": args.lora_dropout}
         lora["target_modules"] = args.lora_target_modules
         values["model.lora"] = {key: value for key, value in lora.items() if value is not None}
+    if args.load_in_4bit:
+        # transformers' BitsAndBytesConfig defaults to no double quantisation; the HF/TRL flag turns it on.
+        quantization = {"compute_dtype": args.bnb_4bit_compute_dtype, "double_quant": args.bnb_4bit_use_double_quant}
+        values["model.quantization"] = {key: value for key, value in quantization.items() if value is not None}
     return values
 
 

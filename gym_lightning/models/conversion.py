@@ -48,9 +48,14 @@ from transformers.core_model_loading import (
 from gym_lightning._compat import weight_conversions_of
 from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor
-from gym_lightning.models.loading import safetensors_files
 
 Loader = Callable[[str], torch.Tensor]
+
+
+def safetensors_files(source: str) -> list[Path]:
+    """The ``*.safetensors`` weight files of a local folder (empty for anything else)."""
+    folder = Path(source)
+    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
 
 
 @dataclass
@@ -190,16 +195,28 @@ def flat_range(
         return torch.empty(0)
     if not shape:
         return convert(source, reader.load, model).reshape(-1)[span.start : span.stop]
+    first, last, offset = rows_of_span(shape, span)
+    return read_rows(source, reader, model, first, last).reshape(-1)[offset : offset + len(span)]
+
+
+def rows_of_span(shape: tuple[int, ...], span: range) -> tuple[int, int, int]:
+    """The rows ``first:last`` (dim 0) of a tensor of ``shape`` that hold the elements ``span`` of its flattening,
+    and where ``span`` starts in those rows' flattening."""
     row = math.prod(shape[1:])
     first, last = span.start // row, -(-span.stop // row)
+    return first, last, span.start - first * row
+
+
+def read_rows(
+    source: TensorSource, reader: SafetensorsReader, model: PreTrainedModel, first: int, last: int
+) -> torch.Tensor:
+    """Rows ``first:last`` (dim 0) of the model tensor ``source`` describes, reading as little as its conversion
+    allows: only those rows of a renamed tensor, only their experts' tensors where the converter works by rows."""
     if source.converter is None:
-        rows = reader.load_rows(source.keys[0], first, last)
-    elif source.by_rows:
-        rows = convert(source, reader.load, model, (first, last))
-    else:
-        rows = convert(source, reader.load, model)[first:last]
-    offset = span.start - first * row
-    return rows.reshape(-1)[offset : offset + len(span)]
+        return reader.load_rows(source.keys[0], first, last)
+    if source.by_rows:
+        return convert(source, reader.load, model, (first, last))
+    return convert(source, reader.load, model)[first:last]
 
 
 # ------------------------------------------------------------------------------------------------ export
@@ -316,6 +333,9 @@ __all__ = [
     "checkpoint_sources",
     "convert",
     "flat_range",
+    "read_rows",
     "refuse_missing",
+    "rows_of_span",
+    "safetensors_files",
     "tied_groups",
 ]

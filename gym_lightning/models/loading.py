@@ -9,15 +9,19 @@ construction context (``zero.Init``), which is why the module calls the builder 
 from __future__ import annotations
 
 import warnings
+from contextlib import nullcontext
 from pathlib import Path
 from typing import Any, Literal
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, PreTrainedModel
 
+from gym_lightning._compat import zero3_init_open
 from gym_lightning.errors import GymUserError
+from gym_lightning.models.conversion import safetensors_files
 from gym_lightning.models.plan import META, BuildPlan, WeightsSource
 from gym_lightning.models.presets import PRESETS, is_preset, preset_config
+from gym_lightning.quant.config import QuantizationArgs
 
 DType = Literal["auto", "float32", "bfloat16", "float16"]
 AttnImplementation = Literal["eager", "sdpa", "flash_attention_2", "flex_attention"]
@@ -33,12 +37,6 @@ _WEIGHT_FILES = (
 # What a meta-device build reads from a hub repository: its safetensors shards and their index (config.json is
 # fetched by AutoConfig already). A repository that also has pytorch_model*.bin files does not download them.
 _SAFETENSORS_PATTERNS = ["*.safetensors", "*.safetensors.index.json"]
-
-
-def safetensors_files(source: str) -> list[Path]:
-    """The ``*.safetensors`` weight files of a local folder (empty for anything else)."""
-    folder = Path(source)
-    return sorted(folder.glob("*.safetensors")) if folder.is_dir() else []
 
 
 def safetensors_folder(source: str) -> str | None:
@@ -153,12 +151,14 @@ def build_causal_lm(
     attn_implementation: AttnImplementation | None = None,
     trust_remote_code: bool = False,
     plan: BuildPlan | None = None,
+    quantization: QuantizationArgs | None = None,
 ) -> PreTrainedModel:
     """Build the model named by ``source`` as ``plan`` asks (default: an ordinary build, ``models.plan``).
 
     Presets are always randomly initialised. Folders and hub names load their weights unless ``pretrained`` is
     False (a config-only folder then gives a randomly initialised model of that shape, e.g. for benchmarks). On a
-    meta-device plan the model has no storage and ``plan`` records where its weights come from.
+    meta-device plan the model has no storage and ``plan`` records where its weights come from. With
+    ``quantization`` the linear layers are built as ``quant.NF4Linear`` and quantised as they are read.
     """
     plan = plan if plan is not None else BuildPlan()
     config = load_model_config(source, config_overrides, trust_remote_code)
@@ -168,6 +168,8 @@ def build_causal_lm(
     if attn_implementation is not None:
         options["attn_implementation"] = attn_implementation
     random_init = is_preset(source) or not pretrained
+    if quantization is not None:
+        return _build_quantized(source, config, options, plan, quantization, random_init)
     if plan.on_meta and random_init:
         return _build_on_meta(None, config, options, plan)
     if plan.on_meta and _has_weights(source):
@@ -193,6 +195,40 @@ def build_causal_lm(
         return AutoModelForCausalLM.from_pretrained(source, config=config, **options)
     except OSError as err:
         raise GymUserError(_offline_hint(source)) from err
+
+
+def _build_quantized(
+    source: str,
+    config: PretrainedConfig,
+    options: dict[str, Any],
+    plan: BuildPlan,
+    args: QuantizationArgs,
+    random_init: bool,
+) -> PreTrainedModel:
+    """The model with its linear layers in NF4, never built in 16 bits: on the meta device and filled here, one
+    tensor at a time (the default plan), or left to the strategy as its plan asks (sharded: each rank quantises
+    the rows it holds)."""
+    from gym_lightning.models.quantized import fill_quantized, nf4_linears, restore_skipped
+
+    folder = None if random_init or not _has_weights(source) else safetensors_folder(source)
+    if folder is None:
+        raise GymUserError(
+            f"4-bit quantisation (model.quantization) quantises pretrained weights, and {source!r} has none in "
+            "safetensors files (a preset, model.pretrained=false, or pytorch_model*.bin only). Use a folder or hub "
+            "model with *.safetensors weights (re-save one with save_pretrained), or drop model.quantization."
+        )
+    options = _checkpoint_dtype(folder, config, options)
+    record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
+    deferred = plan.on_meta or plan.fill_pretrained  # the strategy reads each rank's rows
+    with nf4_linears(args), META if plan.on_meta or not deferred else nullcontext():
+        model = _uninitialised(config, options)
+        restore_skipped(model, args)
+    if deferred:
+        plan.record(model, record)
+        return model
+    fill_quantized(model, folder)
+    target = torch.get_default_device()
+    return model if target.type == "cpu" else model.to(target)
 
 
 def _random_init(config: PretrainedConfig, options: dict[str, Any], plan: BuildPlan) -> PreTrainedModel:
@@ -221,8 +257,25 @@ def _build_to_fill(folder: str, config: PretrainedConfig, options: dict[str, Any
     """The model built where the construction context puts it (``from_config``), its weights left to the strategy,
     which reads them from ``folder`` (``BuildPlan.fill_pretrained``); ``plan`` records the folder."""
     options = _checkpoint_dtype(folder, config, options)
-    model = AutoModelForCausalLM.from_config(config, **options)
-    plan.record(model, WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state()))
+    record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
+    model = _uninitialised(config, options)
+    plan.record(model, record)
+    return model
+
+
+def _uninitialised(config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
+    """``from_config`` without transformers' weight initialisation (ties kept), for a model whose every weight the
+    strategy then reads from a checkpoint. Under ZeRO-3 that initialisation gathers each module in turn to draw it
+    on rank 0 (transformers' ``initialize_weights_zero3``, after the build, whatever ``no_init_weights`` says), the
+    whole 16-bit embedding included: measured, the load peak of a 1B QLoRA run under zero3 was 121 MiB above what
+    the ranks held once loaded (benchmarks/qlora_peak.py --diagnose), for values the checkpoint then overwrites.
+    The strategy's ``zero.Init`` is open already (``zero3_init_open`` says so to transformers); the rotary buffers
+    it computes in the training dtype are replaced by the strategy (``models.plan.reference_buffers``)."""
+    from transformers.initialization import no_init_weights
+
+    with no_init_weights(), zero3_init_open():
+        model = AutoModelForCausalLM.from_config(config, **options)
+    model.tie_weights()
     return model
 
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.catalog import BUNDLED, resolve_shape
 from gym_lightning.planner.estimate import STRATEGIES, Estimate, Setup, Strategy, estimate, estimate_all
+from gym_lightning.planner.phases import qlora_peak
 from gym_lightning.planner.report import PlanReport, parse_bytes, plan
 
 __all__ = [
@@ -23,5 +24,6 @@ __all__ = [
     "estimate_all",
     "parse_bytes",
     "plan",
+    "qlora_peak",
     "resolve_shape",
 ]

@@ -10,10 +10,17 @@ differs from the paper (measured with ``MemoryCallback``): DeepSpeed also conver
 for the step (4Ψ/N, the "18" in its own estimator) and keeps an fp32 master copy even in fp32 training; torch's
 DDP and FSDP2 under ``bf16-mixed`` keep fp32 parameters and gradients (16Ψ, no separate master), and DDP's reducer
 buckets are a second copy of the gradients.
+
+QLoRA (``Setup.quantization="nf4"``): the frozen base's decoder linear layers are stored in NF4 (``quant.nf4``:
+0.5 B of codes + 1/64 B of 8-bit block scales + 4·(1 + ceil(in/64/256))/in B of per-row statistics per weight,
+≈ 4.13 bits), every other frozen tensor stays in the model dtype; :func:`frozen_bytes` replaces ``fΨf`` by that.
+Each NF4 layer dequantises its whole weight to bf16 in forward and again in backward, one layer at a time
+(:func:`dequant_bytes`).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -24,6 +31,7 @@ Optimizer = Literal["adamw", "sgd", "adafactor"]
 Attention = Literal["sdpa", "eager"]
 Accelerator = Literal["gpu", "cpu"]
 LossChunking = Literal["auto", "on", "off"]
+Quantization = Literal["none", "nf4"]
 
 GiB = 1024**3
 # The module's ``loss_chunking="auto"`` threshold (gym_lightning.loss.CHUNKED_LOSS_MIN_VOCAB; not imported: the
@@ -34,6 +42,15 @@ DEFAULT_ZERO_BUCKET = 200_000_000
 # Bytes of optimizer state per trainable parameter, fp32: AdamW momentum + variance; SGD momentum; Adafactor's
 # factored second moment is O(rows + cols) per matrix (< 0.1 % of the parameters at these sizes), counted as 0.
 OPTIMIZER_STATE_BYTES: dict[str, int] = {"adamw": 8, "sgd": 4, "adafactor": 0}
+# NF4 as gym_lightning.quant stores it (not imported: no torch here): QuantizationArgs' defaults (64 weights per
+# block scale, double quantisation on, bf16 compute) and quant.nf4's SCALE_BLOCK (256 block scales per int8 block
+# of the second level). tests/planner/test_qlora.py checks these against the quant package.
+NF4_BLOCK = 64
+NF4_SCALE_BLOCK = 256
+NF4_COMPUTE_BYTES = 2
+# quant.nf4 (de)quantises 2**20 elements at a time: its int64 code indices (8 B), two fp32 temporaries (4 + 4 B) and
+# the unpacked nibbles (1 B) of one chunk, about 17 MiB, whatever the layer's size.
+NF4_CHUNK_BYTES = 17 * 2**20
 
 
 @dataclass(frozen=True)
@@ -102,6 +119,7 @@ class Setup:
     checkpoint_file_bytes: int = 5 * 10**9  # largest safetensors file of the checkpoint (the Hub's usual 5 GB shards)
     loss_chunking: LossChunking = "auto"  # CausalLMModule(loss_chunking=...): auto chunks from 65,536 tokens of vocab
     loss_chunk_tokens: int = 1024  # CausalLMModule(loss_chunk_tokens=...)
+    quantization: Quantization = "none"  # "nf4": QLoRA, the frozen base's decoder linears in 4-bit NF4 (lora_r > 0)
 
     @property
     def world_size(self) -> int:
@@ -118,10 +136,11 @@ class ParamCounts:
 
     trainable: int
     frozen: int
-    persistent: int  # ZeRO-3: tensors below the persistence threshold stay whole on every rank
+    persistent: int  # ZeRO-3: tensors below the persistence threshold stay whole on every rank (NF4 ones excluded)
     largest_unit: int  # largest module gathered at once (an embedding or one decoder layer, with adapters)
     largest_trainable_unit: int  # its trainable part: the gradient unsharded before reduce-scatter
     total_with_adapters: int
+    layer: int = 0  # one decoder layer with its adapters
 
 
 def param_counts(shape: ModelShape, setup: Setup) -> ParamCounts:
@@ -129,13 +148,90 @@ def param_counts(shape: ModelShape, setup: Setup) -> ParamCounts:
     trainable = sum(g.numel * g.count for g in groups if g.trainable)
     total = sum(g.numel * g.count for g in groups)
     threshold = setup.zero3_param_persistence_threshold
-    persistent = sum(g.numel * g.count for g in groups if g.numel < threshold)
+    nf4 = {f"layer.{name}" for name in nf4_linears(shape, setup)}
+    persistent = sum(g.numel * g.count for g in groups if g.numel < threshold and g.name not in nf4)
     in_layer = [g for g in groups if g.name.startswith(("layer.", "lora."))]
     layer = sum(g.numel * g.count for g in in_layer) // shape.num_layers
     layer_trainable = sum(g.numel * g.count for g in in_layer if g.trainable) // shape.num_layers
     embedding = shape.embedding_params()
     largest_trainable = max(layer_trainable, embedding if setup.lora_r == 0 else 0)
-    return ParamCounts(trainable, total - trainable, persistent, max(layer, embedding), largest_trainable, total)
+    largest = max(layer, embedding)
+    return ParamCounts(trainable, total - trainable, persistent, largest, largest_trainable, total, layer)
+
+
+def nf4_linears(shape: ModelShape, setup: Setup) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` of the linear layers of one decoder layer that QLoRA stores in NF4: those whose input width
+    divides into blocks (``models.quantized.quantizable``). The LM head and embeddings are not decoder linears, and a
+    mixture of experts' router and fused expert tensors are not ``nn.Linear``: all of them stay 16-bit."""
+    if setup.quantization == "none":
+        return {}
+    return {name: dims for name, dims in shape.linear_shapes().items() if dims[0] % NF4_BLOCK == 0}
+
+
+def nf4_tensors(fan_in: int, fan_out: int) -> dict[str, tuple[int, int]]:
+    """``{parameter: (elements, bytes per element)}`` of one NF4Linear (``quant.nf4.quantized_shapes``, double
+    quantisation): uint8 codes ``[out, in/2]``, uint8 block-scale codes ``[out, in/64]``, and the int32 bits of each
+    row's scale mean and per-256-scale int8 steps ``[out, 1 + ceil(in/64/256)]``."""
+    k = fan_in // NF4_BLOCK
+    return {
+        "weight": (fan_out * fan_in // 2, 1),
+        "weight_scales": (fan_out * k, 1),
+        "weight_scale_stats": (fan_out * (1 + math.ceil(k / NF4_SCALE_BLOCK)), 4),
+    }
+
+
+@dataclass(frozen=True)
+class QuantizedBase:
+    """The NF4 part of a QLoRA base (all zeros without quantisation)."""
+
+    weights: int  # base weights stored in NF4, whole model
+    bytes: int  # their codes, scales and statistics
+    layer_weights: int  # of one decoder layer
+    layer_bytes: int
+    persistent_bytes: int  # NF4 tensors under ZeRO-3's persistence threshold (the per-row statistics), whole model
+    largest_linear: int  # weights of the largest NF4 layer: what one dequantisation materialises
+
+    @property
+    def bytes_per_weight(self) -> float:
+        return self.bytes / self.weights if self.weights else 0.0
+
+
+def quantized_base(shape: ModelShape, setup: Setup) -> QuantizedBase:
+    layers = shape.num_layers
+    linears = nf4_linears(shape, setup)
+    tensors = [t for fan_in, fan_out in linears.values() for t in nf4_tensors(fan_in, fan_out).values()]
+    layer_weights = sum(fan_in * fan_out for fan_in, fan_out in linears.values())
+    layer_bytes = sum(n * b for n, b in tensors)
+    small = sum(n * b for n, b in tensors if n < setup.zero3_param_persistence_threshold)
+    largest = max((fan_in * fan_out for fan_in, fan_out in linears.values()), default=0)
+    return QuantizedBase(
+        layers * layer_weights, layers * layer_bytes, layer_weights, layer_bytes, layers * small, largest
+    )
+
+
+def frozen_bytes(shape: ModelShape, setup: Setup, per_element: int) -> float:
+    """Bytes of the frozen weights: ``per_element`` each, except the NF4 ones at their quantised size."""
+    quant = quantized_base(shape, setup)
+    return per_element * (param_counts(shape, setup).frozen - quant.weights) + quant.bytes
+
+
+def unit_bytes(shape: ModelShape, setup: Setup, per_element: int) -> float:
+    """Bytes of the largest unit gathered at once (``ParamCounts.largest_unit``), ``per_element`` each except the
+    NF4 weights: FSDP2's mixed precision and DeepSpeed cast floating tensors only, so a quantised layer is gathered
+    in 4 bits. Under QLoRA the embedding (16-bit) is then the largest unit of a Llama."""
+    counts, quant = param_counts(shape, setup), quantized_base(shape, setup)
+    layer = per_element * (counts.layer - quant.layer_weights) + quant.layer_bytes
+    return max(layer, per_element * shape.embedding_params())
+
+
+def dequant_bytes(shape: ModelShape, setup: Setup) -> float:
+    """The transient of an NF4 layer's matmul (forward, and again in backward; one layer at a time): its whole
+    weight dequantised to bf16, the fp32 block scales ``[out, in/64]`` decoded for it (the decoded scales and the
+    two temporaries of decoding them, 3 x 4 B per 64 weights) and one chunk's temporaries."""
+    largest = quantized_base(shape, setup).largest_linear
+    if largest == 0:
+        return 0.0
+    return NF4_COMPUTE_BYTES * largest + 12 * largest / NF4_BLOCK + NF4_CHUNK_BYTES
 
 
 @dataclass(frozen=True)
@@ -171,14 +267,17 @@ def dtype_bytes(strategy: Strategy, setup: Setup) -> tuple[int, int, int, int]:
 def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelStates:
     """Per-GPU model-state bytes; the optimizer-state column includes fp32 master weights."""
     counts = param_counts(shape, setup)
-    n, t, f = setup.world_size, counts.trainable, counts.frozen
+    n, t = setup.world_size, counts.trainable
     p, pf, master, fp32_grad = dtype_bytes(strategy, setup)
+    base = frozen_bytes(shape, setup, pf)  # pf x the frozen count, or less with an NF4 base
     opt = OPTIMIZER_STATE_BYTES[setup.optimizer] + master  # per trainable parameter, to be sharded from stage 1
     if strategy.stage == 3:
-        persistent = counts.persistent * (p if strategy.framework == "deepspeed" else 0)
-        params = (p * t + pf * f) / n + persistent
+        persistent = 0.0
+        if strategy.framework == "deepspeed":
+            persistent = counts.persistent * p + quantized_base(shape, setup).persistent_bytes
+        params = (p * t + base) / n + persistent
     else:
-        params = p * t + pf * f
+        params = p * t + base
     grads = p * t if strategy.stage <= 1 else p * t / n
     if strategy.stage >= 1:
         grads += fp32_grad * _fp32_grad_elements(t / n, strategy, shape, setup)
@@ -190,7 +289,7 @@ def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelSt
     # Parameter offload moves the parameter partition too (DeepSpeed keeps its small persistent tensors on device).
     offloaded = states + 4 * t / n
     if strategy.offload_parameters != "none":
-        offloaded += (p * t + pf * f) / n
+        offloaded += (p * t + base) / n
         params = counts.persistent * p if strategy.framework == "deepspeed" else 0.0
     host, nvme = (offloaded, 0.0) if strategy.offload_optimizer == "cpu" else (0.0, offloaded)
     return ModelStates(params, 0.0, 0.0, host, nvme)
@@ -272,20 +371,27 @@ def zero_bucket_elements(shape: ModelShape, setup: Setup) -> int:
 
 def buffer_bytes(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
     """Temporary buffers: gathered parameters / unsharded gradients of the units in flight (ZeRO-3, FSDP), the
-    communication buckets (DeepSpeed reduce bucket, DDP reducer buckets) and torch autocast's 16-bit weight copies."""
+    communication buckets (DeepSpeed reduce bucket, DDP reducer buckets), torch autocast's 16-bit weight copies
+    and, under QLoRA, one NF4 layer's dequantised weight (:func:`dequant_bytes`)."""
+    return _strategy_buffers(shape, strategy, setup) + dequant_bytes(shape, setup)
+
+
+def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
     counts = param_counts(shape, setup)
     half = setup.precision == "bf16-mixed"
     compute = 2 if half else 4
     if strategy.framework == "torch" and strategy.stage == 0:
         # DDP's reducer buckets copy every gradient (gradient_as_bucket_view=False); autocast caches a 16-bit copy
         # of each weight it casts until backward has used it (one layer's worth under activation checkpointing).
-        casts = 0 if setup.activation_checkpointing or not half else 2 * shape.num_layers * shape.layer_params()
+        # NF4 weights are never cast: their layer dequantises them itself and frees the copy after the matmul.
+        layers = shape.num_layers * shape.layer_params() - quantized_base(shape, setup).weights
+        casts = 0 if setup.activation_checkpointing or not half else 2 * layers
         return 4 * counts.trainable + casts
     if strategy.framework == "torch":
         # FSDP2: the unit in use and the one prefetched, gathered in the compute dtype; one unit's unsharded fp32
         # gradient before reduce-scatter. grad_op keeps every unit gathered from forward until its backward.
-        unit = counts.largest_unit
-        gathered = compute * counts.total_with_adapters if strategy.keep_gathered else 2 * compute * unit
+        whole = compute * counts.trainable + frozen_bytes(shape, setup, compute)
+        gathered = whole if strategy.keep_gathered else 2 * unit_bytes(shape, setup, compute)
         return gathered + 4 * counts.largest_trainable_unit
     p = 2 if half else 4
     bucket = p * zero_bucket_elements(shape, setup)
@@ -294,7 +400,13 @@ def buffer_bytes(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
         return float(bucket * (2 if strategy.stage == 2 else 1))
     # ZeRO-3: a gathered working set of about two units (current + prefetch) and one unit's full gradient; DeepSpeed's
     # own estimator counts 4 bytes x the largest module (16-bit parameter + gradient).
-    return 2 * p * counts.largest_unit + p * counts.largest_trainable_unit + bucket
+    return 2 * unit_bytes(shape, setup, p) + p * counts.largest_trainable_unit + bucket
+
+
+def quant_read_bytes(shape: ModelShape, setup: Setup, shards: int) -> float:
+    """Loading a QLoRA base quantises as it reads: one checkpoint tensor (its rows, ``1/shards`` of it, for a rank
+    that reads only its shard) in the checkpoint dtype, quantised a bounded chunk at a time."""
+    return setup.checkpoint_dtype_bytes * shape.largest_tensor() / shards + NF4_CHUNK_BYTES
 
 
 def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, states: ModelStates) -> float:
@@ -305,17 +417,29 @@ def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, sta
     ``zero_init``); gym_fsdp builds on the meta device and each rank reads only its slices of one file at a time
     (``strategies/materialize.py``), so its load costs the node one file (``phases.read_slice_bytes``).
     ZeRO-Infinity also keeps pinned swap buffers (DeepSpeed's default ``buffer_count`` 5 x ``buffer_size`` 1e8
-    elements per rank)."""
+    elements per rank). A QLoRA base is quantised as it is read: gym_fsdp and ZeRO-3 ranks read their rows of one
+    file, every other process fills its whole 4-bit model on the host before moving it to its GPU
+    (``models.quantized.fill_quantized``)."""
     counts = param_counts(shape, setup)
     load_dtype = 2 if setup.precision == "bf16-mixed" else 4
     copies = setup.gpus_per_node if strategy.stage < 3 else 1
     load = copies * load_dtype * counts.total_with_adapters
     if strategy.framework == "torch" and strategy.stage == 3:
         load = float(setup.checkpoint_file_bytes)
+    if setup.quantization != "none":
+        filled = frozen_bytes(shape, setup, load_dtype) + quant_read_bytes(shape, setup, 1)
+        load = setup.checkpoint_file_bytes if strategy.stage == 3 else copies * filled
     offloaded = setup.gpus_per_node * states.host
     if strategy.offload_optimizer == "nvme":
         offloaded += setup.gpus_per_node * 5 * 100_000_000 * (4 + load_dtype)
     return max(load, offloaded) + setup.gpus_per_node * setup.host_process_overhead
+
+
+def modelled(strategy: Strategy, setup: Setup) -> bool:
+    """Whether the planner has formulas for ``strategy`` under ``setup``: not for a QLoRA base with anything
+    offloaded (where its 4-bit tensors and their gathers live has not been traced), every other combination."""
+    offloads = strategy.offload_optimizer != "none" or strategy.offload_parameters != "none"
+    return not (setup.quantization != "none" and offloads)
 
 
 @dataclass(frozen=True)
@@ -334,6 +458,7 @@ class Estimate:
     fits_gpu: bool
     fits_host: bool
     max_micro_batch: int
+    modelled: bool = True  # False: figures not computed for this combination (see :func:`modelled`), never "fits"
 
     @property
     def model_states(self) -> float:
@@ -345,7 +470,7 @@ class Estimate:
 
     @property
     def fits(self) -> bool:
-        return self.fits_gpu and self.fits_host
+        return self.modelled and self.fits_gpu and self.fits_host
 
 
 def largest_micro_batch(shape: ModelShape, setup: Setup, fixed: float) -> int:
@@ -373,7 +498,8 @@ def estimate(shape: ModelShape, strategy: Strategy, setup: Setup) -> Estimate:
     buffers = buffer_bytes(shape, strategy, setup)
     fixed = states.total + buffers
     host = host_bytes_per_node(shape, strategy, setup, states)
-    largest = largest_micro_batch(shape, setup, fixed)
+    known = modelled(strategy, setup)
+    largest = largest_micro_batch(shape, setup, fixed) if known else 0
     b = setup.micro_batch_size
     activations, logits = activation_bytes(shape, setup, b), logits_bytes(shape, setup, b)
     return Estimate(
@@ -389,6 +515,7 @@ def estimate(shape: ModelShape, strategy: Strategy, setup: Setup) -> Estimate:
         fits_gpu=fixed + activations + logits <= setup.usable_gpu_memory,
         fits_host=host <= setup.host_memory,
         max_micro_batch=largest,
+        modelled=known,
     )
 
 

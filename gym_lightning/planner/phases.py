@@ -19,23 +19,35 @@ against measured peaks in docs/benchmarks.md by ``benchmarks/scale.py``):
   folder and DCP / DeepSpeed write each rank's tensors from memory: the states are held, nothing is staged.
 * export — the exporter gathers and writes one tensor at a time (fp32 gathered + its copy in the export dtype).
 
+QLoRA (``Setup.quantization="nf4"``) changes the load (the base is quantised as it is read, :func:`qlora_load_peak`)
+and the export (each NF4 layer dequantised and merged with its adapters); the step and save follow from the smaller
+model states and the dequantisation transient (``estimate.dequant_bytes``). :func:`qlora_peak` is one QLoRA phase
+peak for a model, strategy and rank count, for comparing with measured runs.
+
 On GPUs the phases' tensors are on the device and the host holds the process plus what loading maps in; on CPU
 ranks (``Setup.accelerator == "cpu"``) every byte is host memory and the device figure is 0.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.estimate import (
+    STRATEGY_BY_KEY,
     Setup,
     Strategy,
     activation_bytes,
     buffer_bytes,
+    frozen_bytes,
     logits_bytes,
     model_states,
+    modelled,
     param_counts,
+    quant_read_bytes,
+    quantized_base,
+    unit_bytes,
     zero_bucket_elements,
 )
 
@@ -99,6 +111,8 @@ def resident_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> flo
 
 def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     """Peak of building the model, loading the checkpoint and setting up the strategy and its optimizer."""
+    if setup.quantization != "none":
+        return qlora_load_peak(shape, strategy, setup)
     counts, n = param_counts(shape, setup), setup.world_size
     t, f = counts.trainable, counts.frozen
     half = setup.precision == "bf16-mixed"
@@ -135,6 +149,36 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     return _place(setup, on_device, states.host)
 
 
+def qlora_load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
+    """Load of a QLoRA base: no 16-bit copy of a quantised layer exists, each process holds its final 4-bit tensors
+    (``frozen_bytes``) and the adapters (fp32 under torch, bf16 + fp32 masters under DeepSpeed) while it reads one
+    checkpoint tensor and quantises it (``quant_read_bytes``; counted on the device, the larger side if the
+    quantisation runs on the host). gym_fsdp and ZeRO-3 ranks read only their rows; DDP and ZeRO-1/2 fill the whole
+    model on the host and then move it to the GPU (``models.quantized.fill_quantized``), so on GPUs the host holds the
+    4-bit model once per process too."""
+    counts, n = param_counts(shape, setup), setup.world_size
+    t = counts.trainable
+    p = 2 if setup.precision == "bf16-mixed" else 4
+    base = frozen_bytes(shape, setup, p)  # non-NF4 frozen tensors in the model dtype
+    if strategy.stage == 3:
+        read = quant_read_bytes(shape, setup, n)
+        if strategy.framework == "torch":
+            # No file pages stay mapped: the 4-bit loader reads a tensor's rows through safetensors' own slice,
+            # not DCP's reader (measured at 1B: 7-12 MiB of mapped checkpoint at the load peak).
+            return _place(setup, (4 * t + base) / n + read)
+        # ZeRO-3: the partitions, gradient partition and masters, and the larger of one tensor's rows being read
+        # and the two units deepspeed.initialize gathers (load_peak's ZeRO-3 figure otherwise).
+        states = model_states(shape, strategy, setup)
+        return _place(setup, states.params + p * t / n + 4 * t / n + max(read, 2 * unit_bytes(shape, setup, p)))
+    read = quant_read_bytes(shape, setup, 1)
+    # DeepSpeed's initialize flattens the 16-bit trainables and builds their fp32 master partition (load_peak's
+    # ZeRO-1/2 figure); DDP casts the adapters to fp32. Either happens after the read.
+    extra = 4 * t if strategy.framework == "torch" else p * t + p * t + p * t / n + 4 * t / n
+    if setup.accelerator == "cpu":
+        return _place(setup, base + max(read, extra))
+    return _place(setup, base + extra, base + read)
+
+
 def step_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     """Peak of a training step: every model state, the activations, the LM head/loss buffer and the strategy's
     buffers. The optimizer step adds nothing: fused AdamW (the module's default, ``optim.adamw_kernel``) updates
@@ -167,11 +211,20 @@ def export_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePea
     """Peak of the Hugging Face export at the end of fit: the states are still held; the exporter gathers one
     tensor at a time in fp32 and writes its copy in the export dtype (``checkpoint_dtype_bytes``, the source's)."""
     largest = shape.largest_tensor()
-    one_tensor = largest * (4 + setup.checkpoint_dtype_bytes)
+    one_tensor = max(largest * (4 + setup.checkpoint_dtype_bytes), _merged_nf4_bytes(shape, setup))
     # Lightning tears the strategy down before on_fit_end: the DDP wrapper and its reducer buckets are gone.
     buffers = 0.0 if strategy.framework == "torch" else resident_buffers(shape, strategy, setup)
     held = held_after_step(shape, strategy, setup) + buffers
     return _place(setup, held + one_tensor, model_states(shape, strategy, setup).host)
+
+
+def _merged_nf4_bytes(shape: ModelShape, setup: Setup) -> float:
+    """A merged QLoRA export of the largest NF4 layer (``hf_folder._merged``): its gathered 4-bit tensors, the weight
+    dequantised in the export dtype, then ``(base.float() + B @ A * scale).to(dtype)``: the fp32 delta, the fp32
+    base and their fp32 sum exist at once (12 B per weight)."""
+    quant = quantized_base(shape, setup)
+    largest = quant.largest_linear
+    return largest * (quant.bytes_per_weight + setup.checkpoint_dtype_bytes + 12)
 
 
 def phase_peaks(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeaks:
@@ -182,3 +235,28 @@ def phase_peaks(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePea
         save=save_peak(shape, strategy, setup),
         export=export_peak(shape, strategy, setup),
     )
+
+
+def qlora_peak(shape: ModelShape, strategy: str, world_size: int, phase: str, setup: Setup | None = None) -> PhasePeak:
+    """The planner's peak per rank (host RSS and device bytes) of one phase of a QLoRA run, for comparing with a
+    measured one (``MemoryCallback`` / ``benchmarks/scale.py``'s per-phase peaks).
+
+    Args:
+        shape: The model (``planner.resolve_shape(folder)`` for a checkpoint folder).
+        strategy: A planner strategy key (``fsdp_full`` for gym_fsdp, ``zero3``, ``ddp``, ``zero1``, ``zero2``, ...).
+        world_size: Data-parallel ranks N (one node of N).
+        phase: ``load``, ``step``, ``save`` or ``export``.
+        setup: The run's other settings (sequence, micro-batch, precision, LoRA rank, measured process baseline,
+            ``accelerator="cpu"`` for CPU ranks); its rank count and quantisation are replaced. Default: LoRA r=16
+            on all linear layers, bf16-mixed, the other :class:`Setup` defaults.
+    """
+    base = setup if setup is not None else Setup(lora_r=16)
+    if base.lora_r <= 0:
+        raise GymUserError("qlora_peak needs LoRA adapters (setup.lora_r > 0): QLoRA trains adapters on a 4-bit base.")
+    if strategy not in STRATEGY_BY_KEY or phase not in PHASES:
+        known = f"strategies {', '.join(STRATEGY_BY_KEY)}; phases {', '.join(PHASES)}"
+        raise GymUserError(f"Unknown strategy {strategy!r} or phase {phase!r} ({known}).")
+    run = replace(base, gpus_per_node=world_size, nodes=1, quantization="nf4")
+    if not modelled(STRATEGY_BY_KEY[strategy], run):
+        raise GymUserError(f"The planner does not model QLoRA with offloading ({strategy!r}).")
+    return phase_peaks(shape, STRATEGY_BY_KEY[strategy], run).by_phase()[phase]

@@ -16,9 +16,11 @@ from gym_lightning.planner.estimate import (
     LossChunking,
     Optimizer,
     Precision,
+    Quantization,
     Setup,
     estimate_all,
     param_counts,
+    quantized_base,
     recommend,
 )
 from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
@@ -78,6 +80,7 @@ class PlanReport:
                 "total": counts.total_with_adapters,
                 "trainable": counts.trainable,
                 "active": self.shape.active_params(),  # base parameters one token uses: all of a dense model
+                "nf4": quantized_base(self.shape, self.setup).weights,  # base weights stored in 4 bits (QLoRA)
             },
             "setup": asdict(self.setup),
             "usable_gpu_memory": self.setup.usable_gpu_memory,
@@ -99,6 +102,12 @@ class PlanReport:
     def table(self) -> str:
         counts, s = param_counts(self.shape, self.setup), self.setup
         mode = "full finetune" if s.lora_r == 0 else f"LoRA r={s.lora_r} ({s.lora_targets})"
+        if s.quantization != "none":
+            quant = quantized_base(self.shape, s)
+            mode = (
+                f"QLoRA r={s.lora_r} ({s.lora_targets}), {quant.weights / 1e9:.2f}B base weights in NF4 at "
+                f"{8 * quant.bytes_per_weight:.2f} bits"
+            )
         lines = [
             f"{self.shape.name}: {counts.total_with_adapters / 1e9:.2f}B parameters{self._active()}, "
             f"{counts.trainable / 1e9:.3g}B trainable ({mode}), {s.optimizer}, {s.precision}",
@@ -122,10 +131,7 @@ class PlanReport:
             "fits",
             "max mbs",
         ]
-        rows = [
-            [e.strategy.label, *(_gib(v, unit=False) for v in _columns(e)), _fits(e), str(e.max_micro_batch)]
-            for e in self.estimates
-        ]
+        rows = [_row(e) for e in self.estimates]
         lines += _aligned([header, *rows])
         lines += ["", *self.phase_table(), "", self.recommendation_line()]
         return "\n".join(lines)
@@ -140,6 +146,7 @@ class PlanReport:
                 _gib(p.host, unit=False) if cpu else f"{_gib(p.host, unit=False)} / {_gib(p.device, unit=False)}"
                 for p in peaks.by_phase().values()
             ]
+            cells = cells if e.modelled else ["—"] * len(cells)
             rows.append([e.strategy.label, *cells])
         return [f"Peak per phase, GiB, {title}:", *_aligned(rows)]
 
@@ -170,6 +177,12 @@ def _columns(e: Estimate) -> list[float]:
     ]
 
 
+def _row(e: Estimate) -> list[str]:
+    if not e.modelled:
+        return [e.strategy.label, *(["—"] * len(_columns(e))), "not modelled", "—"]
+    return [e.strategy.label, *(_gib(v, unit=False) for v in _columns(e)), _fits(e), str(e.max_micro_batch)]
+
+
 def _fits(e: Estimate) -> str:
     if e.fits:
         return "yes"
@@ -192,6 +205,7 @@ def _estimate_dict(e: Estimate) -> dict[str, Any]:
     out["bytes"] = {name: round(value) for name, value in zip(names, _columns(e), strict=True)}
     out["bytes"]["model_states"] = round(e.model_states)
     out.update(fits=e.fits, fits_gpu=e.fits_gpu, fits_host=e.fits_host, max_micro_batch=e.max_micro_batch)
+    out["modelled"] = e.modelled
     return out
 
 
@@ -232,6 +246,7 @@ def plan(
     checkpoint_file_size: str | int = "5GB",
     loss_chunking: LossChunking = "auto",
     loss_chunk_tokens: int = 1024,
+    quantization: Quantization = "none",
 ) -> PlanReport:
     """Memory per GPU and per node of finetuning ``model`` with every strategy, and the fastest one that fits.
 
@@ -252,6 +267,8 @@ def plan(
             loading), e.g. ``"5GB"`` (the Hub's usual shard size).
         loss_chunking: As ``CausalLMModule(loss_chunking=...)``: ``"auto"`` chunks from a 65,536-token vocabulary.
         loss_chunk_tokens: As ``CausalLMModule(loss_chunk_tokens=...)``: positions per LM-head/loss chunk.
+        quantization: ``"nf4"``: QLoRA, the frozen base's decoder linear layers in 4-bit NF4 with double
+            quantisation (``model.quantization``; needs ``lora_r > 0``). Offloading strategies are not modelled then.
     """
     problems = _problems(
         gpus_per_node, nodes, precision, micro_batch_size, seq_length, lora_r, lora_targets, optimizer, attention
@@ -263,9 +280,12 @@ def plan(
     for name, value, choices in (
         ("accelerator", accelerator, Accelerator),
         ("loss_chunking", loss_chunking, LossChunking),
+        ("quantization", quantization, Quantization),
     ):
         if value not in get_args(choices):
             problems.append(f"{name} must be one of {', '.join(get_args(choices))}, got {value!r}")
+    if quantization == "nf4" and lora_r == 0:
+        problems.append("quantization nf4 (QLoRA) freezes a 4-bit base and trains LoRA adapters: set lora_r > 0")
     if problems:
         raise GymUserError("Invalid planner settings: " + "; ".join(problems) + ".")
     shape = model if isinstance(model, ModelShape) else resolve_shape(model)
@@ -286,6 +306,7 @@ def plan(
         checkpoint_file_bytes=file_bytes,
         loss_chunking=loss_chunking,
         loss_chunk_tokens=loss_chunk_tokens,
+        quantization=quantization,
     )
     return PlanReport(shape, setup, estimate_all(shape, setup))
 

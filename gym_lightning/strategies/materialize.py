@@ -36,12 +36,13 @@ from gym_lightning.models.conversion import (
     Loader,
     SafetensorsReader,
     TensorSource,
-    checkpoint_sources,
     convert,
     refuse_missing,
     tied_groups,
 )
 from gym_lightning.models.plan import WeightsSource, initialize_unsaved, reference_state_dict
+from gym_lightning.models.quantized import RowQuantizer, sources_of
+from gym_lightning.quant.linear import COMPONENTS
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -145,17 +146,33 @@ def _read_checkpoint(model: PreTrainedModel, folder: str, targets: dict[str, tor
     (fused experts) from the checkpoint tensors of this rank's rows only."""
     reader = HuggingFaceStorageReader(folder)
     stored = reader.read_metadata().state_dict_metadata
-    groups = {checkpoint_key(group[0]): group for group in tied_groups(targets)}
-    sources = checkpoint_sources(model, stored, groups)
+    groups, sources, layers = sources_of(model, stored, targets)
     refuse_missing(folder, [key for key in groups if key not in sources])
-    renamed = {s.keys[0]: targets[groups[key][0]] for key, s in sources.items() if s.converter is None}
+    plain = {key: s for key, s in sources.items() if key not in layers}
+    renamed = {s.keys[0]: targets[groups[key][0]] for key, s in plain.items() if s.converter is None}
     # In place: DCP copies each slice into the local shard of the (DTensor) parameter, casting to its dtype.
     dcp_load(renamed, storage_reader=reader)
-    converted = [(s, targets[groups[key][0]]) for key, s in sources.items() if s.converter is not None]
-    if converted:
+    converted = [(s, targets[groups[key][0]]) for key, s in plain.items() if s.converter is not None]
+    if converted or layers:
         reader = SafetensorsReader(folder)
         for source, target in converted:
             _read_converted(model, source, target, reader.load)
+        _read_quantized(RowQuantizer(model, reader, sources, layers))
+
+
+def _read_quantized(quantizer: RowQuantizer) -> None:
+    """Each NF4 layer's shards (its codes and scales, all sharded by output rows) from the quantisation of the
+    checkpoint rows this rank holds: no rank reads or quantises another rank's rows."""
+    for key, layer in quantizer.layers.items():
+        rows = _local_rows(layer.weight)
+        if rows is None:
+            raise ValueError(f"{key}: an NF4 layer must be sharded by output rows (Shard(0)), not {layer.weight}")
+        if rows[1] == rows[0]:
+            continue
+        parts = quantizer.rows(key, *rows)
+        for name, part in COMPONENTS.items():
+            if hasattr(layer, name):
+                local_tensor(getattr(layer, name)).copy_(parts[part])
 
 
 def _read_converted(model: PreTrainedModel, source: TensorSource, target: torch.Tensor, load: Loader) -> None:

@@ -64,13 +64,16 @@ def seeded_module_and_data(spec: dict[str, Any]) -> tuple[Any, Any]:
     import lightning.pytorch as pl
 
     from gym_lightning import CausalLMDataModule, CausalLMModule, LoRAArgs
+    from gym_lightning.quant import QuantizationArgs
 
     pl.seed_everything(7, workers=True)
     # LoRA: adapters on q/v with a larger step (B starts at zero and must move for the comparison to mean anything).
     lora = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if spec.get("lora") else None
+    # QLoRA: the 4-bit base in blocks of 32 (the model is 32 wide), dequantised in fp32 like the rest of this run.
+    quantization = QuantizationArgs(block_size=32, compute_dtype="float32") if spec.get("qlora") else None
     module = CausalLMModule(
         model=spec["model_dir"], lr=3e-2 if lora else 3e-3, weight_decay=0.01, scheduler="linear", warmup_steps=2,
-        min_lr_ratio=0.1, lora=lora,
+        min_lr_ratio=0.1, lora=lora, quantization=quantization,
     )  # fmt: skip
     data = CausalLMDataModule(
         train_files=spec["train_file"], tokenizer=spec["model_dir"], batch_size=2, max_seq_length=32
@@ -139,21 +142,24 @@ def assert_same_weights(
         torch.testing.assert_close(actual[key], value, rtol=0, atol=atol, msg=f"weights differ at {key}")
 
 
-# The kill/resume cases: every strategy's full finetune, and LoRA under the two strategies that shard adapters.
-CASES = [(name, False) for name in STRATEGIES] + [("gym_fsdp", True), ("zero3", True)]
+# The kill/resume cases: every strategy's full finetune, LoRA under the two strategies that shard adapters, and
+# QLoRA (a 4-bit base) under the two that shard it (gym_ddp's .ckpt holds it whole: tests/quant/test_qlora_runs.py).
+QLORA_STRATEGIES = ["gym_fsdp", "zero3"]  # the strategies whose checkpoints hold per-rank slices
+CASES: list[tuple[str, bool | str]] = [(name, False) for name in STRATEGIES] + [("gym_fsdp", True), ("zero3", True)]
+CASES += [(name, "qlora") for name in QLORA_STRATEGIES]
 
 
 @pytest.fixture(scope="module")
 def killed_and_resumed(
     pretrained: tuple[Path, Path], tmp_path_factory: pytest.TempPathFactory
-) -> dict[tuple[str, bool], dict[str, Any]]:
+) -> dict[tuple[str, bool | str], dict[str, Any]]:
     """Each case trained with rank 1 SIGKILLed mid-epoch (one launch each: the kill ends the processes), then every
     case resumed and trained uninterrupted in one more launch (one process-group start for all of them)."""
     model_dir, train_file = pretrained
     runs = {}
     for strategy, lora in CASES:
-        out = tmp_path_factory.mktemp(f"{strategy}-{'lora' if lora else 'full'}")
-        spec = {"strategy": strategy, "lora": lora, "out": str(out)}
+        out = tmp_path_factory.mktemp(f"{strategy}-{lora if isinstance(lora, str) else 'lora' if lora else 'full'}")
+        spec = {"strategy": strategy, "lora": bool(lora), "qlora": lora == "qlora", "out": str(out)}
         spec |= {"model_dir": str(model_dir), "train_file": str(train_file)}
         crash = launch(spec, ["crash"])
         ckpt = out / "ckpt"  # as the killed run left it (the resume writes its own checkpoints there)
@@ -198,6 +204,21 @@ def test_sigkill_mid_epoch_then_resume_matches_uninterrupted(
     assert_export_round_trip(out / "ckpt", final, pretrained[0], out / "hf")
 
 
+def assert_adapters_resumed(run: dict[str, Any]) -> dict[str, torch.Tensor]:
+    """The killed adapter run resumed from its step-4 checkpoint like the uninterrupted one; its final weights."""
+    out = Path(run["spec"]["out"])
+    assert run["crash"].returncode != 0, "the killed run should fail"
+    assert run["last"] == "step-00000004.ckpt", run["kept"]
+    resumed, full = run["results"]["resume"], run["results"]["full"]
+    assert (resumed["global_step"], full["global_step"], len(resumed["losses"])) == (6, 6, 4)
+    torch.testing.assert_close(resumed["losses"], full["losses"][-4:], rtol=LOSS_RTOL, atol=LOSS_ATOL)
+    final = torch.load(out / "resume.pt", weights_only=True)
+    assert_same_weights(final, torch.load(out / "full.pt", weights_only=True))
+    adapters = {k: v for k, v in final.items() if ".lora_B." in k}
+    assert adapters and all(v.abs().max() > 0 for v in adapters.values()), "the adapters trained"
+    return final
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["gym_fsdp", "zero3"])
 def test_a_lora_run_killed_and_resumed_matches_uninterrupted(
@@ -207,20 +228,34 @@ def test_a_lora_run_killed_and_resumed_matches_uninterrupted(
     in the checkpoint and comes back: peers have lost them (accelerate PR 4206)."""
     from safetensors.torch import load_file
 
-    run = killed_and_resumed[strategy, True]
-    out = Path(run["spec"]["out"])
-    assert run["crash"].returncode != 0, "the killed run should fail"
-    assert run["last"] == "step-00000004.ckpt", run["kept"]
-    resumed, full = run["results"]["resume"], run["results"]["full"]
-    assert (resumed["global_step"], full["global_step"], len(resumed["losses"])) == (6, 6, 4)
-    torch.testing.assert_close(resumed["losses"], full["losses"][-4:], rtol=LOSS_RTOL, atol=LOSS_ATOL)
-    final, expected = torch.load(out / "resume.pt"), torch.load(out / "full.pt")
-    assert_same_weights(final, expected)
-    adapters = {k: v for k, v in final.items() if ".lora_B." in k}
-    assert adapters and all(v.abs().max() > 0 for v in adapters.values()), "the adapters trained"
+    final = assert_adapters_resumed(killed_and_resumed[strategy, True])
     pretrained_weights = load_file(pretrained[0] / "model.safetensors")
     base = "base_model.model.model.layers.0.self_attn.q_proj.base_layer.weight"
     assert torch.equal(final[base], pretrained_weights["model.layers.0.self_attn.q_proj.weight"]), "base frozen"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("strategy", QLORA_STRATEGIES)
+def test_a_qlora_run_killed_and_resumed_matches_uninterrupted(
+    strategy: str, killed_and_resumed: dict[tuple[str, bool | str], dict[str, Any]], pretrained: tuple[Path, Path]
+) -> None:
+    """A 4-bit base (QLoRA) resumes exactly too: the adapters and their optimizer state of every rank come back, and
+    the NF4 codes and scales, frozen, are the quantisation of the pretrained weights bit for bit after 6 steps, a
+    kill and a resume (each rank quantised only its rows when it loaded them)."""
+    from safetensors.torch import load_file
+
+    from gym_lightning.quant import nf4
+
+    final = assert_adapters_resumed(killed_and_resumed[strategy, "qlora"])
+    source = load_file(pretrained[0] / "model.safetensors")
+    # q_proj is adapted (peft's wrapper inserts base_layer), down_proj and o_proj are not.
+    for index, name in ((0, "self_attn.q_proj.base_layer"), (1, "mlp.down_proj"), (1, "self_attn.o_proj")):
+        checkpoint_name = name.removesuffix(".base_layer")
+        expected = nf4.quantize(source[f"model.layers.{index}.{checkpoint_name}.weight"], block_size=32)
+        prefix = f"base_model.model.model.layers.{index}.{name}."
+        assert final[prefix + "weight"].dtype == torch.uint8, "the base is held in 4 bits"
+        for key, part in (("weight", "codes"), ("weight_scales", "scales"), ("weight_scale_stats", "scale_stats")):
+            assert torch.equal(final[prefix + key], expected[part]), f"{prefix}{key} changed or was quantised otherwise"
 
 
 PROBE = torch.tensor([[5, 9, 12, 40, 7, 3, 22, 8, 100, 41]])

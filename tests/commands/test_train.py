@@ -96,6 +96,17 @@ def test_hf_defaults_and_other_choices() -> None:
     assert json.loads(epoch["trainer.logger"])[0]["init_args"] == {"save_dir": "o", "name": "logs"}
 
 
+def test_hf_4bit_flags_make_a_qlora_model() -> None:
+    """TRL's QLoRA command line (transformers' BitsAndBytesConfig names): a 4-bit base under LoRA adapters."""
+    args = _cli_args(
+        "--use_peft", "--load_in_4bit", "--bnb_4bit_quant_type", "nf4", "--bnb_4bit_compute_dtype", "bfloat16",
+        "--bnb_4bit_use_double_quant", "--bnb_4bit_quant_storage", "uint8",
+    )  # fmt: skip
+    assert json.loads(args["model.quantization"]) == {"compute_dtype": "bfloat16", "double_quant": True}
+    assert json.loads(_cli_args("--use_lora", "--load_in_4bit")["model.quantization"]) == {"double_quant": False}
+    assert "model.quantization" not in _cli_args("--use_lora")
+
+
 def test_deepspeed_flag_makes_a_zero_strategy_and_shared_settings_come_from_the_json(tmp_path: Path) -> None:
     args = _cli_args("--deepspeed", str(DS_ZERO3))
     strategy = json.loads(args["trainer.strategy"])
@@ -229,6 +240,13 @@ def test_bad_flag_combinations_fail_in_one_line(capsys: pytest.CaptureFixture[st
     assert err.count("\n") == 1
     for text in ("--bf16 and --fp16", "no training data", "--lora_r need --use_lora"):
         assert text in err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *BASE, "--load_in_4bit", "--bnb_4bit_use_double_quant"])
+    err = capsys.readouterr().err
+    assert info.value.code == 2 and err.count("\n") == 1 and "add --use_lora (QLoRA)" in err
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *BASE, "--use_lora", "--bnb_4bit_compute_dtype", "float16"])
+    assert info.value.code == 2 and "--bnb_4bit_compute_dtype need --load_in_4bit" in capsys.readouterr().err
 
 
 def _losses(root: Path) -> list[float]:

@@ -103,11 +103,11 @@ def torchrun(args: list[str], timeout: float = 600, nproc: int = 2) -> subproces
     return _torchrun(["-m", "gym_lightning", *args], f"gym {' '.join(args)}", timeout, nproc)
 
 
-def fit_in_one_launch(configs: list[Path], timeout: float = 900) -> None:
-    """``gym fit --config C`` for each of ``configs`` in turn, on 2 CPU ranks started once (``helpers.fit_worker``);
-    raises with the output's tail if one fails."""
+def fit_in_one_launch(configs: list[Path], timeout: float = 900, nproc: int = 2) -> None:
+    """``gym fit --config C`` for each of ``configs`` in turn, on ``nproc`` CPU ranks started once
+    (``helpers.fit_worker``); raises with the output's tail if one fails."""
     worker = str(REPO_ROOT / "tests" / "helpers" / "fit_worker.py")
-    _torchrun([worker, *map(str, configs)], f"gym fit series of {len(configs)} configs", timeout)
+    _torchrun([worker, *map(str, configs)], f"gym fit series of {len(configs)} configs", timeout, nproc)
 
 
 def cli_runs(outs: dict[tuple[str, bool], Path]) -> dict[tuple[str, bool], CliRun]:

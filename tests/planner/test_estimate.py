@@ -197,7 +197,7 @@ def test_seventy_b_on_8x24gb() -> None:
     assert small_host.recommendation is not None and small_host.recommendation.strategy.key == "zero_infinity"
     # LoRA on a bf16 base: the frozen weights alone are 2Ψ/8 = 16.4 GiB per GPU under FSDP full shard; with the
     # gathered embedding unit (2 x 2 x 1.05e9 B) and 2048-token activations that is over 21.8 GiB usable, so the
-    # base must be offloaded. (The published 70B-on-24GB runs quantize the base to 4 bits: QLoRA, not modelled.)
+    # base must be offloaded. (With the base in 4 bits, QLoRA, FSDP full fits: tests/planner/test_qlora.py.)
     lora = plan("llama-3-70b", gpu_memory="24GB", lora_r=16, activation_checkpointing=True)
     by_key = {e.strategy.key: e for e in lora.estimates}
     # r=16 adapters per layer: q, o 2 * 16*8192*2 = 524_288; k, v 2 * (16*8192 + 1024*16) = 294_912; gate, up, down
@@ -229,6 +229,7 @@ BAD_FLAGS = [
     (["--model", "llama-3-8b", "--gpu_memory", "80XB"], "Cannot read memory size '80XB'"),
     (["--model", "no-such-model"], "Unknown model 'no-such-model'"),
     (["--model", "llama-3-8b", "--precision", "fp8"], "invalid choice: 'fp8'"),
+    (["--model", "llama-3-70b", "--load_in_4bit"], "quantization nf4 (QLoRA) freezes a 4-bit base and trains LoRA"),
 ]
 
 

@@ -5,6 +5,7 @@ exporter (collectives: every rank calls them in the same order)."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 
 import torch
 from torch import nn
@@ -12,16 +13,10 @@ from transformers import PreTrainedModel
 
 from gym_lightning._compat import zero3_full_shape, zero3_partition
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.lora import checkpoint_key, is_adapter_key
-from gym_lightning.models.conversion import (
-    SafetensorsReader,
-    TensorSource,
-    checkpoint_sources,
-    convert,
-    flat_range,
-    refuse_missing,
-    tied_groups,
-)
+from gym_lightning.lora import ADAPTER_RNG_STATE, checkpoint_key, is_adapter_key
+from gym_lightning.models.conversion import SafetensorsReader, TensorSource, convert, flat_range, refuse_missing
+from gym_lightning.models.quantized import RowQuantizer, sources_of
+from gym_lightning.quant.linear import COMPONENTS
 
 
 @torch.no_grad()
@@ -35,11 +30,14 @@ def read_partitions(model: PreTrainedModel, folder: str) -> None:
     """
     reader = SafetensorsReader(folder)
     state = model.state_dict(keep_vars=True)
-    groups = {checkpoint_key(group[0]): group for group in tied_groups(state)}
-    sources = checkpoint_sources(model, reader.where, groups)
+    groups, sources, layers = sources_of(model, reader.where, state)
     refuse_missing(folder, [key for key in groups if key not in sources and not is_adapter_key(key)])
+    if layers:
+        _read_quantized_partitions(RowQuantizer(model, reader, sources, layers))
     swapped: list[tuple[TensorSource, torch.Tensor]] = []
     for key, source in sources.items():
+        if key in layers:
+            continue
         tensor = state[groups[key][0]]
         partition, shape = zero3_partition(tensor), zero3_full_shape(tensor)
         if partition is not None and shape is not None:
@@ -51,6 +49,24 @@ def read_partitions(model: PreTrainedModel, folder: str) -> None:
             swapped.append((source, tensor))
     for source, tensor in swapped:  # partitions on NVMe: gathered one by one, written from rank 0 (collectives)
         _overwrite_whole(tensor, lambda source=source: convert(source, reader.load, model))
+
+
+def _read_quantized_partitions(quantizer: RowQuantizer) -> None:
+    """Each NF4 layer's partitions (codes and scales) from the quantisation of only the checkpoint rows they span;
+    partitions on NVMe are quantised whole on rank 0 and written through a gather (collectives)."""
+    for key, layer in quantizer.layers.items():
+        for name in COMPONENTS:
+            if (param := getattr(layer, name, None)) is None:
+                continue
+            partition, shape = zero3_partition(param), zero3_full_shape(param)
+            whole = partial(quantizer.whole, key, name)
+            if partition is not None and shape is not None:
+                local, span = partition
+                local[: len(span)].copy_(quantizer.span(key, name, tuple(shape), span))
+            elif shape is None:  # a parameter ZeRO-3 does not partition: whole on every rank
+                param.data.copy_(whole())
+            else:
+                _overwrite_whole(param, whole)
 
 
 def replace_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
@@ -70,25 +86,38 @@ def draw_partitioned_adapters(model: nn.Module) -> None:
     random initialisation, and peft's reset then writes into the empty placeholders, which changes nothing; the
     adapters kept ``lora_B != 0`` and a LoRA run started 0.8 logits away from its base model (tiny models, measured).
     """
-    import deepspeed
-
     try:
         from peft.tuners.lora import LoraLayer
     except ImportError:  # LoRA is an extra: without peft there are no adapters
         return
-    for module in model.modules():
-        if not isinstance(module, LoraLayer):
-            continue
-        params = [
-            p
-            for adapter in module.lora_A
-            for part in (module.lora_A, module.lora_B)
-            for p in part[adapter].parameters()
-        ]
-        with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=bool(params)):
-            if torch.distributed.get_rank() == 0:
-                for adapter in module.lora_A:
-                    module.reset_lora_parameters(adapter, init_lora_weights=True)
+    with torch.random.fork_rng(devices=[]):
+        if (state := model.__dict__.get(ADAPTER_RNG_STATE)) is not None:
+            torch.set_rng_state(state)  # the draws of lora.draw_adapters, layer by layer, in the same order
+        for module in model.modules():
+            if isinstance(module, LoraLayer):
+                _reset_partitioned(module)
+
+
+def _reset_partitioned(module: nn.Module) -> None:
+    """peft's initialisation of ``module``'s adapters, on rank 0, within a gather of their partitions."""
+    import deepspeed
+
+    params = [
+        p for adapter in module.lora_A for part in (module.lora_A, module.lora_B) for p in part[adapter].parameters()
+    ]
+    with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=bool(params)):
+        if torch.distributed.get_rank() != 0:
+            return
+        # Drawn in fp32, then rounded into the adapters' dtype: torch's uniform_ draws bf16 values differently (7 of
+        # 4,096 elements of a 64 x 64 kaiming draw come out at -bound instead of +bound, measured), and the other
+        # strategies draw in fp32.
+        held = [p.data for p in params]
+        for param in params:
+            param.data = param.data.float()
+        for adapter in module.lora_A:
+            module.reset_lora_parameters(adapter, init_lora_weights=True)
+        for param, storage in zip(params, held, strict=True):
+            param.data = storage.copy_(param.data)
 
 
 def _overwrite_whole(param: torch.Tensor, value: Callable[[], torch.Tensor]) -> None:

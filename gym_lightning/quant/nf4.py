@@ -1,0 +1,200 @@
+"""NF4 (4-bit NormalFloat, QLoRA: Dettmers et al. 2023, https://arxiv.org/abs/2305.14314) as plain integer tensors
+whose every row stands alone: pure functions, no module, no library state.
+
+The first level is bitsandbytes' NF4 exactly (its 16-value code book, blocks of ``block_size`` consecutive inputs of
+one output row scaled by their absolute maximum, two codes per byte with the first in the high nibble; equal codes
+and scales to ``bitsandbytes.functional.quantize_4bit`` for the same blocks: tests/quant/test_nf4.py). What differs
+is what sharding needs:
+
+- **Row-local state.** bitsandbytes and torchao both quantise the block scales a second time ("double
+  quantisation") around one mean of the *whole* tensor, so no slice of a weight can be quantised without reading
+  all of it. Here the second level is per output row: the row's scales minus their mean, in int8 blocks of 256
+  along the row (torchao's linear int8 scheme). Rows ``a:b`` of a quantised weight are then the quantisation of rows
+  ``a:b`` of the weight alone, which is what lets every rank read and quantise only its shard's rows (FSDP2's
+  ``Shard(0)``, a ZeRO-3 partition's span) and makes the quantised base the same whatever the rank count.
+- **Integer storage only.** Every strategy casts *floating* parameters somewhere (``zero.Init`` to the training
+  dtype, DeepSpeed's engine for ZeRO-1/2, Lightning's ``bf16-true``); none casts integers. So the fp32 scales are
+  kept as their bits in int32 tensors, and no strategy can change a quantised value (bitsandbytes 1945: NF4 packed
+  in bf16 corrupted by NaN canonicalisation; its ``quant_storage=bfloat16`` exists for flat-parameter wrappers,
+  FSDP1 and DeepSpeed's flat buffers, which gym_lightning does not use: FSDP2 and ZeRO-3 shard per parameter).
+
+Bits per weight: 4 + 32/64 = 4.5 with fp32 scales; 4 + 8/64 + 32·(1 + ceil(k/256))/in with the second level (k =
+in/64 scales per row): 4.141 at 4,096 wide, 4.133 at 8,192 (bitsandbytes' global second level: 4.127).
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+from types import ModuleType
+
+import torch
+
+# The NF4 code book (QLoRA, Appendix E; bitsandbytes' ``get_4bit_type("nf4")``, torchao's ``NF4``): the quantiles
+# of N(0, 1) scaled to [-1, 1], with an exact zero.
+NF4_VALUES = (
+    -1.0,
+    -0.6961928009986877,
+    -0.5250730514526367,
+    -0.39491748809814453,
+    -0.28444138169288635,
+    -0.18477343022823334,
+    -0.09105003625154495,
+    0.0,
+    0.07958029955625534,
+    0.16093020141124725,
+    0.24611230194568634,
+    0.33791524171829224,
+    0.44070982933044434,
+    0.5626170039176941,
+    0.7229568362236023,
+    1.0,
+)
+# Scales of the second level: int8 blocks of this many scales along a row (torchao's scaler_block_size).
+SCALE_BLOCK = 256
+# Elements (de)quantised at once: bounds the int64 index and fp32 temporaries of a call (about 17 MiB).
+_CHUNK = 1 << 20
+
+
+# Made at import, not per call: inside DeepSpeed's zero.Init every floating tensor a constructor makes is cast to the
+# training dtype (a bf16 code book there changed the codes, measured by benchmarks/qlora_libs.py).
+_NF4_TABLE = torch.tensor(NF4_VALUES, dtype=torch.float32)
+
+
+@functools.cache
+def _table(device: torch.device) -> torch.Tensor:
+    """The code book on ``device``, copied there once (not a host-to-device copy per layer and pass)."""
+    return _NF4_TABLE.to(device)
+
+
+def quantized_shapes(out_features: int, in_features: int, block_size: int, double_quant: bool) -> dict[str, tuple]:
+    """The shapes of the tensors :func:`quantize` returns for an ``[out, in]`` weight (all of them ``[out, ...]``)."""
+    k = in_features // block_size
+    if not double_quant:
+        return {"codes": (out_features, in_features // 2), "scales": (out_features, k)}
+    return {
+        "codes": (out_features, in_features // 2),
+        "scales": (out_features, k),
+        "scale_stats": (out_features, 1 + math.ceil(k / SCALE_BLOCK)),
+    }
+
+
+def quantize(weight: torch.Tensor, block_size: int = 64, double_quant: bool = True) -> dict[str, torch.Tensor]:
+    """``weight [rows, in]`` in NF4: ``codes`` uint8 ``[rows, in/2]``, ``scales`` (int32 bits of the fp32 block
+    maxima ``[rows, in/block]``, or with ``double_quant`` their uint8 codes) and ``scale_stats`` (int32 bits of each
+    row's scale mean and per-256 int8 step). Rows are quantised independently (a bounded number at a time, so the
+    fp32 and index temporaries stay small); ``in`` must divide by ``block_size``."""
+    rows, width = weight.shape
+    step = max(1, _CHUNK // max(1, width))
+    chunks = [_quantize_rows(weight[start : start + step], block_size) for start in range(0, rows, step)]
+    codes = torch.cat([c for c, _ in chunks]) if chunks else torch.empty(0, width // 2, dtype=torch.uint8)
+    absmax = torch.cat([a for _, a in chunks]) if chunks else torch.empty(0, width // block_size)
+    if not double_quant:
+        return {"codes": codes, "scales": absmax.view(torch.int32)}
+    scale_codes, stats = _quantize_scales(absmax)
+    return {"codes": codes, "scales": scale_codes, "scale_stats": stats}
+
+
+def _quantize_rows(weight: torch.Tensor, block_size: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Packed NF4 codes and fp32 block maxima of a few rows, with bitsandbytes' own arithmetic (its torch
+    ``quantize_4bit``: scaled by the reciprocal of the maximum, clamped, the first midpoint above), so that the codes
+    are its codes for fp32 inputs too."""
+    rows, width = weight.shape
+    blocks = weight.detach().float().reshape(rows, width // block_size, block_size)
+    absmax = blocks.abs().amax(dim=-1)
+    normed = torch.clamp(blocks * (1.0 / absmax.clamp(min=1e-38)).unsqueeze(-1), -1, 1)
+    table = _table(weight.device)
+    index = torch.bucketize(normed.reshape(rows, width), (table[1:] + table[:-1]) / 2).to(torch.uint8)
+    return (index[:, 0::2] << 4) | index[:, 1::2], absmax
+
+
+def _quantize_scales(absmax: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Each row's block maxima minus their mean, in symmetric int8 blocks of :data:`SCALE_BLOCK` (stored +128)."""
+    rows, k = absmax.shape
+    mean = absmax.mean(dim=1, keepdim=True)
+    centred = absmax - mean
+    padded = torch.nn.functional.pad(centred, (0, -k % SCALE_BLOCK)).reshape(rows, -1, SCALE_BLOCK)
+    step = padded.abs().amax(dim=-1) / 127
+    step = torch.where(step == 0, 1.0, step)
+    q = torch.round(padded / step.unsqueeze(-1)).clamp(-127, 127).reshape(rows, -1)[:, :k]
+    stats = torch.cat([mean, step], dim=1).contiguous()
+    return (q + 128).to(torch.uint8), stats.view(torch.int32)
+
+
+def block_scales(parts: dict[str, torch.Tensor]) -> torch.Tensor:
+    """The fp32 block maxima ``[rows, in/block]`` of quantised ``parts``."""
+    scales = parts["scales"]
+    if "scale_stats" not in parts:
+        return scales.view(torch.float32)
+    stats = parts["scale_stats"].view(torch.float32)
+    k = scales.shape[1]
+    step = stats[:, 1:].repeat_interleave(SCALE_BLOCK, dim=1)[:, :k]
+    return (scales.float() - 128) * step + stats[:, :1]
+
+
+def dequantize(parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """The ``[rows, in]`` weight in ``dtype``: each value computed in fp32 (code × block scale) and rounded once.
+
+    With bitsandbytes installed (the ``qlora`` extra) its ``dequantize_4bit`` kernel does it, on our codes and our
+    decoded block scales (the first level is its format; measured 12x faster than :func:`dequantize_reference` on
+    a 14,336 x 4,096 weight on 2 CPU cores, 0.22 s against 2.7 s); the result is the same bit for bit
+    (tests/quant/test_nf4.py), so a run does not depend on whether it is installed.
+    """
+    kernel = _bitsandbytes()
+    codes = parts["codes"]
+    block = 2 * codes.shape[1] // max(1, parts["scales"].shape[1])
+    if kernel is None or block not in _KERNEL_BLOCKS or dtype not in _KERNEL_DTYPES or not codes.numel():
+        return dequantize_reference(parts, dtype)
+    rows, half = codes.shape
+    state = kernel.QuantState(
+        absmax=block_scales(parts).reshape(-1).contiguous(),
+        shape=torch.Size((rows, 2 * half)),
+        code=_table(codes.device),
+        blocksize=block,
+        quant_type="nf4",
+        dtype=dtype,
+    )
+    return kernel.dequantize_4bit(codes.reshape(-1, 1).contiguous(), state)
+
+
+_KERNEL_BLOCKS = (32, 64, 128, 256, 512, 1024, 2048, 4096)  # what bitsandbytes' kernels take
+_KERNEL_DTYPES = (torch.bfloat16, torch.float16, torch.float32)
+
+
+@functools.cache
+def _bitsandbytes() -> ModuleType | None:
+    """``bitsandbytes.functional`` where it is installed, else ``None`` (the pure-torch path then)."""
+    try:
+        import bitsandbytes.functional as functional
+    except ImportError:
+        return None
+    return functional
+
+
+def dequantize_reference(parts: dict[str, torch.Tensor], dtype: torch.dtype) -> torch.Tensor:
+    """:func:`dequantize` in plain torch, a bounded number of rows at a time so that no fp32 copy of the weight
+    exists (any device, any block size)."""
+    codes = parts["codes"]
+    rows, half = codes.shape
+    scales = block_scales(parts)
+    block = 2 * half // scales.shape[1]
+    table = _table(codes.device)
+    out = torch.empty(rows, 2 * half, dtype=dtype, device=codes.device)
+    step = max(1, _CHUNK // max(1, 2 * half))
+    for start in range(0, rows, step):
+        chunk = codes[start : start + step]
+        index = torch.stack([chunk >> 4, chunk & 15], dim=-1).reshape(chunk.shape[0], -1).long()
+        values = table[index].reshape(chunk.shape[0], -1, block) * scales[start : start + step].unsqueeze(-1)
+        out[start : start + step] = values.reshape(chunk.shape[0], -1)
+    return out
+
+
+__all__ = [
+    "NF4_VALUES",
+    "SCALE_BLOCK",
+    "block_scales",
+    "dequantize",
+    "dequantize_reference",
+    "quantize",
+    "quantized_shapes",
+]
