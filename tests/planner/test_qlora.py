@@ -1,7 +1,8 @@
 """Planner: QLoRA (a frozen NF4 base + LoRA adapters): the 4-bit bytes per weight by hand and against the quant
 package's own tensors, the 70B-on-8x24GB plan, QLoRA against LoRA, the load/step/export terms, and user errors.
 
-The per-rank peaks themselves are not yet checked against measured QLoRA runs (docs/planner.md, "70B on 8x24GB").
+The per-rank peaks are compared with measured QLoRA runs by benchmarks/qlora_peak.py (docs/planner.md, "Validation
+against measured QLoRA peaks"), not here: they need 250M-1B models.
 """
 
 from __future__ import annotations
