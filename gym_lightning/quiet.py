@@ -68,38 +68,34 @@ def silence_deepspeed_cpu_detection() -> None:
         os.environ["DS_ACCELERATOR"] = "cpu"
 
 
-class _DropLightningTips(logging.Filter):
-    """Drops Lightning's "💡 Tip" advertisements and its other ``LIGHTNING_NOISE_PREFIXES`` records; lets every other
-    record of the logger through."""
+class _DropPrefixes(logging.Filter):
+    """Drops the records whose message starts with one of ``prefixes``; lets every other record through."""
+
+    def __init__(self, prefixes: tuple[str, ...]) -> None:
+        super().__init__()
+        self.prefixes = prefixes
 
     def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(LIGHTNING_NOISE_PREFIXES)
+        return not str(record.msg).startswith(self.prefixes)
+
+
+def _drop_on(logger_name: str, prefixes: tuple[str, ...]) -> None:
+    """Attach a ``_DropPrefixes(prefixes)`` filter to the logger (once)."""
+    logger = logging.getLogger(logger_name)
+    if not any(isinstance(f, _DropPrefixes) and f.prefixes == prefixes for f in logger.filters):
+        logger.addFilter(_DropPrefixes(prefixes))
 
 
 def drop_lightning_tips() -> None:
-    """Attach the tip filter to the loggers Lightning's ``rank_zero_info`` writes to (once)."""
+    """Drop Lightning's "💡 Tip" advertisements and its other ``LIGHTNING_NOISE_PREFIXES`` records from the loggers
+    its ``rank_zero_info`` writes to (once); every other record of those loggers gets through."""
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
-        logger = logging.getLogger(name)
-        if not any(isinstance(existing, _DropLightningTips) for existing in logger.filters):
-            logger.addFilter(_DropLightningTips())
-
-
-class _DropMessage(logging.Filter):
-    """Drops the records whose message starts with ``prefix``."""
-
-    def __init__(self, prefix: str) -> None:
-        super().__init__()
-        self.prefix = prefix
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not str(record.msg).startswith(self.prefix)
+        _drop_on(name, LIGHTNING_NOISE_PREFIXES)
 
 
 def drop_bitsandbytes_gemm_notice() -> None:
-    """Attach a filter for bitsandbytes' ``BNB_GEMM_NOTICE`` to its CPU backend's logger (once)."""
-    logger = logging.getLogger(BNB_CPU_LOGGER)
-    if not any(isinstance(f, _DropMessage) and f.prefix == BNB_GEMM_NOTICE for f in logger.filters):
-        logger.addFilter(_DropMessage(BNB_GEMM_NOTICE))
+    """Drop bitsandbytes' ``BNB_GEMM_NOTICE`` from its CPU backend's logger (once)."""
+    _drop_on(BNB_CPU_LOGGER, (BNB_GEMM_NOTICE,))
 
 
 def quiet_console() -> None:
