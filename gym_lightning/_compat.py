@@ -470,7 +470,20 @@ TRANSFORMERS_MEMBERS: tuple[tuple[str, str], ...] = (
     # Undocumented: marks DeepSpeed's zero.Init as open already, so that from_config under transformers' ZeRO-3
     # integration neither opens another one nor gathers every module to initialise it (initialize_weights_zero3).
     ("transformers.modeling_utils", "set_zero3_state"),
+    # The attention implementation a built model's attention layers look up at every call (a config property;
+    # set_attn_implementation validates against the installed kernels, which a registered name is not).
+    ("transformers.configuration_utils", "_attn_implementation"),
 )
+
+
+def attention_implementation(config: Any) -> str | None:
+    """The attention implementation the model of ``config`` runs (``_attn_implementation``, declared above)."""
+    return getattr(config, "_attn_implementation", None)
+
+
+def set_attention_implementation(config: Any, name: str) -> None:
+    """Make the built model of ``config`` attend with ``name`` from its next call (a registered implementation)."""
+    config._attn_implementation = name
 
 
 def weight_conversions_of(model: nn.Module) -> list[Any] | None:

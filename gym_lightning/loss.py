@@ -20,20 +20,25 @@ from torch.utils.checkpoint import checkpoint
 IGNORE_INDEX = -100
 
 
-def count_target_tokens(labels: torch.Tensor) -> torch.Tensor:
-    """Number of tokens that contribute to the loss (after the causal shift), as a 0-d ``int64`` tensor."""
-    return (labels[..., 1:] != IGNORE_INDEX).sum()
+def count_target_tokens(labels: torch.Tensor, shifted: bool = False) -> torch.Tensor:
+    """Number of tokens that contribute to the loss (after the causal shift), as a 0-d ``int64`` tensor.
+
+    ``shifted``: ``labels`` are already each position's next-token target (transformers' ``shift_labels``; what a
+    sequence-parallel rank holds, ``strategies.sequence``), so every position counts, the last one included.
+    """
+    return ((labels if shifted else labels[..., 1:]) != IGNORE_INDEX).sum()
 
 
-def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+def summed_cross_entropy(logits: torch.Tensor, labels: torch.Tensor, shifted: bool = False) -> torch.Tensor:
     """Sum (not mean) of next-token cross-entropies over target tokens, computed in fp32.
 
     Args:
         logits: ``[batch, seq, vocab]`` model outputs.
         labels: ``[batch, seq]`` aligned with the inputs; ``-100`` marks non-targets.
+        shifted: ``labels`` are already the next-token targets of each position (``shift_labels``).
     """
-    shifted_logits = logits[:, :-1, :].float()
-    shifted_labels = labels[:, 1:].to(shifted_logits.device)
+    shifted_logits = (logits if shifted else logits[:, :-1, :]).float()
+    shifted_labels = (labels if shifted else labels[:, 1:]).to(shifted_logits.device)
     return F.cross_entropy(
         shifted_logits.reshape(-1, shifted_logits.size(-1)),
         shifted_labels.reshape(-1),
@@ -55,9 +60,9 @@ def use_chunked_loss(setting: str, vocab_size: int) -> bool:
     return setting == "on" or (setting == "auto" and vocab_size >= CHUNKED_LOSS_MIN_VOCAB)
 
 
-def num_loss_chunks(labels: torch.Tensor, chunk_tokens: int) -> int:
+def num_loss_chunks(labels: torch.Tensor, chunk_tokens: int, shifted: bool = False) -> int:
     """How many chunks of at most ``chunk_tokens`` positions the shifted ``[batch, seq]`` labels split into."""
-    positions = labels.size(0) * max(0, labels.size(1) - 1)
+    positions = labels.size(0) * max(0, labels.size(1) - (0 if shifted else 1))
     return max(1, math.ceil(positions / chunk_tokens))
 
 
@@ -72,7 +77,12 @@ def _head_cross_entropy(hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.
 
 
 def chunked_summed_cross_entropy(
-    hidden_states: torch.Tensor, lm_head: nn.Module, labels: torch.Tensor, chunk_tokens: int, num_chunks: int = 0
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    chunk_tokens: int,
+    num_chunks: int = 0,
+    shifted: bool = False,
 ) -> torch.Tensor:
     """``summed_cross_entropy(lm_head(hidden_states), labels)`` without ever holding ``[tokens, vocab]`` logits.
 
@@ -90,10 +100,11 @@ def chunked_summed_cross_entropy(
         num_chunks: Call the LM head this many times (empty chunks at the end) when it is more than the positions
             need: ZeRO-3 gathers the weight on every call, a collective, so every rank must make the same number of
             calls even when its batch is shorter. ``0``: as many as the positions need.
+        shifted: ``labels`` are already the next-token targets of each position (``shift_labels``).
     """
-    hidden = hidden_states[:, :-1, :].reshape(-1, hidden_states.size(-1))
-    targets = labels[:, 1:].to(hidden.device).reshape(-1)
-    chunks = max(num_chunks, num_loss_chunks(labels, chunk_tokens))
+    hidden = (hidden_states if shifted else hidden_states[:, :-1, :]).reshape(-1, hidden_states.size(-1))
+    targets = (labels if shifted else labels[:, 1:]).to(hidden.device).reshape(-1)
+    chunks = max(num_chunks, num_loss_chunks(labels, chunk_tokens, shifted))
     total = hidden.new_zeros((), dtype=torch.float32)
     for start in range(0, chunks * chunk_tokens, chunk_tokens):
         part = slice(start, start + chunk_tokens)

@@ -38,6 +38,7 @@ from gym_lightning.models.loading import (
 )
 from gym_lightning.models.plan import plan_of
 from gym_lightning.models.presets import resolve_tokenizer_source
+from gym_lightning.models.tiling import TileCount, num_mlp_tiles, tile_mlps
 from gym_lightning.optim import (
     DecayRule,
     HFSchedulerName,
@@ -121,6 +122,9 @@ class CausalLMModule(pl.LightningModule):
             models whose forward takes ``logits_to_keep`` (transformers' causal LMs do); ``on``; ``off``.
         loss_chunk_tokens: Positions per LM-head chunk (>= 1): 1,024 at a 151,936 vocabulary is 0.6 GB of fp32
             logits per chunk.
+        mlp_tile_tokens: Run every dense MLP over at most this many token positions at a time in training, each
+            tile recomputed in backward, so the ``[tokens, intermediate]`` activations exist for one tile only
+            (``models.tiling``; long sequences, ALST's tiled MLP; one more MLP forward per step). ``None``: off.
     """
 
     def __init__(
@@ -151,6 +155,7 @@ class CausalLMModule(pl.LightningModule):
         val_exact_match: bool = False,
         loss_chunking: Literal["auto", "on", "off"] = "auto",
         loss_chunk_tokens: int = 1024,
+        mlp_tile_tokens: int | None = None,
     ) -> None:
         super().__init__()
         lora = LoRAArgs.from_value(lora)  # a dict where the settings come as plain data (YAML, a checkpoint)
@@ -168,6 +173,7 @@ class CausalLMModule(pl.LightningModule):
         self.val_exact_match = MeanMetric()
         self._warned_no_step_tokens = False
         self._chunked_loss: bool | None = None  # decided on the first step, once the model is built
+        self._mlp_tiles = TileCount()  # set before each training forward (models.tiling)
 
     # ----------------------------------------------------------------------------------------------- building
     @override
@@ -192,6 +198,8 @@ class CausalLMModule(pl.LightningModule):
                 plan=plan_of(trainer.strategy if trainer is not None else None),
                 quantization=self.quantization,
             )
+        if hp.mlp_tile_tokens is not None:
+            tile_mlps(model, self._mlp_tiles)
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -228,22 +236,26 @@ class CausalLMModule(pl.LightningModule):
             "position_ids": batch.get("position_ids"),
             "use_cache": False,
         }
-        labels = batch["labels"]
-        if not self._loss_is_chunked():
+        # A sequence-parallel rank's slice carries its targets already shifted (strategies.sequence).
+        shifted = "shift_labels" in batch
+        labels = batch["shift_labels"] if shifted else batch["labels"]
+        chunked, tiled = self._loss_is_chunked(), self.hparams.mlp_tile_tokens is not None and torch.is_grad_enabled()
+        counts, pending = self._start_counts(labels, shifted, chunked, tiled)
+        if tiled:
+            self._mlp_tiles.value = _agreed(counts, pending, 1)
+        if not chunked:
             outputs = self.model(**inputs)
-            return SummedLoss(summed_cross_entropy(outputs.logits, labels), count_target_tokens(labels), _aux(outputs))
-        chunks, pending = self._start_chunk_count(labels)
+            loss = summed_cross_entropy(outputs.logits, labels, shifted)
+            return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
         # The whole model runs (so FSDP's root hooks unshard and keep the head's weight for backward) with no
         # position kept for the LM head: it returns [batch, 0, vocab] logits and the final hidden states.
         keep_none = torch.empty(0, dtype=torch.long, device=labels.device)
         outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=True)
-        if pending is not None:
-            pending.wait()
         head = self._base_model().get_output_embeddings()
-        chunks = chunks if isinstance(chunks, int) else int(chunks.item())  # a device sync only on NCCL-only groups
+        chunks = _agreed(counts, pending, 0)  # a device sync only on NCCL-only groups
         hidden = outputs.hidden_states[-1]
-        loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks)
-        return SummedLoss(loss, count_target_tokens(labels), _aux(outputs))
+        loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks, shifted)
+        return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
 
     def _base_model(self) -> torch.nn.Module:
         """The transformers model (inside a peft wrapper when LoRA is on)."""
@@ -263,20 +275,28 @@ class CausalLMModule(pl.LightningModule):
             self._chunked_loss = supported and use_chunked_loss(self.hparams.loss_chunking, vocab)
         return self._chunked_loss
 
-    def _start_chunk_count(self, labels: torch.Tensor) -> tuple[int | torch.Tensor, Any]:
-        """The number of LM-head chunks every rank runs (the largest over ranks; see ``chunked_summed_cross_entropy``)
-        and its pending all-reduce, launched before the forward so that it overlaps it (``None`` on one rank).
+    def _start_counts(
+        self, labels: torch.Tensor, shifted: bool, chunked: bool, tiled: bool
+    ) -> tuple[list[int] | torch.Tensor, Any]:
+        """The number of LM-head chunks (see ``chunked_summed_cross_entropy``) and of MLP tiles (``models.tiling``)
+        every rank runs, the largest over ranks, and the pending all-reduce (``None`` on one rank or when neither
+        applies). Under ZeRO-3 each LM-head or MLP call gathers weights, so every rank must make as many.
 
-        The count comes from the labels' shape, so it is a host integer on one rank. Over ranks it is all-reduced
-        as a host tensor where the process group has a CPU backend (gloo, ``cpu:gloo,cuda:nccl``): reading a device
-        tensor back with ``.item()`` would stop the host until the GPU has finished the forward, every micro-batch.
+        The counts come from the labels' shape, so they are host integers on one rank. Over ranks they are
+        all-reduced as a host tensor where the process group has a CPU backend (gloo, ``cpu:gloo,cuda:nccl``):
+        reading a device tensor back with ``.item()`` would stop the host until the GPU has finished the forward.
+        The reduction is launched before the forward so that, for the loss chunks, it overlaps it.
         """
-        local = num_loss_chunks(labels, self.hparams.loss_chunk_tokens)
-        if not (torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1):
+        local = [
+            num_loss_chunks(labels, self.hparams.loss_chunk_tokens, shifted) if chunked else 1,
+            num_mlp_tiles(labels.numel(), self.hparams.mlp_tile_tokens) if tiled else 1,
+        ]
+        distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
+        if not (chunked or tiled) or not distributed:
             return local, None
         device = torch.device("cpu") if has_cpu_backend() else self.device
-        chunks = torch.tensor([local], device=device)
-        return chunks, torch.distributed.all_reduce(chunks, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        counts = torch.tensor(local, device=device)
+        return counts, torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, async_op=True)
 
     def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
         """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the
@@ -403,6 +423,13 @@ class CausalLMModule(pl.LightningModule):
         return load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code)
 
 
+def _agreed(counts: list[int] | torch.Tensor, pending: Any, index: int) -> int:
+    """Entry ``index`` of ``_start_counts``' counts, once its all-reduce (if any) has finished."""
+    if pending is not None:
+        pending.wait()
+    return int(counts[index])
+
+
 def _validate(args: dict[str, Any]) -> None:
     """Raise one ValueError listing every invalid constructor argument."""
     problems = []
@@ -420,6 +447,9 @@ def _validate(args: dict[str, Any]) -> None:
         problems.append(f"min_lr_ratio must be in [0, 1], got {args['min_lr_ratio']}")
     if not isinstance(args["loss_chunk_tokens"], int) or args["loss_chunk_tokens"] < 1:
         problems.append(f"loss_chunk_tokens must be an integer >= 1, got {args['loss_chunk_tokens']!r}")
+    tile = args["mlp_tile_tokens"]
+    if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
+        problems.append(f"mlp_tile_tokens must be an integer >= 1 or null (no tiling), got {tile!r}")
     if args["lora"] is not None:
         problems += args["lora"].problems()
     if args["quantization"] is not None:

@@ -244,6 +244,10 @@ class GymArguments:
     num_nodes: int | None = field(default=None, metadata={"help": "Nodes; default: the launcher's, else 1."})
     accelerator: str = field(default="auto", metadata={"help": "cpu, gpu, cuda, auto."})
     strategy: str | None = field(default=None, metadata={"help": "A Lightning strategy name instead of --deepspeed."})
+    sequence_parallel_size: int = field(
+        default=1,
+        metadata={"help": "Ranks sharing each sequence (Ulysses, as ALST/TRL name it); needs gym_ddp/gym_fsdp/ZeRO."},
+    )
     warmup_ratio: float = field(default=0.0, metadata={"help": "transformers < 5: same as --warmup_steps < 1."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "transformers < 5; accepted, no effect."})
     print_config: bool = field(default=False, metadata={"help": "Print the equivalent `gym fit` YAML and exit."})
@@ -474,7 +478,11 @@ def _trainer_values(args: argparse.Namespace, accumulation: int, clip: float) ->
     elif args.strategy:
         values["trainer.strategy"] = args.strategy
     if args.ddp_timeout != HF_DDP_TIMEOUT:
-        values["trainer.strategy"] = with_timeout(values.get("trainer.strategy"), args.ddp_timeout)
+        timeout = {"timeout": str(timedelta(seconds=args.ddp_timeout))}
+        values["trainer.strategy"] = with_init_args(values.get("trainer.strategy"), "--ddp_timeout", timeout)
+    if args.sequence_parallel_size != 1:
+        size = {"sequence_parallel_size": args.sequence_parallel_size}
+        values["trainer.strategy"] = with_init_args(values.get("trainer.strategy"), "--sequence_parallel_size", size)
     if loggers := _report_to(args.report_to):
         values["trainer.logger"] = [
             _logger(name, values["trainer.default_root_dir"], args.run_name) for name in loggers
@@ -486,24 +494,23 @@ def _trainer_values(args: argparse.Namespace, accumulation: int, clip: float) ->
     return values | _eval_values(args, accumulation) | _callback_values(args)
 
 
-def with_timeout(strategy: str | dict[str, Any] | None, seconds: int) -> dict[str, Any]:
-    """HF's ``--ddp_timeout``: ``strategy`` (a registered name, a class dict, or ``None`` for auto, which becomes
-    ``gym_ddp``) as a class dict whose ``timeout`` is ``seconds``."""
+def with_init_args(strategy: str | dict[str, Any] | None, flag: str, init_args: dict[str, Any]) -> dict[str, Any]:
+    """``strategy`` (a registered name, a class dict, or ``None`` for auto, which becomes ``gym_ddp``) as a class
+    dict with ``init_args`` added: what ``flag`` (``--ddp_timeout``, ``--sequence_parallel_size``) sets."""
     from lightning.pytorch.strategies import StrategyRegistry
 
     import gym_lightning.strategies  # noqa: F401 - registers gym_lightning's names
 
     if isinstance(strategy, dict):
-        return {**strategy, "init_args": {**strategy.get("init_args", {}), "timeout": str(timedelta(seconds=seconds))}}
+        return {**strategy, "init_args": {**strategy.get("init_args", {}), **init_args}}
     name = "gym_ddp" if strategy in (None, "auto") else strategy
     if name not in StrategyRegistry:
         raise GymUserError(f"--strategy {name!r} is not a registered strategy name; see gym fit --help.")
     entry = StrategyRegistry[name]
     cls = entry["strategy"]
-    if "timeout" not in inspect.signature(cls).parameters:
-        raise GymUserError(f"--ddp_timeout: strategy {name!r} ({cls.__name__}) has no collective timeout; drop it.")
-    init_args = {**entry["init_params"], "timeout": str(timedelta(seconds=seconds))}
-    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": init_args}
+    if missing := [key for key in init_args if key not in inspect.signature(cls).parameters]:
+        raise GymUserError(f"{flag}: strategy {name!r} ({cls.__name__}) has no {missing[0]} argument; drop it.")
+    return {"class_path": f"{cls.__module__}.{cls.__qualname__}", "init_args": {**entry["init_params"], **init_args}}
 
 
 def _steps(value: float, max_steps: int) -> int:

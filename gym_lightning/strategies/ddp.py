@@ -31,6 +31,7 @@ from gym_lightning.strategies._common import (
 )
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
+from gym_lightning.strategies.sequence import SequenceParallel, size_problems
 
 GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
 GRADIENT_COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
@@ -52,7 +53,7 @@ def comm_hook_for(
     return None, None
 
 
-class GymDDPStrategy(DDPStrategy):
+class GymDDPStrategy(SequenceParallel, DDPStrategy):
     """Lightning's ``DDPStrategy`` plus gradient compression that also runs on CPU ranks.
 
     Gradients are not all-reduced on gradient-accumulation micro-batches (Lightning runs them under ``no_sync``);
@@ -83,6 +84,8 @@ class GymDDPStrategy(DDPStrategy):
             preparation, a checkpoint save). gym train: ``--ddp_timeout`` (seconds).
         start_method: How Lightning starts the other local ranks: ``"popen"`` (default), ``"spawn"``, ``"fork"``,
             ``"forkserver"``.
+        sequence_parallel_size: Ranks that share each training sequence (Ulysses; ``strategies.sequence``): each
+            holds 1/N of its tokens and the data-parallel degree is world size / N. 1: off.
     """
 
     strategy_name = "gym_ddp"
@@ -102,8 +105,10 @@ class GymDDPStrategy(DDPStrategy):
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
         start_method: Literal["popen", "spawn", "fork", "forkserver"] = "popen",
+        sequence_parallel_size: int = 1,
     ) -> None:
-        raise_if_problems(type(self).__name__, _ddp_problems(gradient_compression, powersgd_rank, powersgd_start_iter))
+        problems = _ddp_problems(gradient_compression, powersgd_rank, powersgd_start_iter)
+        raise_if_problems(type(self).__name__, problems + size_problems(sequence_parallel_size))
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -122,6 +127,7 @@ class GymDDPStrategy(DDPStrategy):
         self._rank_watch: RankWatch | None = None
         self.powersgd_rank = powersgd_rank or 1
         self.powersgd_start_iter = powersgd_start_iter or 10
+        self.sequence_parallel_size = sequence_parallel_size
 
     @override
     def setup_environment(self) -> None:
@@ -129,6 +135,7 @@ class GymDDPStrategy(DDPStrategy):
         return_freed_host_memory(self.root_device)
         destroy_process_group_at_exit()
         super().setup_environment()
+        self.check_sequence_parallel_world()
         self._rank_watch = watch_collectives(self.collective_timeout)
 
     @override
@@ -140,6 +147,7 @@ class GymDDPStrategy(DDPStrategy):
     def setup(self, trainer: Trainer) -> None:
         if self.model is not None:  # fp32 master weights under bf16-mixed, whatever dtype the checkpoint had
             fp32_master_weights(self.model, self.precision_plugin)
+        self.setup_sequence_parallel()
         super().setup(trainer)
 
     @override

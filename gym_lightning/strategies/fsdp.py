@@ -41,6 +41,7 @@ from gym_lightning.strategies._common import (
 )
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
+from gym_lightning.strategies.sequence import SequenceParallel, size_problems
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
 SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
@@ -117,7 +118,7 @@ def unsharded_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, param in model.named_parameters() if not isinstance(param, DTensor)]
 
 
-class GymFSDPStrategy(ModelParallelStrategy):
+class GymFSDPStrategy(SequenceParallel, ModelParallelStrategy):
     """FSDP2 over all ranks, one shard unit per decoder layer, for any LightningModule on CPU or CUDA.
 
     Shard units: every module whose class name is in ``layer_classes`` (default: the decoder-layer classes that the
@@ -144,6 +145,9 @@ class GymFSDPStrategy(ModelParallelStrategy):
             ``"cpu:gloo,cuda:nccl"`` on CUDA with ``cpu_offload``, whose host shards need a CPU backend).
         timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
             (``strategies.rank_failure``).
+        sequence_parallel_size: Ranks that share each training sequence (Ulysses; ``strategies.sequence``): each
+            holds 1/N of its tokens, parameters stay sharded over all ranks, and the data-parallel degree (the
+            sampler's) is world size / N. 1: off.
 
     The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
     gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
@@ -161,8 +165,10 @@ class GymFSDPStrategy(ModelParallelStrategy):
         save_distributed_checkpoint: bool = True,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        sequence_parallel_size: int = 1,
     ) -> None:
-        raise_if_problems(type(self).__name__, _fsdp_problems(sharding, layer_classes, gradient_compression))
+        problems = _fsdp_problems(sharding, layer_classes, gradient_compression) + size_problems(sequence_parallel_size)
+        raise_if_problems(type(self).__name__, problems)
         super().__init__(
             save_distributed_checkpoint=save_distributed_checkpoint,
             process_group_backend=process_group_backend,
@@ -179,6 +185,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         self._rank_watch: RankWatch | None = None
         self._shard_mesh: DeviceMesh | None = None
         self._build_plan = BuildPlan(device=META)
+        self.sequence_parallel_size = sequence_parallel_size
 
     @override
     def setup_environment(self) -> None:
@@ -189,6 +196,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         # the module's configure_model and drives the distributed sampler.
         set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
+        self.check_sequence_parallel_world()
         self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
         self._rank_watch = watch_collectives(self.collective_timeout, self._shard_mesh.get_all_groups())
 
@@ -212,6 +220,7 @@ class GymFSDPStrategy(ModelParallelStrategy):
         if self.model is None or self.accelerator is None:
             raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
         self.accelerator.setup(trainer)
+        self.setup_sequence_parallel()
         self.model = self.precision_plugin.convert_module(self.model)
         fp32_master_weights(self.model, self.precision_plugin)
         if not has_meta_tensors(self.model):

@@ -110,16 +110,49 @@ class LogitsProbe(pl.Callback):
             return pl_module.model(input_ids=PROBE_IDS.to(pl_module.device), use_cache=False).logits.float().cpu()
 
 
+class StepLossProbe(pl.Callback):
+    """Writes every micro-batch's share of the optimizer step's loss, summed over ranks, to ``path`` (rank 0).
+
+    Each rank's training loss is its summed token loss x ranks x accumulation / the step's target tokens
+    (``gym_lightning.loss.step_loss_scale``); divided by the ranks and summed over them it is the part of the step's
+    token mean that the micro-batch holds, whatever the ranks hold of it (whole rows, or a slice of every row under
+    sequence parallelism), so one process and any number of ranks write the same numbers.
+    """
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, *args: Any) -> None:
+        loss = outputs["loss"].detach().float().reshape(1) / trainer.world_size
+        if trainer.world_size > 1:
+            torch.distributed.all_reduce(loss)
+        self.losses.append(loss.item())
+
+    def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        if trainer.is_global_zero:
+            torch.save(torch.tensor(self.losses), self.path)
+
+
 def family_run_config(
-    family: str, strategy: str, lora: bool, folder: Path, out: Path, checkpoints: bool = True, **changes: Any
+    family: str,
+    strategy: str,
+    lora: bool,
+    folder: Path,
+    out: Path,
+    checkpoints: bool = True,
+    step_losses: bool = False,
+    **changes: Any,
 ) -> Path:
     """The shipped YAML of ``strategy`` as a user points it at a ``family`` folder: 2 optimizer steps in
     bf16-mixed, a checkpoint at the end (unless ``checkpoints=False``), the end-of-fit export in float32 (so it
     holds exactly the trained weights) and the ``LogitsProbe``; MoE families ask their config for the router
-    load-balancing loss."""
+    load-balancing loss. ``step_losses``: also the ``StepLossProbe`` (``losses.pt``)."""
     from helpers.cli_runs import run_config
 
-    probe = {"class_path": "helpers.families.LogitsProbe", "init_args": {"path": str(out / "logits.pt")}}
+    probes = [{"class_path": "helpers.families.LogitsProbe", "init_args": {"path": str(out / "logits.pt")}}]
+    if step_losses:
+        probes.append({"class_path": "helpers.families.StepLossProbe", "init_args": {"path": str(out / "losses.pt")}})
     settings: dict[str, Any] = {
         "trainer.max_steps": 2,
         "trainer.precision": "bf16-mixed",
@@ -132,7 +165,7 @@ def family_run_config(
         settings["model.lora.target_modules"] = LORA_TARGETS[family]
     if family in MOE_FAMILIES and family != "deepseek_v3":  # DeepSeek-V3 balances without an auxiliary loss
         settings["model.config_overrides"] = {"output_router_logits": True}
-    return run_config(strategy, lora, out, callbacks=[probe], checkpoints=checkpoints, **{**settings, **changes})
+    return run_config(strategy, lora, out, callbacks=probes, checkpoints=checkpoints, **{**settings, **changes})
 
 
 def reloaded_logits(folder: Path, dtype: str) -> torch.Tensor:

@@ -85,6 +85,7 @@ from gym_lightning.strategies._common import (
     return_freed_host_memory,
 )
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
+from gym_lightning.strategies.sequence import SequenceParallel, size_problems
 from gym_lightning.strategies.zero.config import (
     DEFAULT_NVME_PATH,
     STAGE3_DERIVED_KEYS,
@@ -204,7 +205,7 @@ def _warmup_steps(optimizer: OptimizerFacts, total: int | None) -> int | None:
     return resolve_warmup_steps(optimizer.warmup_steps or 0, optimizer.warmup_ratio or 0.0, total)
 
 
-class ZeROStrategy(DeepSpeedStrategy):
+class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
     """DeepSpeed ZeRO on CUDA or CPU ranks, for any LightningModule, with Lightning owning gradient accumulation.
 
     Args:
@@ -244,6 +245,9 @@ class ZeROStrategy(DeepSpeedStrategy):
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
         timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
             (``strategies.rank_failure``). gym train: ``--ddp_timeout`` (seconds).
+        sequence_parallel_size: Ranks that share each training sequence (Ulysses, as DeepSpeed's ALST;
+            ``strategies.sequence``): each holds 1/N of its tokens, ZeRO still partitions over all ranks, and the
+            data-parallel degree (the sampler's) is world size / N. 1: off. gym train: ``--sequence_parallel_size``.
 
     Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
     CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
@@ -278,7 +282,9 @@ class ZeROStrategy(DeepSpeedStrategy):
         precision_plugin: Precision | None = None,
         process_group_backend: str | None = None,
         timeout: timedelta | None = default_pg_timeout,
+        sequence_parallel_size: int = 1,
     ) -> None:
+        raise_if_problems(type(self).__name__, size_problems(sequence_parallel_size))
         user_config = None if config is None else load_deepspeed_json(config)
         resolved_stage = self._checked_stage(
             stage, user_config, offload_optimizer, offload_parameters, nvme_path, cpu_optimizer
@@ -311,6 +317,7 @@ class ZeROStrategy(DeepSpeedStrategy):
         self._hf_deepspeed_config: Any = None
         # ZeRO-3: models are built under zero.Init with their random draw or their folder recorded (models.plan).
         self._build_plan = BuildPlan(record_random_init=resolved_stage == 3, fill_pretrained=resolved_stage == 3)
+        self.sequence_parallel_size = sequence_parallel_size
 
     @classmethod
     def _checked_stage(
@@ -364,12 +371,18 @@ class ZeROStrategy(DeepSpeedStrategy):
                 )
             # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
             DDPStrategy.setup_environment(self)
+        self.check_sequence_parallel_world()
         self._rank_watch = watch_collectives(self.collective_timeout)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
         super().on_exception(exception)
         report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
+
+    @override
+    def setup(self, trainer: Trainer) -> None:
+        self.setup_sequence_parallel()
+        super().setup(trainer)
 
     @override
     def setup_distributed(self) -> None:

@@ -1,0 +1,134 @@
+"""Sequence parallelism through the user's path: ``gym fit`` of the shipped YAMLs with
+``sequence_parallel_size: 2`` on 2 CPU ranks, against one process on the whole sequences, then ``gym export``.
+
+The runs train a tiny random Llama folder (4 query heads, 2 key/value heads: each rank takes one of each) on
+documents of 40-250 tokens, in fp32 (``32-true``, ``torch_dtype: float32``) so that the comparison is tight. The
+global batch is the same: one process with 2 rows x accumulate 2, and one group of 2 ranks (data-parallel degree
+1) with 2 rows x accumulate 2, each rank holding half of every row. What is exact and what is not: the same
+tokens meet the same weights, but attention is computed per rank for half the heads, the loss is summed in two
+halves and the gradients are summed by the strategy's reduction, so float rounding moves the results (measured
+below ``SAME_RUN``).
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from pathlib import Path
+from typing import Any
+
+import pytest
+import torch
+import yaml
+from helpers.cli_runs import fit_in_one_launch, tensors_of
+from helpers.dist import REPO_ROOT
+from helpers.families import family_run_config, make_family_folder
+
+from gym_lightning.cli import main
+
+pytestmark = pytest.mark.slow
+SP = "trainer.strategy.init_args.sequence_parallel_size"
+FP32 = {
+    "trainer.precision": "32-true",
+    "model.torch_dtype": "float32",
+    "model.lr": 3e-3,
+    "trainer.max_steps": 3,
+    "trainer.accumulate_grad_batches": 2,
+    "data.batch_size": 2,
+    "data.max_seq_length": 256,
+    "data.format": "text",
+    "data.dataset": None,
+}
+ONE_PROCESS = {"trainer.devices": 1, "trainer.strategy": "auto"}
+# Long-sequence memory settings on top of SP: tiled MLP, chunked loss and activation checkpointing, all with tiles
+# and chunks much shorter than the 128-token slices so that each runs several times per layer.
+TILED = {"model.mlp_tile_tokens": 48, "model.loss_chunking": "on", "model.loss_chunk_tokens": 40}
+SAME_RUN = 2e-5  # fp32, summed in another order (measured: 5.6e-7 to 2.2e-6 on weights)
+TEXT = "the of and to in is was for on that with as by at from his her they this which an be or had"
+
+
+def _documents(path: Path, count: int = 24, seed: int = 0) -> Path:
+    """``count`` text documents of 40-250 words (about as many tokens) in a jsonl file."""
+    rng = random.Random(seed)
+    lines = [json.dumps({"text": " ".join(rng.choices(TEXT.split(), k=rng.randint(40, 250)))}) for _ in range(count)]
+    path.write_text("\n".join(lines) + "\n")
+    return path
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    root = tmp_path_factory.mktemp("sequence_parallel")
+    folder = make_family_folder("llama", root / "llama")
+    data = {**FP32, "data.train_files": str(_documents(root / "docs.jsonl"))}
+    plain, packed = {**data, "data.packing": False}, {**data, "data.packing": True}
+    outs = {name: root / name for name in ("one", "one_packed", "zero3", "gym_fsdp_packed", "zero3_tiled", "recipe")}
+
+    def run(strategy: str, name: str, **changes: Any) -> Path:
+        return family_run_config("llama", strategy, False, folder, outs[name], step_losses=True, **changes)
+
+    one = [run("gym_ddp", "one", **plain, **ONE_PROCESS), run("gym_ddp", "one_packed", **packed, **ONE_PROCESS)]
+    fit_in_one_launch(one, nproc=1)
+    two = [
+        run("zero3", "zero3", **plain, **{SP: 2}),
+        run("gym_fsdp", "gym_fsdp_packed", **packed, **{SP: 2}),
+        run("zero3", "zero3_tiled", **packed, **TILED, **{SP: 2, "model.gradient_checkpointing": True}),
+    ]
+    fit_in_one_launch([*two, _shipped_recipe(outs["recipe"])])
+    return {"folder": folder, **outs}
+
+
+def _shipped_recipe(out: Path) -> Path:
+    """configs/long_sequence.yaml as shipped, on CPU for 2 steps: packed rows of 2,048 tokens, 1,024 per rank."""
+    config = yaml.safe_load((REPO_ROOT / "configs" / "long_sequence.yaml").read_text())
+    config["trainer"].update(accelerator="cpu", max_steps=2, default_root_dir=str(out), enable_checkpointing=False)
+    config["trainer"]["callbacks"] = [
+        c for c in config["trainer"]["callbacks"] if "StepCheckpoint" not in c["class_path"]
+    ]
+    config["export"]["output_dir"] = str(out / "hf")
+    out.mkdir(parents=True)
+    path = out / "long_sequence.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def test_the_shipped_long_sequence_recipe_trains_and_exports(runs: dict[str, Path]) -> None:
+    exported = tensors_of(runs["recipe"] / "hf")
+    assert exported and all(torch.isfinite(t.float()).all() for t in exported.values())
+
+
+def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> float:
+    assert a.keys() == b.keys()
+    return max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+
+
+@pytest.mark.parametrize(
+    ("run", "reference"),
+    [("zero3", "one"), ("gym_fsdp_packed", "one_packed"), ("zero3_tiled", "one_packed")],
+)
+def test_two_ranks_sharing_each_sequence_train_the_weights_of_one_process(
+    runs: dict[str, Path], run: str, reference: str
+) -> None:
+    trained, expected = tensors_of(runs[run] / "hf"), tensors_of(runs[reference] / "hf")
+    start = tensors_of(runs["folder"])
+    assert _max_difference(expected, {k: v.float() for k, v in start.items()}) > 100 * SAME_RUN  # it trained
+    assert _max_difference(trained, expected) < SAME_RUN
+    logits = torch.load(runs[run] / "logits.pt", weights_only=True)["end"]  # the trained model, attending whole
+    reference_logits = torch.load(runs[reference] / "logits.pt", weights_only=True)["end"]
+    assert (logits - reference_logits).abs().max().item() < 10 * SAME_RUN
+    losses = torch.load(runs[run] / "losses.pt", weights_only=True)  # each micro-batch's share of its step's loss
+    reference_losses = torch.load(runs[reference] / "losses.pt", weights_only=True)
+    assert losses.shape == reference_losses.shape == (6,)  # 3 steps x 2 micro-batches
+    torch.testing.assert_close(losses, reference_losses, rtol=SAME_RUN, atol=0.0)
+
+
+def test_packing_changes_what_is_trained(runs: dict[str, Path]) -> None:
+    """The packed and unpacked references differ, so the packed comparisons test document boundaries."""
+    assert _max_difference(tensors_of(runs["one"] / "hf"), tensors_of(runs["one_packed"] / "hf")) > 100 * SAME_RUN
+
+
+def test_gym_export_of_a_sequence_parallel_checkpoint(runs: dict[str, Path], tmp_path: Path) -> None:
+    """The user's next command: ``gym export`` of the zero3 SP run's last checkpoint gives its end-of-fit folder."""
+    checkpoint = sorted((runs["zero3"] / "checkpoints").glob("*"))[-1]
+    out = tmp_path / "hf"
+    main(["export", "--checkpoint", str(checkpoint), "--output_dir", str(out), "--dtype", "float32"])
+    assert _max_difference(tensors_of(out), tensors_of(runs["zero3"] / "hf")) == 0.0
