@@ -8,7 +8,7 @@ one, so it runs on the local slice unchanged; attention needs the whole sequence
 does (Jacobs et al. 2023, arXiv 2309.14509; ALST, arXiv 2506.13996): an all-to-all turns ``[local tokens, all
 heads]`` into ``[all tokens, heads/N]``, each rank runs causal attention over the whole sequence for its heads,
 and a second all-to-all turns the output back (``ulysses_attention``). Both all-to-alls are differentiable
-(``torch.distributed.nn.functional.all_to_all_single``), so the backward pass sends each rank's share of the
+(``_AllToAll``), so the backward pass sends each rank's share of the
 gradient back where it came from.
 
 The loss needs no collective: the labels are shifted before they are sliced (``shift_labels``: the last token of
@@ -37,7 +37,6 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from torch.distributed.nn.functional import all_to_all_single
 
 from gym_lightning._compat import attention_implementation, set_attention_implementation
 from gym_lightning.data.loader import STEP_TOKENS_KEY
@@ -192,11 +191,30 @@ def shard_batch(batch: dict[str, Any], size: int, rank: int) -> tuple[dict[str, 
 
 
 # ----------------------------------------------------------------------------------------------- attention
+class _AllToAll(torch.autograd.Function):
+    """``torch.distributed.all_to_all_single`` over dimension 0 with its gradient: the same exchange, backwards.
+
+    By hand on the public collective: ``torch.distributed.nn.functional.all_to_all_single`` is deprecated since
+    torch 2.13 for the private ``torch.distributed._functional_collectives``.
+    """
+
+    @staticmethod
+    def forward(ctx: Any, tensor: torch.Tensor, group: Any) -> torch.Tensor:
+        ctx.group = group
+        out = torch.empty_like(tensor)
+        torch.distributed.all_to_all_single(out, tensor.contiguous(), group=group)
+        return out
+
+    @staticmethod
+    def backward(ctx: Any, grad: torch.Tensor) -> tuple[torch.Tensor, None]:
+        return _AllToAll.apply(grad.contiguous(), ctx.group), None
+
+
 def _to_whole_sequence(x: torch.Tensor, size: int, group: Any) -> torch.Tensor:
     """``[B, H, L/N, D]`` local tokens of all heads -> ``[B, H/N, L, D]`` all tokens of this rank's heads."""
     b, h, n, d = x.shape
     send = x.reshape(b, size, h // size, n, d).transpose(0, 1).contiguous()
-    received = all_to_all_single(torch.empty_like(send), send, group=group)  # [source rank = slice, B, H/N, L/N, D]
+    received = _AllToAll.apply(send, group)  # [source rank = slice, B, H/N, L/N, D]
     return received.permute(1, 2, 0, 3, 4).reshape(b, h // size, size * n, d)
 
 
@@ -204,7 +222,7 @@ def _to_local_tokens(x: torch.Tensor, size: int, group: Any) -> torch.Tensor:
     """``[B, H/N, L, D]`` -> ``[B, H, L/N, D]``: the inverse of ``_to_whole_sequence``."""
     b, h, n, d = x.shape
     send = x.reshape(b, h, size, n // size, d).permute(2, 0, 1, 3, 4).contiguous()
-    received = all_to_all_single(torch.empty_like(send), send, group=group)  # [source rank = heads, B, H/N, L/N, D]
+    received = _AllToAll.apply(send, group)  # [source rank = heads, B, H/N, L/N, D]
     return received.transpose(0, 1).reshape(b, size * h, n // size, d)
 
 

@@ -200,3 +200,13 @@ def test_tiled_mlps_give_the_same_loss_and_gradients() -> None:
     for (name, a), (_, b) in zip(plain.named_parameters(), tiled.named_parameters(), strict=True):
         torch.testing.assert_close(a.grad, b.grad, msg=name)
     assert list(plain.state_dict()) == list(tiled.state_dict())  # the same names: checkpoints and exports agree
+
+
+def test_an_alst_deepspeed_config_brings_its_sequence_parallel_size() -> None:
+    config = {"zero_optimization": {"stage": 3}, "sequence_parallel_size": 2}
+    strategy = ZeRO3Strategy(config=config)
+    assert strategy.sequence_parallel_size == 2
+    assert "sequence_parallel_size" not in strategy.config  # DeepSpeed would divide its data-parallel world by it
+    assert config["sequence_parallel_size"] == 2  # the caller's dict is left alone
+    with pytest.raises(GymUserError, match="sequence_parallel_size=4 disagrees with the DeepSpeed config's 2"):
+        ZeRO3Strategy(config=config, sequence_parallel_size=4)

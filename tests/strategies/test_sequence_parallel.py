@@ -12,6 +12,7 @@ below ``SAME_RUN``).
 
 from __future__ import annotations
 
+import csv
 import json
 import random
 from pathlib import Path
@@ -43,6 +44,9 @@ ONE_PROCESS = {"trainer.devices": 1, "trainer.strategy": "auto"}
 # Long-sequence memory settings on top of SP: tiled MLP, chunked loss and activation checkpointing, all with tiles
 # and chunks much shorter than the 128-token slices so that each runs several times per layer.
 TILED = {"model.mlp_tile_tokens": 48, "model.loss_chunking": "on", "model.loss_chunk_tokens": 40}
+# LoRA under gym_ddp, validating after every optimizer step: validation attends whole sequences with the model's
+# own sdpa on every rank, training switches back to the exchange.
+VALIDATING = {"data.val_split": 0.25, "trainer.limit_val_batches": 1.0, "trainer.val_check_interval": 2}
 SAME_RUN = 2e-5  # fp32, summed in another order (measured: 5.6e-7 to 2.2e-6 on weights)
 TEXT = "the of and to in is was for on that with as by at from his her they this which an be or had"
 
@@ -61,17 +65,23 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     folder = make_family_folder("llama", root / "llama")
     data = {**FP32, "data.train_files": str(_documents(root / "docs.jsonl"))}
     plain, packed = {**data, "data.packing": False}, {**data, "data.packing": True}
-    outs = {name: root / name for name in ("one", "one_packed", "zero3", "gym_fsdp_packed", "zero3_tiled", "recipe")}
+    names = ("one", "one_packed", "one_lora", "zero3", "gym_fsdp_packed", "zero3_tiled", "gym_ddp_lora", "recipe")
+    outs = {name: root / name for name in names}
 
-    def run(strategy: str, name: str, **changes: Any) -> Path:
-        return family_run_config("llama", strategy, False, folder, outs[name], step_losses=True, **changes)
+    def run(strategy: str, name: str, lora: bool = False, **changes: Any) -> Path:
+        return family_run_config("llama", strategy, lora, folder, outs[name], step_losses=True, **changes)
 
-    one = [run("gym_ddp", "one", **plain, **ONE_PROCESS), run("gym_ddp", "one_packed", **packed, **ONE_PROCESS)]
+    one = [
+        run("gym_ddp", "one", **plain, **ONE_PROCESS),
+        run("gym_ddp", "one_packed", **packed, **ONE_PROCESS),
+        run("gym_ddp", "one_lora", True, **plain, **VALIDATING, **ONE_PROCESS),
+    ]
     fit_in_one_launch(one, nproc=1)
     two = [
         run("zero3", "zero3", **plain, **{SP: 2}),
         run("gym_fsdp", "gym_fsdp_packed", **packed, **{SP: 2}),
         run("zero3", "zero3_tiled", **packed, **TILED, **{SP: 2, "model.gradient_checkpointing": True}),
+        run("gym_ddp", "gym_ddp_lora", True, **plain, **VALIDATING, **{SP: 2}),
     ]
     fit_in_one_launch([*two, _shipped_recipe(outs["recipe"])])
     return {"folder": folder, **outs}
@@ -103,7 +113,7 @@ def _max_difference(a: dict[str, torch.Tensor], b: dict[str, torch.Tensor]) -> f
 
 @pytest.mark.parametrize(
     ("run", "reference"),
-    [("zero3", "one"), ("gym_fsdp_packed", "one_packed"), ("zero3_tiled", "one_packed")],
+    [("zero3", "one"), ("gym_fsdp_packed", "one_packed"), ("zero3_tiled", "one_packed"), ("gym_ddp_lora", "one_lora")],
 )
 def test_two_ranks_sharing_each_sequence_train_the_weights_of_one_process(
     runs: dict[str, Path], run: str, reference: str
@@ -119,6 +129,19 @@ def test_two_ranks_sharing_each_sequence_train_the_weights_of_one_process(
     reference_losses = torch.load(runs[reference] / "losses.pt", weights_only=True)
     assert losses.shape == reference_losses.shape == (6,)  # 3 steps x 2 micro-batches
     torch.testing.assert_close(losses, reference_losses, rtol=SAME_RUN, atol=0.0)
+
+
+def _val_losses(run: Path) -> list[float]:
+    rows = csv.DictReader((run / "lightning_logs" / "version_0" / "metrics.csv").open())
+    return [float(row["val/loss"]) for row in rows if row.get("val/loss")]
+
+
+def test_validation_between_steps_gives_the_losses_of_one_process(runs: dict[str, Path]) -> None:
+    """Validation after every step runs whole sequences on every rank of the group, then training switches back to
+    the exchange (the weights test above covers the training that follows)."""
+    losses, expected = _val_losses(runs["gym_ddp_lora"]), _val_losses(runs["one_lora"])
+    assert len(losses) == len(expected) == 3
+    torch.testing.assert_close(losses, expected, rtol=SAME_RUN, atol=0.0)
 
 
 def test_packing_changes_what_is_trained(runs: dict[str, Path]) -> None:

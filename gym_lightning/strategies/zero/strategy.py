@@ -248,6 +248,7 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         sequence_parallel_size: Ranks that share each training sequence (Ulysses, as DeepSpeed's ALST;
             ``strategies.sequence``): each holds 1/N of its tokens, ZeRO still partitions over all ranks, and the
             data-parallel degree (the sampler's) is world size / N. 1: off. gym train: ``--sequence_parallel_size``.
+            A ``config`` written for ALST may carry it as ``"sequence_parallel_size"``: it is taken from there.
 
     Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
     CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
@@ -284,8 +285,8 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         timeout: timedelta | None = default_pg_timeout,
         sequence_parallel_size: int = 1,
     ) -> None:
-        raise_if_problems(type(self).__name__, size_problems(sequence_parallel_size))
         user_config = None if config is None else load_deepspeed_json(config)
+        sequence_parallel_size = _sequence_parallel_size(sequence_parallel_size, user_config)
         resolved_stage = self._checked_stage(
             stage, user_config, offload_optimizer, offload_parameters, nvme_path, cpu_optimizer
         )
@@ -658,6 +659,21 @@ def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
         return None
     rank_zero_info("gym_lightning: ZeRO-3 model construction with the transformers DeepSpeed integration active.")
     return HfDeepSpeedConfig(config)
+
+
+def _sequence_parallel_size(argument: int, user_config: dict[str, Any] | None) -> int:
+    """The run's sequence-parallel size: the argument, or an ALST JSON's ``"sequence_parallel_size"``, which is taken
+    out of the config: DeepSpeed would divide its data-parallel world by it, and here ZeRO spans all ranks."""
+    problems = size_problems(argument)
+    in_json = None if user_config is None else user_config.pop("sequence_parallel_size", None)
+    if in_json is not None:
+        problems += size_problems(in_json)
+        if argument not in (1, in_json):
+            problems.append(
+                f"sequence_parallel_size={argument} disagrees with the DeepSpeed config's {in_json}; drop one of them."
+            )
+    raise_if_problems("ZeROStrategy", problems)
+    return in_json if in_json is not None and argument == 1 else argument
 
 
 class ZeRO1Strategy(ZeROStrategy):
