@@ -6,7 +6,9 @@ prints one row per strategy (GiB per GPU of parameters, gradients, optimizer sta
 buffers; host and NVMe per node; whether it fits; the largest micro-batch that fits), the peak per rank of each
 phase (load, training step, checkpoint save, export; host and GPU) and the fastest strategy that fits. ``--json``
 prints the same as JSON. ``--quantization nf4`` (or ``--load_in_4bit``) with ``--lora_r`` plans QLoRA: a frozen
-4-bit NF4 base. Bad flags end with one line on stderr and exit status 2.
+4-bit NF4 base. Long sequences: ``--sequence_parallel_size N`` (Ulysses: N GPUs share each sequence) and
+``--mlp_tile_tokens T`` (tiled MLP); ``--longest_sequence`` adds a column with the longest sequence that fits each
+strategy at micro-batch 1 (always in ``--json``). Bad flags end with one line on stderr and exit status 2.
 """
 
 from __future__ import annotations
@@ -51,6 +53,18 @@ def build_parser() -> argparse.ArgumentParser:
     # The Hugging Face / TRL spelling of the same choice (gym train takes it too).
     parser.add_argument(
         "--load_in_4bit", dest="quantization", action="store_const", const="nf4", default=argparse.SUPPRESS
+    )
+    parser.add_argument(
+        "--sequence_parallel_size",
+        type=int,
+        default=1,
+        help="GPUs that share one sequence (Ulysses); divides the GPUs and the attention heads",
+    )
+    parser.add_argument("--mlp_tile_tokens", type=int, default=0, help="tokens per tiled-MLP step; 0 = not tiled")
+    parser.add_argument(
+        "--longest_sequence",
+        action="store_true",
+        help="add a column: the longest sequence that fits each strategy at micro-batch 1",
     )
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser

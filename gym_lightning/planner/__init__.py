@@ -1,7 +1,8 @@
 """Memory planner: per-GPU and per-node memory of finetuning a model with each strategy, before renting GPUs.
 
 ``plan("llama-3-70b", gpu_memory="24GB", activation_checkpointing=True).table()``; on the command line
-``python -m gym_lightning plan --model llama-3-70b ...``. Formulas and sources: docs/planner.md.
+``python -m gym_lightning plan --model llama-3-70b ...``; ``longest_sequence(shape, strategy, setup)``: the longest
+sequence that fits. Formulas and sources: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ from __future__ import annotations
 from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.catalog import BUNDLED, resolve_shape
 from gym_lightning.planner.estimate import STRATEGIES, Estimate, Setup, Strategy, estimate, estimate_all
+from gym_lightning.planner.long_sequence import longest_sequence
 from gym_lightning.planner.phases import qlora_peak
 from gym_lightning.planner.report import PlanReport, parse_bytes, plan
 
@@ -22,6 +24,7 @@ __all__ = [
     "Strategy",
     "estimate",
     "estimate_all",
+    "longest_sequence",
     "parse_bytes",
     "plan",
     "qlora_peak",

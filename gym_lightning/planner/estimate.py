@@ -16,6 +16,13 @@ QLoRA (``Setup.quantization="nf4"``): the frozen base's decoder linear layers ar
 ≈ 4.13 bits), every other frozen tensor stays in the model dtype; :func:`frozen_bytes` replaces ``fΨf`` by that.
 Each NF4 layer dequantises its whole weight to bf16 in forward and again in backward, one layer at a time
 (:func:`dequant_bytes`).
+
+Long sequences (``Setup.sequence_parallel_size`` = sp, ``Setup.mlp_tile_tokens`` = T; docs/planner.md, "Long
+sequences"): DeepSpeed Ulysses / ALST sequence parallelism (Jacobs et al. 2023, arXiv 2309.14509; Bekman et al.
+2025, arXiv 2506.13996) splits each sequence over sp consecutive ranks, so every per-token term counts the
+``ceil(s/sp)`` tokens of one rank (:func:`local_tokens`); the model states stay sharded over all N ranks. Attention
+adds the all-to-all buffers (:func:`attention_exchange_bytes`); a tiled MLP keeps its ``[tokens, I]`` intermediates
+for at most T tokens at a time (:func:`mlp_tile_bytes`).
 """
 
 from __future__ import annotations
@@ -24,6 +31,7 @@ import math
 from dataclasses import dataclass
 from typing import Literal
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import LoraTargets, ModelShape
 
 Precision = Literal["bf16-mixed", "32-true"]
@@ -120,10 +128,23 @@ class Setup:
     loss_chunking: LossChunking = "auto"  # CausalLMModule(loss_chunking=...): auto chunks from 65,536 tokens of vocab
     loss_chunk_tokens: int = 1024  # CausalLMModule(loss_chunk_tokens=...)
     quantization: Quantization = "none"  # "nf4": QLoRA, the frozen base's decoder linears in 4-bit NF4 (lora_r > 0)
+    sequence_parallel_size: int = 1  # the strategies' sequence_parallel_size: ranks that share one sequence (Ulysses)
+    mlp_tile_tokens: int = 0  # CausalLMModule(mlp_tile_tokens=...): tokens per tiled-MLP step; 0 = not tiled
 
     @property
     def world_size(self) -> int:
         return self.gpus_per_node * self.nodes
+
+    @property
+    def data_parallel_size(self) -> int:
+        """Groups that train different sequences: ``N / sp`` (the global batch is micro-batch x accumulation x this).
+        ZeRO / FSDP still shard the model states over all N ranks."""
+        return self.world_size // self.sequence_parallel_size
+
+    @property
+    def local_seq_length(self) -> int:
+        """Tokens of one sequence on one rank: the runtime pads ``s`` to a multiple of sp, each rank holds 1/sp."""
+        return -(-self.seq_length // self.sequence_parallel_size)
 
     @property
     def usable_gpu_memory(self) -> int:
@@ -303,6 +324,106 @@ def _fp32_grad_elements(partition: float, strategy: Strategy, shape: ModelShape,
     return min(partition, shape.layer_params() if setup.sub_group_size is None else setup.sub_group_size)
 
 
+def _is_int(value: object, low: int) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= low
+
+
+def sequence_parallel_problems(shape: ModelShape | None, setup: Setup) -> list[str]:
+    """Every reason ``setup`` cannot run sequence parallelism / a tiled MLP on ``shape`` (empty when it can; the
+    head checks are skipped when ``shape`` is None). The runtime refuses the same settings
+    (``strategies/sequence.world_problems`` and ``model_problems``): the ranks must form
+    whole groups of sp, Ulysses hands each rank ``heads/sp`` query heads and ``kv/sp`` key/value heads (or one
+    replicated kv head when kv divides sp; DeepSpeed's ``UlyssesSPAttentionHF`` has the same rule), and eager
+    attention would materialise the ``s x s`` scores of the whole sequence. A length that sp does not divide is
+    padded (``Setup.local_seq_length``), not refused."""
+    sp, problems = setup.sequence_parallel_size, []
+    if not _is_int(setup.mlp_tile_tokens, 0):
+        problems.append(f"mlp_tile_tokens must be an integer >= 0 (0 = MLP not tiled), got {setup.mlp_tile_tokens!r}")
+    if not _is_int(sp, 1):
+        return [f"sequence_parallel_size must be an integer >= 1, got {sp!r}", *problems]
+    if sp == 1:
+        return problems
+    world = setup.world_size if _is_int(setup.gpus_per_node, 1) and _is_int(setup.nodes, 1) else 0
+    if world and world % sp:
+        problems.append(
+            f"sequence_parallel_size {sp} does not divide the {world} GPUs into whole groups: use a divisor of {world}"
+        )
+    if shape is not None:
+        problems += _head_problems(shape, sp)
+    if setup.attention == "eager":
+        problems.append(
+            "attention eager stores the s x s scores, which sequence parallelism refuses: use attention sdpa"
+        )
+    return problems
+
+
+def _head_problems(shape: ModelShape, sp: int) -> list[str]:
+    problems = []
+    if shape.num_heads % sp:
+        problems.append(
+            f"{shape.name} has {shape.num_heads} attention heads, not divisible by sequence_parallel_size {sp}: use a "
+            f"divisor of {shape.num_heads}"
+        )
+    kv = shape.num_kv_heads
+    if kv % sp and sp % kv:
+        problems.append(
+            f"{shape.name} has {kv} key/value heads, neither a multiple nor a divisor of sequence_parallel_size "
+            f"{sp}: use an sp that divides {kv} or that {kv} divides"
+        )
+    return problems
+
+
+def check_setup(shape: ModelShape, setup: Setup) -> None:
+    """Raise one :class:`GymUserError` (a ``ValueError``) listing every :func:`sequence_parallel_problems`."""
+    problems = sequence_parallel_problems(shape, setup)
+    if problems:
+        raise GymUserError("Invalid planner settings: " + "; ".join(problems) + ".")
+
+
+def local_tokens(setup: Setup, micro_batch: int) -> int:
+    """Token positions one rank computes per forward: ``b x ceil(s / sp)``. Under sequence parallelism each rank
+    holds ``s/sp`` consecutive tokens of a sequence (the runtime pads ``s`` to a multiple of sp); every per-token
+    activation, the logits and the chunked loss count these, not ``s``."""
+    return micro_batch * setup.local_seq_length
+
+
+def sp_kv_width(shape: ModelShape, setup: Setup) -> int:
+    """Key/value width per token as the attention sees it under sequence parallelism: ``max(kv heads, sp) x
+    head_dim``. Ulysses gives each rank ``heads/sp`` heads of the whole sequence; with fewer kv heads than sp
+    ranks (GQA) the kv heads are first replicated to sp heads, one per rank (as DeepSpeed's ``UlyssesSPAttentionHF``
+    does: ``repeat_interleave(sp // kv)`` in ``runtime/sequence_parallel/ulysses_sp.py``). At sp = 1 this is the
+    model's kv width."""
+    return max(shape.num_kv_heads, setup.sequence_parallel_size) * shape.head_dim
+
+
+def saved_kv_width(shape: ModelShape, setup: Setup) -> int:
+    """Width per token of each of k and v as the attention saves them for backward. Both transformers' sdpa (sp = 1;
+    the planner assumes no padding mask, which would make it repeat them) and gym_lightning's exchange
+    (``strategies/sequence.causal_attention``) run grouped-query attention inside sdpa (``enable_gqa``), so k and
+    v are saved at the kv width; under sequence parallelism that is the width after the exchange replicated fewer
+    kv heads than ranks (:func:`sp_kv_width`)."""
+    return sp_kv_width(shape, setup)
+
+
+def mlp_tiles(shape: ModelShape, setup: Setup, micro_batch: int) -> int:
+    """Tiles each dense MLP runs in for ``micro_batch`` (``CausalLMModule(mlp_tile_tokens=T)``, T > 0):
+    ``ceil(b s/sp / T)``, as ``models.tiling.num_mlp_tiles`` counts them. 1 means untiled: without T, for a mixture
+    of experts (``models.tiling.dense_mlps`` leaves its expert block alone), and when the rank's tokens fit one tile
+    (the module then runs the plain MLP, which saves its intermediates as usual)."""
+    if setup.mlp_tile_tokens <= 0 or shape.is_moe:
+        return 1
+    return -(-local_tokens(setup, micro_batch) // setup.mlp_tile_tokens)
+
+
+def _mlp_bytes_per_token(shape: ModelShape, a_b: int) -> int:
+    """What the MLP saves for backward per token: the SwiGLU's gate, SiLU output, up and product (``4 a_b I``), or a
+    mixture of experts' routed inputs, outputs and SwiGLU terms and its router (see activation_bytes_per_layer)."""
+    if not shape.is_moe:
+        return 4 * a_b * shape.intermediate_size
+    expert = 2 * a_b * shape.hidden_size + 4 * a_b * shape.moe_intermediate_size
+    return shape.experts_per_token * expert + (a_b + 4) * shape.num_experts
+
+
 def activation_bytes_per_layer(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
     """Bytes one decoder layer saves for backward (Korthikanti et al. 2022, Sec. 4.1, redone for Llama-style layers).
 
@@ -318,28 +439,63 @@ def activation_bytes_per_layer(shape: ModelShape, setup: Setup, micro_batch: int
     logits and fp32 softmax (``(a_b + 4)E``) and, for each of its ``k`` experts, the gathered input and the weighted
     output (``2 a_b h``) and the expert's SwiGLU terms (``4 a_b I``): the SwiGLU's ``4 a_b I`` becomes
     ``k(2 a_b h + 4 a_b I) + (a_b + 4)E``. Derived from the code, not yet checked against a measured MoE peak.
+
+    Per rank under sequence parallelism: the same terms for the rank's ``s/sp`` tokens (:func:`local_tokens`). The
+    attention's saved q, output and log-sum-exp are ``s x heads/sp``, the same element count as ``s/sp x heads``;
+    k and v are saved at the kv width, or at ``sp`` heads where the exchange replicated fewer (:func:`saved_kv_width`).
+    A tiled MLP saves no ``[tokens, I]`` intermediates (each tile is recomputed in backward; :func:`mlp_tile_bytes`
+    is its transient).
     """
-    h, q, kv, inter = shape.hidden_size, shape.q_width, shape.kv_width, shape.intermediate_size
+    h, q, kv = shape.hidden_size, shape.q_width, saved_kv_width(shape, setup)
     a_b = 2 if setup.precision == "bf16-mixed" else 4
-    mlp = 4 * a_b * inter
-    if shape.is_moe:
-        expert = 2 * a_b * h + 4 * a_b * shape.moe_intermediate_size
-        mlp = shape.experts_per_token * expert + (a_b + 4) * shape.num_experts
+    mlp = 0 if mlp_tiles(shape, setup, micro_batch) > 1 else _mlp_bytes_per_token(shape, a_b)
     per_token = 2 * (4 * h + 2 * a_b * h) + a_b * (q + 2 * kv) + 2 * a_b * q + mlp + 4 * shape.num_heads
-    if setup.attention == "eager":
+    if setup.attention == "eager":  # refused under sp > 1 (sequence_parallel_problems): s is the whole sequence
         per_token += (4 + a_b) * shape.num_heads * setup.seq_length
-    return float(per_token * setup.seq_length * micro_batch)
+    return float(per_token * local_tokens(setup, micro_batch))
+
+
+def attention_exchange_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
+    """The Ulysses all-to-all buffers of one layer's attention (0 without sequence parallelism): q, k, v go out
+    as ``s/sp x heads`` and come back as ``s x heads/sp`` (the same elements), the output the other way; send and
+    receive buffers of all four, ``2 a_b (2q + 2kv') x local tokens`` with ``kv'`` = :func:`sp_kv_width`. One layer
+    exchanges at a time (in forward and in the backward recompute), so the term is counted once, not per layer.
+
+    Read from ``strategies/sequence.ulysses_attention``: while the output is exchanged back, a rank holds beside
+    what is saved the local rotated q, k, v (its arguments, ``q + 2kv'``), the whole-sequence k, v before their
+    repeat (``2kv'``) and the output's send, receive and reordered copies (``3q``): ``4q + 4kv'`` elements a token,
+    the same figure."""
+    if setup.sequence_parallel_size == 1:
+        return 0.0
+    a_b = 2 if setup.precision == "bf16-mixed" else 4
+    elements = 2 * shape.q_width + 2 * sp_kv_width(shape, setup)
+    return float(2 * a_b * elements * local_tokens(setup, micro_batch))
+
+
+def mlp_tile_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
+    """A tiled MLP's transient (0 untiled): one tile's SwiGLU intermediates, ``4 a_b I x ceil(t / tiles)`` (at most
+    ``4 a_b I T``; ``tensor_split`` makes the tiles this even). Each tile runs under non-reentrant activation
+    checkpointing, so these exist for one tile of one layer at a time, in forward and again when the tile is
+    recomputed in backward (as ALST's ``TiledMLP`` in DeepSpeed's ``runtime/sequence_parallel/ulysses_sp.py``,
+    whose tiles are about ``h`` tokens: ``ceil(s / h)`` shards)."""
+    tiles = mlp_tiles(shape, setup, micro_batch)
+    if tiles == 1:
+        return 0.0
+    a_b = 2 if setup.precision == "bf16-mixed" else 4
+    return float(4 * a_b * shape.intermediate_size * -(-local_tokens(setup, micro_batch) // tiles))
 
 
 def activation_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
     """Activations of the whole stack. With activation checkpointing (full recomputation per decoder layer, the
-    paper's ``2sbhL``) only each layer's input is kept, plus one layer's activations while it is recomputed."""
+    paper's ``2sbhL``) only each layer's input is kept, plus one layer's activations while it is recomputed. Plus
+    the one-layer-at-a-time transients: the attention exchange under sequence parallelism and one MLP tile."""
     a_b = 2 if setup.precision == "bf16-mixed" else 4
-    tokens = setup.seq_length * micro_batch
+    tokens = local_tokens(setup, micro_batch)
     one_layer = activation_bytes_per_layer(shape, setup, micro_batch)
+    transient = attention_exchange_bytes(shape, setup, micro_batch) + mlp_tile_bytes(shape, setup, micro_batch)
     if setup.activation_checkpointing:
-        return shape.num_layers * a_b * shape.hidden_size * tokens + one_layer
-    return shape.num_layers * one_layer + (4 + a_b) * shape.hidden_size * tokens  # + the final RMSNorm
+        return shape.num_layers * a_b * shape.hidden_size * tokens + one_layer + transient
+    return shape.num_layers * one_layer + (4 + a_b) * shape.hidden_size * tokens + transient  # + the final RMSNorm
 
 
 def loss_chunked(shape: ModelShape, setup: Setup) -> bool:
@@ -356,7 +512,7 @@ def logits_bytes(shape: ModelShape, setup: Setup, micro_batch: int) -> float:
     / Qwen). Chunked (``gym_lightning.loss``), each chunk of ``loss_chunk_tokens`` positions runs under activation
     checkpointing, so only one chunk's logits exist at a time, in forward and again when recomputed in backward."""
     a_b = 2 if setup.precision == "bf16-mixed" else 4
-    positions = setup.seq_length * micro_batch
+    positions = local_tokens(setup, micro_batch)  # under sequence parallelism each rank's loss covers its s/sp tokens
     if loss_chunked(shape, setup):
         positions = min(positions, setup.loss_chunk_tokens)
     return float(positions * shape.vocab_size * (a_b + 8))
@@ -493,7 +649,9 @@ def largest_micro_batch(shape: ModelShape, setup: Setup, fixed: float) -> int:
 
 
 def estimate(shape: ModelShape, strategy: Strategy, setup: Setup) -> Estimate:
-    """Everything the planner reports for ``strategy``."""
+    """Everything the planner reports for ``strategy``; a :class:`GymUserError` for impossible sequence-parallel
+    settings (:func:`check_setup`)."""
+    check_setup(shape, setup)
     states = model_states(shape, strategy, setup)
     buffers = buffer_bytes(shape, strategy, setup)
     fixed = states.total + buffers

@@ -19,10 +19,14 @@ from gym_lightning.planner.estimate import (
     Quantization,
     Setup,
     estimate_all,
+    local_tokens,
+    mlp_tiles,
     param_counts,
     quantized_base,
     recommend,
+    sequence_parallel_problems,
 )
+from gym_lightning.planner.long_sequence import SEQUENCE_GRID, longest_sequence, sequence_step
 from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
 
 GiB = 1024**3
@@ -62,10 +66,16 @@ class PlanReport:
     shape: ModelShape
     setup: Setup
     estimates: list[Estimate]
+    show_longest_sequence: bool = False  # table(): add the "longest seq" column (to_dict() always has it)
 
     @property
     def recommendation(self) -> Estimate | None:
         return recommend(self.estimates)
+
+    def longest_sequences(self) -> list[int]:
+        """The longest sequence that fits the GPUs at micro-batch 1 with each strategy, in ``estimates`` order
+        (``long_sequence.longest_sequence``: tokens, a multiple of 1,024 and of sp; 0 when none fits)."""
+        return [longest_sequence(self.shape, e.strategy, self.setup) for e in self.estimates]
 
     def phases(self) -> list[PhasePeaks]:
         """The peak per rank of each phase (load, step, save, export), one per strategy, in ``estimates`` order."""
@@ -84,9 +94,12 @@ class PlanReport:
             },
             "setup": asdict(self.setup),
             "usable_gpu_memory": self.setup.usable_gpu_memory,
+            "data_parallel_size": self.setup.data_parallel_size,  # N / sp groups, each training its own sequences
+            "tokens_per_rank": local_tokens(self.setup, self.setup.micro_batch_size),
+            "longest_sequence_step": sequence_step(self.setup),
             "strategies": [
-                {**_estimate_dict(e), "phases": _phases_dict(p)}
-                for e, p in zip(self.estimates, self.phases(), strict=True)
+                {**_estimate_dict(e), "longest_sequence": n, "phases": _phases_dict(p)}
+                for e, n, p in zip(self.estimates, self.longest_sequences(), self.phases(), strict=True)
             ],
             "recommendation": None if best is None else best.strategy.key,
         }
@@ -115,6 +128,7 @@ class PlanReport:
             f"({_gib(s.usable_gpu_memory)} usable), host {_gib(s.host_memory)} per node; micro-batch "
             f"{s.micro_batch_size} x {s.seq_length} tokens, activation checkpointing "
             f"{'on' if s.activation_checkpointing else 'off'}. GiB per GPU unless marked per node.",
+            *self._long_sequence_lines(),
             "",
         ]
         header = [
@@ -132,9 +146,36 @@ class PlanReport:
             "max mbs",
         ]
         rows = [_row(e) for e in self.estimates]
+        if self.show_longest_sequence:
+            header.append("longest seq")
+            for row, e, n in zip(rows, self.estimates, self.longest_sequences(), strict=True):
+                row.append(f"{n:,}" if e.modelled else "—")
         lines += _aligned([header, *rows])
         lines += ["", *self.phase_table(), "", self.recommendation_line()]
         return "\n".join(lines)
+
+    def _long_sequence_lines(self) -> list[str]:
+        """The header's lines on sequence parallelism, the tiled MLP and the "longest seq" column, when in use."""
+        s, parts = self.setup, []
+        if s.sequence_parallel_size > 1:
+            parts.append(
+                f"Sequence parallel {s.sequence_parallel_size}: each sequence split over {s.sequence_parallel_size} "
+                f"GPUs ({s.local_seq_length:,} tokens each), {s.data_parallel_size} data-parallel group(s)."
+            )
+        tiles = mlp_tiles(self.shape, s, s.micro_batch_size)
+        if tiles > 1:
+            parts.append(f"MLP in {tiles} tiles of at most {s.mlp_tile_tokens:,} tokens.")
+        elif s.mlp_tile_tokens > 0 and self.shape.is_moe:  # models.tiling leaves expert blocks alone
+            parts.append("MLP tiling: not applied to a mixture of experts' experts.")
+        elif s.mlp_tile_tokens > 0:
+            parts.append(f"MLP tiling: the {local_tokens(s, s.micro_batch_size):,} tokens fit one tile, none.")
+        lines = [" ".join(parts)] if parts else []
+        if self.show_longest_sequence:
+            lines.append(
+                f"Longest seq: the longest sequence that fits the GPU at micro-batch 1, in steps of "
+                f"{sequence_step(s):,} tokens (multiples of {SEQUENCE_GRID:,} and of sp)."
+            )
+        return lines
 
     def phase_table(self) -> list[str]:
         """Peak per rank in each phase, GiB: ``host / device`` on GPUs, host only on CPU ranks."""
@@ -247,6 +288,9 @@ def plan(
     loss_chunking: LossChunking = "auto",
     loss_chunk_tokens: int = 1024,
     quantization: Quantization = "none",
+    sequence_parallel_size: int = 1,
+    mlp_tile_tokens: int | None = 0,
+    longest_sequence: bool = False,
 ) -> PlanReport:
     """Memory per GPU and per node of finetuning ``model`` with every strategy, and the fastest one that fits.
 
@@ -269,26 +313,18 @@ def plan(
         loss_chunk_tokens: As ``CausalLMModule(loss_chunk_tokens=...)``: positions per LM-head/loss chunk.
         quantization: ``"nf4"``: QLoRA, the frozen base's decoder linear layers in 4-bit NF4 with double
             quantisation (``model.quantization``; needs ``lora_r > 0``). Offloading strategies are not modelled then.
+        sequence_parallel_size: As the strategies' ``sequence_parallel_size`` (Ulysses): sp consecutive GPUs share
+            each sequence, ``seq_length / sp`` tokens each; must divide the GPUs and the attention heads; sdpa only.
+        mlp_tile_tokens: As ``CausalLMModule(mlp_tile_tokens=...)``: tokens per tiled-MLP step; 0 or None = off.
+        longest_sequence: Add the "longest seq" column to ``table()`` (``to_dict()`` always has it).
     """
     problems = _problems(
         gpus_per_node, nodes, precision, micro_batch_size, seq_length, lora_r, lora_targets, optimizer, attention
     )
     gpu_bytes, host_bytes = _memory(gpu_memory, "gpu_memory", problems), _memory(host_memory, "host_memory", problems)
     file_bytes = _memory(checkpoint_file_size, "checkpoint_file_size", problems)
-    if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 1:
-        problems.append(f"loss_chunk_tokens must be an integer >= 1, got {loss_chunk_tokens!r}")
-    for name, value, choices in (
-        ("accelerator", accelerator, Accelerator),
-        ("loss_chunking", loss_chunking, LossChunking),
-        ("quantization", quantization, Quantization),
-    ):
-        if value not in get_args(choices):
-            problems.append(f"{name} must be one of {', '.join(get_args(choices))}, got {value!r}")
-    if quantization == "nf4" and lora_r == 0:
-        problems.append("quantization nf4 (QLoRA) freezes a 4-bit base and trains LoRA adapters: set lora_r > 0")
-    if problems:
-        raise GymUserError("Invalid planner settings: " + "; ".join(problems) + ".")
-    shape = model if isinstance(model, ModelShape) else resolve_shape(model)
+    problems += _loss_and_quant_problems(loss_chunk_tokens, accelerator, loss_chunking, quantization, lora_r)
+    shape, unknown = _resolve(model)
     setup = Setup(
         gpus_per_node=gpus_per_node,
         nodes=nodes,
@@ -307,8 +343,52 @@ def plan(
         loss_chunking=loss_chunking,
         loss_chunk_tokens=loss_chunk_tokens,
         quantization=quantization,
+        sequence_parallel_size=sequence_parallel_size,
+        mlp_tile_tokens=0 if mlp_tile_tokens is None else mlp_tile_tokens,
     )
-    return PlanReport(shape, setup, estimate_all(shape, setup))
+    shape = _refuse(problems + sequence_parallel_problems(shape, setup), shape, unknown)
+    return PlanReport(shape, setup, estimate_all(shape, setup), show_longest_sequence=longest_sequence)
+
+
+def _refuse(problems: list[str], shape: ModelShape | None, unknown: GymUserError | None) -> ModelShape:
+    """``shape`` if nothing is wrong, else one error listing every problem (an unknown model alone keeps its own
+    message)."""
+    if unknown is not None and not problems:
+        raise unknown
+    if unknown is not None:
+        problems = [*problems, str(unknown).rstrip(".")]
+    if problems or shape is None:
+        raise GymUserError("Invalid planner settings: " + "; ".join(problems) + ".")
+    return shape
+
+
+def _loss_and_quant_problems(
+    loss_chunk_tokens: int, accelerator: str, loss_chunking: str, quantization: str, lora_r: int
+) -> list[str]:
+    problems = []
+    if isinstance(loss_chunk_tokens, bool) or not isinstance(loss_chunk_tokens, int) or loss_chunk_tokens < 1:
+        problems.append(f"loss_chunk_tokens must be an integer >= 1, got {loss_chunk_tokens!r}")
+    for name, value, choices in (
+        ("accelerator", accelerator, Accelerator),
+        ("loss_chunking", loss_chunking, LossChunking),
+        ("quantization", quantization, Quantization),
+    ):
+        if value not in get_args(choices):
+            problems.append(f"{name} must be one of {', '.join(get_args(choices))}, got {value!r}")
+    if quantization == "nf4" and lora_r == 0:
+        problems.append("quantization nf4 (QLoRA) freezes a 4-bit base and trains LoRA adapters: set lora_r > 0")
+    return problems
+
+
+def _resolve(model: str | ModelShape) -> tuple[ModelShape | None, GymUserError | None]:
+    """The shape of ``model``, or the error naming it unknown: kept, so that one message lists it with the other
+    problems (the sequence-parallel ones need the shape's heads)."""
+    if isinstance(model, ModelShape):
+        return model, None
+    try:
+        return resolve_shape(model), None
+    except GymUserError as err:
+        return None, err
 
 
 def _memory(value: str | int, name: str, problems: list[str]) -> int:

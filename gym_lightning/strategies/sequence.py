@@ -37,6 +37,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from typing_extensions import override
 
 from gym_lightning._compat import attention_implementation, set_attention_implementation
 from gym_lightning.data.loader import STEP_TOKENS_KEY
@@ -239,12 +240,12 @@ def causal_attention(
     Written by hand because sdpa takes either ``is_causal`` (no document boundaries) or a dense ``[L, L]`` mask
     (what the exchange exists to avoid at 100k tokens): packed documents are attended one by one, each causal.
     """
-    groups = query.size(1) // key.size(1)
-    if groups > 1:  # grouped-query attention: transformers' repeat_kv
-        key, value = key.repeat_interleave(groups, dim=1), value.repeat_interleave(groups, dim=1)
 
+    # Grouped-query attention inside sdpa (enable_gqa, as transformers' sdpa does): k and v are saved for backward
+    # at their own width, not repeated to the query heads.
     def attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout)
+        gqa = q.size(1) != k.size(1)
+        return F.scaled_dot_product_attention(q, k, v, is_causal=True, scale=scale, dropout_p=dropout, enable_gqa=gqa)
 
     if spans is None:
         return attend(query, key, value)
@@ -321,6 +322,7 @@ class SequenceParallel:
     _sequence_config: Any = None
 
     @property
+    @override
     def distributed_sampler_kwargs(self) -> dict[str, Any]:
         kwargs = super().distributed_sampler_kwargs  # type: ignore[misc]
         size = self.sequence_parallel_size
@@ -353,6 +355,7 @@ class SequenceParallel:
         if self._sequence_config is not None:
             set_attention_implementation(self._sequence_config, name)
 
+    @override
     def training_step(self, *args: Any, **kwargs: Any) -> Any:
         if self._sequence is not None:
             batch, self._sequence.spans = shard_batch(args[0], self._sequence.size, self._sequence.rank)
@@ -360,18 +363,22 @@ class SequenceParallel:
             self._attention(ULYSSES_ATTENTION)  # stays set through backward, whose recomputation attends again
         return super().training_step(*args, **kwargs)  # type: ignore[misc]
 
+    @override
     def validation_step(self, *args: Any, **kwargs: Any) -> Any:
         self._attention(SUPPORTED_CORE_ATTENTION)
         return super().validation_step(*args, **kwargs)  # type: ignore[misc]
 
+    @override
     def test_step(self, *args: Any, **kwargs: Any) -> Any:
         self._attention(SUPPORTED_CORE_ATTENTION)
         return super().test_step(*args, **kwargs)  # type: ignore[misc]
 
+    @override
     def predict_step(self, *args: Any, **kwargs: Any) -> Any:
         self._attention(SUPPORTED_CORE_ATTENTION)
         return super().predict_step(*args, **kwargs)  # type: ignore[misc]
 
+    @override
     def teardown(self) -> None:
         self._attention(SUPPORTED_CORE_ATTENTION)  # an exported or reused model attends as it was built
         if self._sequence is not None:
