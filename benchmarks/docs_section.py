@@ -17,3 +17,14 @@ def replace_section(document: str, heading: str, section: str) -> str:
     if pattern.search(document):
         return pattern.sub(lambda _: section.rstrip("\n") + "\n\n", document, count=1).rstrip("\n") + "\n"
     return document.rstrip("\n") + "\n\n" + section
+
+
+HISTORY = "\n## History\n"
+
+
+def replace_section_before_history(document: str, heading: str, section: str) -> str:
+    """``replace_section``, but a section new to ``document`` goes before its closing History section (which
+    ``replace_section`` would append it after)."""
+    if heading not in document and HISTORY in document:
+        document = document.replace(HISTORY, "\n" + section.rstrip("\n") + "\n" + HISTORY, 1)
+    return replace_section(document, heading, section)

@@ -29,7 +29,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from docs_section import replace_section  # benchmarks/ is not a package
+from docs_section import replace_section_before_history  # benchmarks/ is not a package
 from scale import DOCS, MIB, PLANNER_KEYS, ensure_folder, fit_command, folder_of, planner_setup, run_cli
 
 SECTION = "## Long sequences: peak memory per rank with sequence parallelism"
@@ -141,7 +141,7 @@ def main() -> None:
     section = render(results, args.workdir, args.steps)
     print(section)
     if args.write_docs:
-        DOCS.write_text(replace_section(DOCS.read_text(), SECTION, section))
+        DOCS.write_text(replace_section_before_history(DOCS.read_text(), SECTION, section))
 
 
 if __name__ == "__main__":

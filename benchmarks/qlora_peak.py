@@ -33,7 +33,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from docs_section import replace_section  # benchmarks/ is not a package
+from docs_section import replace_section_before_history  # benchmarks/ is not a package
 from scale import (
     DOCS,
     MIB,
@@ -49,7 +49,6 @@ from scale import (
 )
 
 SECTION = "## QLoRA: peak memory per phase at 250M and 1B"
-HISTORY = "\n## History\n"
 STRATEGIES = ["gym_fsdp", "zero3"]
 LORA_R, LORA_ALPHA = 16, 32
 LORA = {"r": LORA_R, "alpha": LORA_ALPHA, "target_modules": ["all-linear"]}
@@ -325,12 +324,8 @@ def main() -> None:
 
 
 def write_docs(section: str) -> None:
-    """Replace this script's section of docs/benchmarks.md; the first time, put it before the closing History
-    section (``replace_section`` would append it after)."""
-    document = DOCS.read_text() if DOCS.exists() else ""
-    if SECTION not in document and HISTORY in document:
-        document = document.replace(HISTORY, "\n" + section.rstrip("\n") + "\n" + HISTORY, 1)
-    DOCS.write_text(replace_section(document, SECTION, section))
+    """Replace this script's section of docs/benchmarks.md (the first time: before the History section)."""
+    DOCS.write_text(replace_section_before_history(DOCS.read_text() if DOCS.exists() else "", SECTION, section))
 
 
 if __name__ == "__main__":

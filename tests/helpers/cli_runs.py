@@ -83,6 +83,22 @@ def run_config(
     return path
 
 
+def shipped_recipe(name: str, out: Path, **sections: dict[str, Any]) -> Path:
+    """``configs/<name>.yaml`` as shipped, run on CPU for 2 optimizer steps into ``out`` (no step checkpoints, the
+    export under ``out/hf``), with ``sections`` updated (``model={"model": folder}``); written to ``out``."""
+    config = yaml.safe_load((REPO_ROOT / "configs" / f"{name}.yaml").read_text())
+    config["trainer"].update(accelerator="cpu", max_steps=2, default_root_dir=str(out), enable_checkpointing=False)
+    callbacks = config["trainer"]["callbacks"]
+    config["trainer"]["callbacks"] = [c for c in callbacks if "StepCheckpoint" not in c["class_path"]]
+    config["export"]["output_dir"] = str(out / "hf")
+    for section, values in sections.items():
+        config[section].update(values)
+    out.mkdir(parents=True)
+    path = out / f"{name}.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def _torchrun(entry: list[str], name: str, timeout: float, nproc: int = 2) -> subprocess.CompletedProcess:
     """``torchrun --nproc_per_node N ENTRY...`` from the repository root; raises with the output's tail if it fails."""
     command = [

@@ -18,9 +18,7 @@ from pathlib import Path
 
 import pytest
 import torch
-import yaml
-from helpers.cli_runs import fit_in_one_launch, tensors_of
-from helpers.dist import REPO_ROOT
+from helpers.cli_runs import fit_in_one_launch, shipped_recipe, tensors_of
 from helpers.families import PROBE_IDS, family_run_config, make_family_folder
 from safetensors.torch import load_file
 from transformers import AutoModelForCausalLM
@@ -54,25 +52,16 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     two = {"trainer.accumulate_grad_batches": 2}
     configs = [family_run_config("llama", s, True, folder, outs[s], **FP32, **two) for s in STRATEGIES]
     outs["recipe"] = root / "recipe"
-    fit_in_one_launch([*configs, _shipped_recipe(folder, outs["recipe"])])
+    # configs/qlora.yaml as a user points it at a folder: 2 steps in bf16-mixed on CPU, short rows.
+    recipe = shipped_recipe(
+        "qlora",
+        outs["recipe"],
+        trainer={"accumulate_grad_batches": 1},
+        model={"model": str(folder), "tokenizer": str(folder)},
+        data={"batch_size": 2, "max_seq_length": 32},
+    )
+    fit_in_one_launch([*configs, recipe])
     return {"folder": folder, **outs}
-
-
-def _shipped_recipe(folder: Path, out: Path) -> Path:
-    """configs/qlora.yaml as a user points it at a folder: 2 steps in bf16-mixed on CPU, short rows."""
-    config = yaml.safe_load((REPO_ROOT / "configs" / "qlora.yaml").read_text())
-    config["trainer"].update(accelerator="cpu", max_steps=2, accumulate_grad_batches=1, default_root_dir=str(out))
-    config["trainer"]["callbacks"] = [
-        c for c in config["trainer"]["callbacks"] if "StepCheckpoint" not in c["class_path"]
-    ]
-    config["trainer"]["enable_checkpointing"] = False
-    config["model"].update(model=str(folder), tokenizer=str(folder))
-    config["export"]["output_dir"] = str(out / "hf")
-    config["data"].update(batch_size=2, max_seq_length=32)
-    out.mkdir(parents=True)
-    path = out / "qlora.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def test_the_shipped_qlora_recipe_trains_and_exports(runs: dict[str, Path]) -> None:

@@ -20,9 +20,7 @@ from typing import Any
 
 import pytest
 import torch
-import yaml
-from helpers.cli_runs import fit_in_one_launch, tensors_of
-from helpers.dist import REPO_ROOT
+from helpers.cli_runs import fit_in_one_launch, shipped_recipe, tensors_of
 from helpers.families import family_run_config, make_family_folder
 
 from gym_lightning.cli import main
@@ -83,22 +81,9 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
         run("zero3", "zero3_tiled", **packed, **TILED, **{SP: 2, "model.gradient_checkpointing": True}),
         run("gym_ddp", "gym_ddp_lora", True, **plain, **VALIDATING, **{SP: 2}),
     ]
-    fit_in_one_launch([*two, _shipped_recipe(outs["recipe"])])
+    # configs/long_sequence.yaml as shipped, on CPU for 2 steps: packed rows of 2,048 tokens, 1,024 per rank.
+    fit_in_one_launch([*two, shipped_recipe("long_sequence", outs["recipe"])])
     return {"folder": folder, **outs}
-
-
-def _shipped_recipe(out: Path) -> Path:
-    """configs/long_sequence.yaml as shipped, on CPU for 2 steps: packed rows of 2,048 tokens, 1,024 per rank."""
-    config = yaml.safe_load((REPO_ROOT / "configs" / "long_sequence.yaml").read_text())
-    config["trainer"].update(accelerator="cpu", max_steps=2, default_root_dir=str(out), enable_checkpointing=False)
-    config["trainer"]["callbacks"] = [
-        c for c in config["trainer"]["callbacks"] if "StepCheckpoint" not in c["class_path"]
-    ]
-    config["export"]["output_dir"] = str(out / "hf")
-    out.mkdir(parents=True)
-    path = out / "long_sequence.yaml"
-    path.write_text(yaml.safe_dump(config, sort_keys=False))
-    return path
 
 
 def test_the_shipped_long_sequence_recipe_trains_and_exports(runs: dict[str, Path]) -> None:
