@@ -15,7 +15,6 @@ from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_warn
 from gym_lightning.checkpointing.loader_state import load_pending_loader_states
-from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
@@ -53,7 +52,7 @@ from gym_lightning.optim import (
 )
 from gym_lightning.patches import apply_patches
 from gym_lightning.precision import fp32_master_weights
-from gym_lightning.protocols import OptimizerFacts
+from gym_lightning.protocols import SHIFT_LABELS_KEY, STEP_TOKENS_KEY, OptimizerFacts
 from gym_lightning.quant.config import QuantizationArgs, check_strategy
 from gym_lightning.tokenizer import load_tokenizer
 
@@ -237,8 +236,8 @@ class CausalLMModule(pl.LightningModule):
             "use_cache": False,
         }
         # A sequence-parallel rank's slice carries its targets already shifted (strategies.sequence).
-        shifted = "shift_labels" in batch
-        labels = batch["shift_labels"] if shifted else batch["labels"]
+        shifted = SHIFT_LABELS_KEY in batch
+        labels = batch[SHIFT_LABELS_KEY] if shifted else batch["labels"]
         chunked, tiled = self._loss_is_chunked(), self.hparams.mlp_tile_tokens is not None and torch.is_grad_enabled()
         counts, pending = self._start_counts(labels, shifted, chunked, tiled)
         if tiled:

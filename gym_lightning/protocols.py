@@ -24,6 +24,13 @@ Strategy -> callbacks:
 - ``ProvidesLocalGradients``: ``local_gradients(module) -> list[Tensor] | None``, this rank's gradients
   (``NonFiniteGuard``); ``None`` where an engine owns them. The parameters' ``.grad`` otherwise.
 
+Batch keys beyond the shared contract (``data.collate``) that a data loader, a strategy and the module exchange:
+
+- ``STEP_TOKENS_KEY``: the target tokens of the whole optimizer step on this rank (``data.loader``), which the
+  module sums over ranks to normalise the loss.
+- ``SHIFT_LABELS_KEY``: each position's next-token target, already shifted; a sequence-parallel strategy gives a
+  rank its slice of the sequence this way (``strategies.sequence``), and the module's loss takes it as it is.
+
 This module imports nothing from gym_lightning at run time, so that every layer may depend on it.
 """
 
@@ -122,7 +129,13 @@ def micro_batch_size_of(*providers: object) -> int | None:
     return None
 
 
+STEP_TOKENS_KEY = "step_target_tokens"
+SHIFT_LABELS_KEY = "shift_labels"
+
+
 __all__ = [
+    "SHIFT_LABELS_KEY",
+    "STEP_TOKENS_KEY",
     "OptimizerFacts",
     "ProvidesBuildPlan",
     "ProvidesFullTensors",

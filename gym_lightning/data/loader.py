@@ -35,8 +35,8 @@ from torch.utils.data import DataLoader, DistributedSampler
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import count_target_tokens
+from gym_lightning.protocols import STEP_TOKENS_KEY
 
-STEP_TOKENS_KEY = "step_target_tokens"
 BATCH_INDEX_KEY = "stream_batch_index"  # streamed batches only; CausalLMDataModule.on_before_batch_transfer pops it
 
 

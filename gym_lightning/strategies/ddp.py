@@ -131,11 +131,11 @@ class GymDDPStrategy(SequenceParallel, DDPStrategy):
 
     @override
     def setup_environment(self) -> None:
+        self.check_sequence_parallel_world()  # before the process group starts: nothing to tear down
         configure_cpu_threads(self.root_device, self.num_processes)
         return_freed_host_memory(self.root_device)
         destroy_process_group_at_exit()
         super().setup_environment()
-        self.check_sequence_parallel_world()
         self._rank_watch = watch_collectives(self.collective_timeout)
 
     @override

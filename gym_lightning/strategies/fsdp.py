@@ -189,6 +189,7 @@ class GymFSDPStrategy(SequenceParallel, ModelParallelStrategy):
 
     @override
     def setup_environment(self) -> None:
+        self.check_sequence_parallel_world()  # before the process group starts: nothing to tear down
         configure_cpu_threads(self.root_device, self.num_processes)
         return_freed_host_memory(self.root_device)
         destroy_process_group_at_exit()
@@ -196,7 +197,6 @@ class GymFSDPStrategy(SequenceParallel, ModelParallelStrategy):
         # the module's configure_model and drives the distributed sampler.
         set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
-        self.check_sequence_parallel_world()
         self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
         self._rank_watch = watch_collectives(self.collective_timeout, self._shard_mesh.get_all_groups())
 

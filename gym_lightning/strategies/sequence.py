@@ -40,9 +40,9 @@ from torch import nn
 from typing_extensions import override
 
 from gym_lightning._compat import attention_implementation, set_attention_implementation
-from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.errors import raise_if_problems
 from gym_lightning.loss import IGNORE_INDEX
+from gym_lightning.protocols import SHIFT_LABELS_KEY, STEP_TOKENS_KEY
 
 # The attention implementation name the exchange is registered under (transformers' AttentionInterface).
 ULYSSES_ATTENTION = "gym_ulysses"
@@ -185,7 +185,7 @@ def shard_batch(batch: dict[str, Any], size: int, rank: int) -> tuple[dict[str, 
     out = {k: v for k, v in batch.items() if k not in _DROPPED_KEYS}
     out["input_ids"] = _padded(ids, width, 0)[:, local]
     out["position_ids"] = positions[:, local]
-    out["shift_labels"] = shifted[:, local]
+    out[SHIFT_LABELS_KEY] = shifted[:, local]
     if STEP_TOKENS_KEY in batch:  # every rank of the group carries the whole batch's count
         out[STEP_TOKENS_KEY] = batch[STEP_TOKENS_KEY].to(torch.float32) / size
     return out, document_spans(positions)
@@ -331,7 +331,8 @@ class SequenceParallel:
     def check_sequence_parallel_world(self) -> None:
         """Refuse a size that does not divide the ranks as soon as their number is known (``setup_environment``),
         before data and model are prepared."""
-        problems = world_problems(self.sequence_parallel_size, self.world_size)  # type: ignore[attr-defined]
+        world_size = self.num_nodes * self.num_processes  # type: ignore[attr-defined]  # before the group starts
+        problems = world_problems(self.sequence_parallel_size, world_size)
         raise_if_problems("Invalid sequence parallelism", problems)
 
     def setup_sequence_parallel(self) -> None:

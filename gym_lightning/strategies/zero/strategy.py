@@ -353,6 +353,7 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
     # ----------------------------------------------------------------------------------------------- environment
     @override
     def setup_environment(self) -> None:
+        self.check_sequence_parallel_world()  # before the process group starts: nothing to tear down
         raise_if_problems(
             type(self).__name__, zero_plus_plus_problems(self.config, self.root_device.type, self.world_size)
         )
@@ -372,7 +373,6 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
                 )
             # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
             DDPStrategy.setup_environment(self)
-        self.check_sequence_parallel_world()
         self._rank_watch = watch_collectives(self.collective_timeout)
 
     @override
