@@ -8,8 +8,7 @@ one, so it runs on the local slice unchanged; attention needs the whole sequence
 does (Jacobs et al. 2023, arXiv 2309.14509; ALST, arXiv 2506.13996): an all-to-all turns ``[local tokens, all
 heads]`` into ``[all tokens, heads/N]``, each rank runs causal attention over the whole sequence for its heads,
 and a second all-to-all turns the output back (``ulysses_attention``). Both all-to-alls are differentiable
-(``_AllToAll``), so the backward pass sends each rank's share of the
-gradient back where it came from.
+(``_AllToAll``), so the backward pass sends each rank's share of the gradient back where it came from.
 
 The loss needs no collective: the labels are shifted before they are sliced (``shift_labels``: the last token of
 rank 0's slice predicts the first of rank 1's), every rank sums the cross-entropy of its own targets, and the

@@ -64,7 +64,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     data = {**FP32, "data.train_files": str(_documents(root / "docs.jsonl"))}
     plain, packed = {**data, "data.packing": False}, {**data, "data.packing": True}
     names = ("one", "one_packed", "one_lora", "zero3", "gym_fsdp_packed", "zero3_tiled", "gym_ddp_lora", "recipe")
-    names += ("zero3_dp2",)
+    names += ("ddp_dp2",)
     outs = {name: root / name for name in names}
 
     def run(strategy: str, name: str, lora: bool = False, **changes: Any) -> Path:
@@ -86,7 +86,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     fit_in_one_launch([*two, shipped_recipe("long_sequence", outs["recipe"])])
     # 4 ranks: 2 groups of 2, each group a data-parallel rank with its own 2 rows (no accumulation): the same 4 rows
     # per step as one process with 2 rows x accumulate 2.
-    dp2 = run("zero3", "zero3_dp2", **{**plain, SP: 2, "trainer.devices": 4, "trainer.accumulate_grad_batches": 1})
+    dp2 = run("gym_ddp", "ddp_dp2", **{**plain, SP: 2, "trainer.devices": 4, "trainer.accumulate_grad_batches": 1})
     fit_in_one_launch([dp2], nproc=4)
     return {"folder": folder, **outs}
 
@@ -122,9 +122,9 @@ def test_two_ranks_sharing_each_sequence_train_the_weights_of_one_process(
 
 
 def test_two_data_parallel_groups_of_two_ranks_train_the_weights_of_one_process(runs: dict[str, Path]) -> None:
-    """Sequence and data parallelism together: 4 ranks, the sampler deals rows to the 2 groups."""
-    assert _max_difference(tensors_of(runs["zero3_dp2"] / "hf"), tensors_of(runs["one"] / "hf")) < SAME_RUN
-    losses = torch.load(runs["zero3_dp2"] / "losses.pt", weights_only=True)  # one micro-batch per step
+    """Sequence and data parallelism together: 4 ranks (gym_ddp), the sampler deals rows to the 2 groups."""
+    assert _max_difference(tensors_of(runs["ddp_dp2"] / "hf"), tensors_of(runs["one"] / "hf")) < SAME_RUN
+    losses = torch.load(runs["ddp_dp2"] / "losses.pt", weights_only=True)  # one micro-batch per step
     per_step = torch.load(runs["one"] / "losses.pt", weights_only=True).reshape(3, 2).sum(dim=1)
     torch.testing.assert_close(losses, per_step, rtol=SAME_RUN, atol=0.0)
 
