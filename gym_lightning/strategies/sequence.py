@@ -39,7 +39,7 @@ from torch import nn
 from typing_extensions import override
 
 from gym_lightning._compat import attention_implementation, set_attention_implementation
-from gym_lightning.errors import raise_if_problems
+from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.protocols import SHIFT_LABELS_KEY, STEP_TOKENS_KEY
 
@@ -116,13 +116,30 @@ def model_problems(config: Any, size: int) -> list[str]:
             f"through 'sdpa' (torch's flash / memory-efficient kernels, packed documents kept apart); set "
             "model.attn_implementation: sdpa."
         )
-    windowed = [kind for kind in getattr(text, "layer_types", None) or [] if kind != "full_attention"]
-    if windowed or getattr(text, "use_sliding_window", False):
-        problems.append(
-            f"the model has {windowed[0] if windowed else 'sliding_window'} layers: sequence parallelism computes "
-            "full causal attention only; train this model without sequence_parallel_size."
-        )
+    problems += _window_problems(text)
     return problems
+
+
+def _window_problems(text: Any) -> list[str]:
+    """Sliding-window layers: a model that names its layers' kinds (``layer_types``: Qwen2/3, Gemma) has windows
+    only where it says so; one that does not (Mistral) windows every layer whenever ``sliding_window`` is set."""
+    layer_types = getattr(text, "layer_types", None) or []
+    windowed = [kind for kind in layer_types if kind != "full_attention"]
+    window = getattr(text, "sliding_window", None)
+    if windowed or getattr(text, "use_sliding_window", False):
+        kind = windowed[0] if windowed else "sliding_attention"
+    elif not layer_types and window is not None:
+        return [
+            f"the model attends over a sliding window of {window} tokens in every layer: sequence parallelism "
+            "computes full causal attention only; for sequences no longer than the window (where the two agree) set "
+            "model.config_overrides: {sliding_window: null}, else train without sequence_parallel_size."
+        ]
+    else:
+        return []
+    return [
+        f"the model has {kind} layers: sequence parallelism computes full causal attention only; train this model "
+        "without sequence_parallel_size."
+    ]
 
 
 def raise_if_unsplittable(config: Any, size: int, world_size: int) -> None:
@@ -172,6 +189,12 @@ def shard_batch(batch: dict[str, Any], size: int, rank: int) -> tuple[dict[str, 
     position ids of unpacked rows continue over their padding, so that a padded row stays one sequence.
     """
     ids = batch["input_ids"]
+    mask = batch.get("attention_mask")
+    if mask is not None and bool((mask[:, 1:] > mask[:, :-1]).any()):
+        raise GymUserError(
+            "sequence parallelism needs right-padded training rows (padding after the tokens), and this batch has "
+            "padding before them: pad training rows on the right (CausalLMDataModule's collator does) or pack them."
+        )
     width = -(-ids.size(1) // size) * size
     if "attention_mask" in batch or "position_ids" not in batch:  # unpacked rows: one sequence each
         positions = torch.arange(width, device=ids.device).expand(ids.size(0), width)

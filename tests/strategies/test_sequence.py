@@ -138,6 +138,24 @@ def test_every_impossible_setting_is_named_in_one_message() -> None:
     assert sp.model_problems(fine, 4) == [] and sp.world_problems(4, 8) == []
 
 
+def test_a_model_windowing_every_layer_is_refused_until_the_window_is_lifted() -> None:
+    # Mistral names no layer kinds: its default sliding_window (4096) windows every layer.
+    mistral = AutoConfig.for_model("mistral", num_attention_heads=4, num_key_value_heads=2, hidden_size=32)
+    mistral._attn_implementation = "sdpa"
+    assert mistral.sliding_window is not None
+    (problem,) = sp.model_problems(mistral, 2)
+    assert f"sliding window of {mistral.sliding_window} tokens" in problem and "sliding_window: null" in problem
+    mistral.sliding_window = None
+    assert sp.model_problems(mistral, 2) == []
+
+
+def test_left_padded_rows_are_refused() -> None:
+    batch = Collator(pad_token_id=0)(SAMPLES)
+    batch["attention_mask"] = batch["attention_mask"].flip(1)  # the short row's padding now comes first
+    with pytest.raises(GymUserError, match="right-padded"):
+        sp.shard_batch(batch, 2, 0)
+
+
 @pytest.mark.parametrize("strategy", [GymDDPStrategy, GymFSDPStrategy, ZeRO3Strategy])
 def test_strategies_refuse_a_size_below_one(strategy: type) -> None:
     with pytest.raises(GymUserError, match="sequence_parallel_size must be an integer >= 1"):
