@@ -94,6 +94,7 @@ PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
     ("lightning.pytorch.trainer.connectors.logger_connector.result", "_Sync"),
     ("torch.distributed._composable", "checkpoint"),
     ("torch.distributed.distributed_c10d", "_set_pg_timeout"),
+    ("lightning.fabric.plugins.precision.amp", "_optimizer_handles_unscaling"),
 )
 
 
@@ -265,6 +266,14 @@ def set_collective_timeout(timeout: timedelta, group: Any = None) -> None:
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
     _set_pg_timeout(timeout, group)
+
+
+def optimizer_unscales_itself(optimizer: Any) -> bool:
+    """Whether ``optimizer`` (or the optimizer a ``LightningOptimizer`` wraps) unscales a ``GradScaler``'s gradients
+    inside its own ``step`` (torch's fused optimizers); Lightning's test for it is private."""
+    from lightning.fabric.plugins.precision.amp import _optimizer_handles_unscaling
+
+    return _optimizer_handles_unscaling(optimizer)
 
 
 def init_deepspeed_distributed(strategy: DeepSpeedStrategy) -> None:
@@ -525,6 +534,7 @@ __all__ = [
     "load_universal_next",
     "logged_result_metric",
     "module_forward_hook_dicts",
+    "optimizer_unscales_itself",
     "per_batch_lightning_calls",
     "rank_zero_info",
     "rank_zero_warn",

@@ -37,6 +37,7 @@ from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.models.presets import resolve_tokenizer_source
 from gym_lightning.module import CausalLMModule
+from gym_lightning.precision import clipping_precision
 from gym_lightning.prediction_writer import JsonlPredictionWriter
 from gym_lightning.quiet import quiet_console
 from gym_lightning.strategies import ZeROStrategy, strategy_name_problem
@@ -70,6 +71,8 @@ class GymCLI(LightningCLI):
       Trainer exists (the strategy only checks that the two agree);
     - gives every run TensorBoard + CSV logs, a progress bar without ``v_num``, the learning rate and ``curves.png``
       (``cli_trainer_defaults``);
+    - clips gradients under ``bf16-mixed``/``16-mixed`` with fused optimizers too, on every strategy
+      (``precision.GymMixedPrecision``);
     - writes nothing outside ``trainer.default_root_dir``: without one, the run's folder is ``DEFAULT_ROOT_DIR``
       (``outputs/run``), and the run says so.
     """
@@ -114,7 +117,11 @@ class GymCLI(LightningCLI):
         # enable_progress_bar=false (a progress bar callback is refused) and logger=false (LearningRateMonitor is).
         section = self.config_init[self.subcommand] if self.subcommand else self.config_init
         configured = {**section.get("trainer", {}), **kwargs}
-        return super().instantiate_trainer(**{**kwargs, **cli_trainer_defaults(configured)})
+        trainer = super().instantiate_trainer(**{**kwargs, **cli_trainer_defaults(configured)})
+        # bf16-mixed + gradient_clip_val with the module's fused AdamW on any strategy (gym_lightning's strategies do
+        # this themselves; one device and Lightning's DDP get it here): precision.GymMixedPrecision.
+        trainer.strategy.precision_plugin = clipping_precision(trainer.strategy.precision_plugin)
+        return trainer
 
     def before_predict(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
         """``predict`` from the command line writes its completions to a file unless a writer is configured."""

@@ -10,14 +10,27 @@ to every rank's load peak (478 MiB at 250M).
 This module holds the whole rule; ``CausalLMModule.configure_model`` applies it to the model it builds (under any
 strategy), and gym_lightning's DDP and FSDP strategies apply it to any LightningModule in their set-up (before
 wrapping or sharding). Applying it twice changes nothing.
+
+It also holds :class:`GymMixedPrecision`, Lightning's autocast plugin with gradient clipping for optimizers that
+unscale in their own step (torch's fused AdamW, the module's default): ``bf16-mixed`` with
+``gradient_clip_val`` (HF's default ``max_grad_norm=1.0``) failed with Lightning's "does not allow for gradient
+clipping because it performs unscaling of gradients internally" on one process, under DDP and under FSDP.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
-from lightning.pytorch.plugins.precision import DeepSpeedPrecision
+from lightning.pytorch import LightningModule
+from lightning.pytorch.plugins.precision import DeepSpeedPrecision, MixedPrecision, Precision
+from lightning.pytorch.strategies import Strategy
+from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch.optim import Optimizer
+from typing_extensions import override
+
+from gym_lightning._compat import optimizer_unscales_itself
 
 # Precisions whose optimizer updates fp32 master weights and computes in half precision (autocast / FSDP's policy).
 MIXED_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed")
@@ -42,4 +55,84 @@ def fp32_master_weights(module: torch.nn.Module, precision_plugin: Any) -> None:
             param.data = param.data.float()
 
 
-__all__ = ["MIXED_PRECISIONS", "fp32_master_weights", "keeps_fp32_masters"]
+class GymMixedPrecision(MixedPrecision):
+    """Lightning's ``MixedPrecision`` (autocast; a ``GradScaler`` under ``16-mixed``) that clips gradients for every
+    optimizer, fused ones included.
+
+    Lightning refuses clipping whenever the optimizer can unscale gradients inside its own step
+    (``_step_supports_amp_scaling``: torch's fused Adam/AdamW/SGD), because under ``16-mixed`` it then leaves the
+    gradients scaled until the step. That rule is needless under ``bf16-mixed``, which has no scaler: gradients are
+    never scaled. Under ``16-mixed`` the scaler's rules are kept and the gradients are unscaled right after the
+    closure for every optimizer, as Lightning does for the unfused ones: clipping, ``on_before_optimizer_step`` and
+    the step then all see true gradients. torch's ``GradScaler.step`` supports that order for fused optimizers: it
+    passes them no ``grad_scale`` once ``unscale_`` ran, and still skips a step whose gradients hold inf/NaN.
+
+    Clipping by norm is torch's ``clip_grad_norm_`` over the optimizer's parameters: under DDP every rank holds the
+    whole reduced gradient; under FSDP2 the gradients are ``DTensor`` shards, whose norm torch reduces over the
+    mesh, so the clipped gradients equal one process's (tests/strategies/test_clipping.py).
+
+    Args:
+        precision: ``"bf16-mixed"`` or ``"16-mixed"``.
+        device: The device type of ``torch.autocast`` (``"cuda"``, ``"cpu"``).
+        scaler: The ``GradScaler`` of ``16-mixed`` (default: a new one); must be ``None`` under ``bf16-mixed``.
+    """
+
+    @override
+    def optimizer_step(  # type: ignore[override]
+        self, optimizer: Any, model: LightningModule, closure: Callable[[], Any], **kwargs: Any
+    ) -> Any:
+        if self.scaler is None or not optimizer_unscales_itself(optimizer):
+            return super().optimizer_step(optimizer, model=model, closure=closure, **kwargs)
+        scaler = self.scaler
+
+        def closure_then_unscale() -> Any:
+            result = closure()
+            if result is not None or not model.automatic_optimization:  # None: backward was skipped
+                scaler.unscale_(optimizer)
+            return result
+
+        return super().optimizer_step(optimizer, model=model, closure=closure_then_unscale, **kwargs)
+
+    @override
+    def clip_gradients(
+        self,
+        optimizer: Optimizer,
+        clip_val: int | float = 0.0,
+        gradient_clip_algorithm: GradClipAlgorithmType = GradClipAlgorithmType.NORM,
+    ) -> None:
+        # Gradients are unscaled here whatever the optimizer (see the class docstring): skip MixedPrecision's refusal.
+        Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
+
+
+def clipping_precision(plugin: Precision | None) -> Precision | None:
+    """``plugin`` as a :class:`GymMixedPrecision` with the same settings (and scaler) when it is exactly Lightning's
+    ``MixedPrecision``; any other plugin (DeepSpeed's, FSDP's, true precisions, a user's subclass) as it is."""
+    if type(plugin) is not MixedPrecision:
+        return plugin
+    return GymMixedPrecision(plugin.precision, plugin.device, plugin.scaler)  # type: ignore[arg-type]
+
+
+class ClipsWithAnyOptimizer:
+    """Strategy mixin: the precision plugin the Trainer gives the strategy becomes :class:`GymMixedPrecision`
+    (``clipping_precision``), so a Lightning project that picks a gym_lightning strategy can clip under
+    ``bf16-mixed``/``16-mixed`` with a fused optimizer too. The plugin is only swapped for one of the same settings;
+    the strategy reads nothing else of the Trainer's."""
+
+    # Strategy's own property does the storing; only what is stored changes.
+    @property
+    def precision_plugin(self) -> Precision:
+        return Strategy.precision_plugin.fget(self)  # type: ignore[attr-defined]
+
+    @precision_plugin.setter
+    def precision_plugin(self, plugin: Precision | None) -> None:
+        Strategy.precision_plugin.fset(self, clipping_precision(plugin))  # type: ignore[attr-defined]
+
+
+__all__ = [
+    "MIXED_PRECISIONS",
+    "ClipsWithAnyOptimizer",
+    "GymMixedPrecision",
+    "clipping_precision",
+    "fp32_master_weights",
+    "keeps_fp32_masters",
+]

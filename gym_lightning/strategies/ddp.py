@@ -21,7 +21,7 @@ from gym_lightning._compat import _StrategyRegistry
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
-from gym_lightning.precision import fp32_master_weights
+from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
     destroy_process_group_at_exit,
@@ -53,12 +53,13 @@ def comm_hook_for(
     return None, None
 
 
-class GymDDPStrategy(SequenceParallel, DDPStrategy):
+class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
     """Lightning's ``DDPStrategy`` plus gradient compression that also runs on CPU ranks.
 
     Gradients are not all-reduced on gradient-accumulation micro-batches (Lightning runs them under ``no_sync``);
     they are reduced once, on the micro-batch that ends the accumulation window. Lightning itself only registers
     DDP communication hooks on CUDA and ignores them silently elsewhere; this strategy registers them on any device.
+    Under ``bf16-mixed``/``16-mixed`` gradients are clipped with fused optimizers too (``precision.GymMixedPrecision``).
 
     Args:
         accelerator: As for ``DDPStrategy`` (normally chosen by the Trainer).

@@ -31,7 +31,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
-from gym_lightning.precision import fp32_master_weights
+from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
     destroy_process_group_at_exit,
@@ -118,7 +118,7 @@ def unsharded_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, param in model.named_parameters() if not isinstance(param, DTensor)]
 
 
-class GymFSDPStrategy(SequenceParallel, ModelParallelStrategy):
+class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStrategy):
     """FSDP2 over all ranks, one shard unit per decoder layer, for any LightningModule on CPU or CUDA.
 
     Shard units: every module whose class name is in ``layer_classes`` (default: the decoder-layer classes that the
@@ -151,6 +151,8 @@ class GymFSDPStrategy(SequenceParallel, ModelParallelStrategy):
 
     The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
     gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
+    Gradient clipping (``gradient_clip_val``) clips by the global norm of the sharded gradients, with fused
+    optimizers too (``precision.GymMixedPrecision``).
     """
 
     strategy_name = "gym_fsdp"
