@@ -519,6 +519,20 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
 
     @contextmanager
     @override
+    def tensor_init_context(self, empty_init: bool | None = None) -> Generator[None, None, None]:
+        # Lightning enters this context first, then model_sharded_context, and completes the DeepSpeed config in the
+        # latter: by then the root device (CUDA) and the precision's default dtype (bf16-true) are in force, and
+        # completing the config runs user code (the training DataLoader for the micro-batch size,
+        # estimated_stepping_batches for "auto" scheduler keys, the module's facts): on an H200 a user's
+        # train_dataloader drew from a CPU generator under the CUDA default device and failed. Completed here, before
+        # any construction context is entered.
+        if self.lightning_module is not None:
+            init_deepspeed_config_if_needed(self)
+        with super().tensor_init_context(empty_init=empty_init):
+            yield
+
+    @contextmanager
+    @override
     def model_sharded_context(self) -> Generator[None, None, None]:
         # Keep HF's DeepSpeed integration alive while (and after) the model is built: under zero.Init, HF models
         # built from a config only get their weight initialisation (and from_pretrained its partitioned loading)
