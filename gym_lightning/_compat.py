@@ -81,7 +81,7 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
     LightningOptimizer: ("_optimizer",),
     nn.Module: ("_forward_pre_hooks", "_forward_hooks"),
     RemovableHandle: ("hooks_dict_ref",),
-    Metric: ("_defaults",),
+    Metric: ("_defaults", "_apply"),
 }
 
 # Private modules and names imported above: (module, name).
@@ -330,6 +330,13 @@ def hook_handle_target(handle: RemovableHandle) -> dict[int, Any] | None:
     return handle.hooks_dict_ref()
 
 
+def apply_to_metric(metric: Metric, fn: Callable[[torch.Tensor], torch.Tensor]) -> None:
+    """``fn`` applied to every tensor of ``metric``: its states, the defaults ``reset()`` restores, cached results,
+    and the device and dtype it reports. torchmetrics does this in its private ``_apply``, which ``Module.to``
+    reaches, but only for device moves and ``set_dtype`` (which would also cast integer states)."""
+    metric._apply(fn)
+
+
 def metric_state_defaults(metric: Metric) -> dict[str, Any]:
     """The values ``metric.reset()`` restores, by state name (torchmetrics keeps them in ``_defaults``)."""
     return metric._defaults
@@ -519,6 +526,7 @@ __all__ = [
     "DTensor",
     "DeepSpeedMember",
     "_StrategyRegistry",
+    "apply_to_metric",
     "checkpoint_activations",
     "compares_argument_with_ne",
     "deepspeed_attribute",

@@ -8,6 +8,8 @@ from typing import Any
 import numpy as np
 import torch
 
+from gym_lightning._compat import rank_zero_info
+
 
 def capture_rng_state() -> dict[str, Any]:
     """Python, NumPy, torch CPU and (when present) CUDA generator states, as tensors, ints and tuples only."""
@@ -30,4 +32,21 @@ def restore_rng_state(state: dict[str, Any]) -> None:
     np.random.set_state((kind, keys.numpy().astype(np.uint32), pos, has_gauss, cached))
     torch.set_rng_state(state["torch"])
     if "cuda" in state and torch.cuda.is_available():
-        torch.cuda.set_rng_state_all(state["cuda"])
+        restore_cuda_rng_states(list(state["cuda"]), torch.cuda.device_count())
+
+
+def restore_cuda_rng_states(states: list[torch.Tensor], device_count: int) -> None:
+    """The CUDA generators of the first ``min(len(states), device_count)`` devices from ``states``.
+
+    Each rank saves the generators of every GPU it sees; a resume that sees another number of GPUs (a job moved to
+    another machine, or ``CUDA_VISIBLE_DEVICES`` narrowed) made ``torch.cuda.set_rng_state_all`` fail on a device
+    index that does not exist. The devices both runs have get their state back; one line says what was not
+    restored (rank zero)."""
+    for index, generator_state in enumerate(states[:device_count]):
+        torch.cuda.set_rng_state(generator_state, index)
+    if len(states) != device_count:
+        rank_zero_info(
+            f"gym_lightning: the checkpoint holds the CUDA generator states of {len(states)} device(s) and this "
+            f"process sees {device_count}: restored those of the first {min(len(states), device_count)}; random "
+            "draws on the others start from their seed."
+        )

@@ -4,7 +4,8 @@ For each strategy x precision, one process fits a plain LightningModule that bui
 with a data module that states no batch size (so ZeRO reads the training DataLoader to size its config). The data
 module's ``train_dataloader`` records the torch function-mode stack (Lightning's construction contexts push the root
 device as a ``DeviceContext`` mode) and the default dtype (``bf16-true`` sets bf16 there), and draws from a CPU
-generator (what failed under the CUDA default device on an H200).
+generator (what failed under the CUDA default device on an H200). The module records where its metric states and
+buffers are, and in which dtype, when training starts.
 """
 
 from __future__ import annotations
@@ -17,8 +18,10 @@ import lightning.pytorch as pl
 import torch
 from torch.overrides import _get_current_function_mode_stack
 from torch.utils.data import DataLoader, TensorDataset
+from torchmetrics import MeanMetric
 
 from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeROStrategy
+from gym_lightning.strategies.placement import unmanaged_state_devices
 
 STRATEGIES = {
     "gym_ddp": lambda: GymDDPStrategy(),
@@ -31,16 +34,26 @@ PRECISIONS = ("32-true", "bf16-true")
 
 
 class Plain(pl.LightningModule):
+    """Builds its layer in ``configure_model``; holds a metric and a non-persistent buffer made in ``__init__``."""
+
     def __init__(self) -> None:
         super().__init__()
         self.layer: torch.nn.Module | None = None
+        self.train_loss = MeanMetric()
+        self.register_buffer("scale", torch.ones(8), persistent=False)
+        self.placed: dict[str, tuple[str, str]] = {}
 
     def configure_model(self) -> None:
         if self.layer is None:
             self.layer = torch.nn.Sequential(torch.nn.Linear(8, 8))
 
+    def on_train_start(self) -> None:
+        self.placed = unmanaged_state_devices(self)
+
     def training_step(self, batch: list[torch.Tensor], batch_idx: int) -> torch.Tensor:
-        return self.layer(batch[0].to(self.dtype)).float().pow(2).mean()
+        loss = self.layer(batch[0].to(self.dtype) * self.scale.to(self.dtype)).float().pow(2).mean()
+        self.train_loss.update(loss.detach())
+        return loss
 
     def configure_optimizers(self) -> torch.optim.Optimizer:
         return torch.optim.SGD(self.parameters(), lr=0.1)
@@ -65,16 +78,16 @@ class Data(pl.LightningDataModule):
 
 
 def main(out: str) -> None:
-    results: dict[str, list[dict[str, Any]]] = {}
+    results: dict[str, dict[str, Any]] = {}
     for name, make in STRATEGIES.items():
         for precision in PRECISIONS:
-            data = Data()
+            data, module = Data(), Plain()
             trainer = pl.Trainer(
                 accelerator="cpu", devices=1, strategy=make(), precision=precision, max_steps=1, logger=False,
                 enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
             )  # fmt: skip
-            trainer.fit(Plain(), datamodule=data)
-            results[f"{name}/{precision}"] = data.seen
+            trainer.fit(module, datamodule=data)
+            results[f"{name}/{precision}"] = {"loaders": data.seen, "placed": module.placed}
     with open(out, "w") as file:
         json.dump(results, file, indent=1)
 

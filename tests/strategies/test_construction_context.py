@@ -23,8 +23,13 @@ def test_user_data_hooks_run_outside_every_construction_context(tmp_path: Path) 
     run_python([str(HELPERS / "context_worker.py"), str(out)], timeout=600)
     seen = json.loads(out.read_text())
     assert sorted(seen) == sorted(f"{name}/{precision}" for name in STRATEGIES for precision in PRECISIONS)
-    for run, calls in seen.items():
+    for run, found in seen.items():
+        calls = found["loaders"]
         assert calls, f"{run}: train_dataloader was never called"
+        # The metric keeps fp32 under bf16-true (convert_module cast it to bf16); the buffer follows the precision.
+        assert found["placed"]["train_loss.mean_value[0]"] == ["cpu", "torch.float32"], run
+        assert found["placed"]["train_loss.weight[0]"] == ["cpu", "torch.float32"], run
+        assert found["placed"][".scale"][0] == "cpu", run
         for call in calls:
             assert call["modes"] == [], f"{run}: train_dataloader ran under {call['modes']}"
             assert call["default_dtype"] == "torch.float32" and call["tensor"] == "torch.float32", (run, call)

@@ -99,25 +99,36 @@ def draw_partitioned_adapters(model: nn.Module) -> None:
 
 
 def _reset_partitioned(module: nn.Module) -> None:
-    """peft's initialisation of ``module``'s adapters, on rank 0, within a gather of their partitions."""
+    """peft's initialisation of ``module``'s adapters, on rank 0, within a gather of their partitions.
+
+    peft's reset draws into plain fp32 CPU stand-ins, which are then copied into the gathered partitions: a gathered
+    parameter lives on the GPU, where peft's draw would use the CUDA generator (the other strategies draw on the CPU,
+    ``lora.draw_adapters``, so ZeRO-3 adapters differed from theirs on a GPU), and in the adapters' dtype, where
+    torch's ``uniform_`` draws bf16 values differently (7 of 4,096 elements of a 64 x 64 kaiming draw come out at
+    -bound instead of +bound, measured)."""
     import deepspeed
 
-    params = [
-        p for adapter in module.lora_A for part in (module.lora_A, module.lora_B) for p in part[adapter].parameters()
+    entries = [
+        (part, name, param)
+        for adapter in module.lora_A
+        for parts in (module.lora_A, module.lora_B)
+        for part in parts[adapter].modules()
+        for name, param in part.named_parameters(recurse=False)
     ]
+    params = [param for _, _, param in entries]
     with deepspeed.zero.GatheredParameters(params, modifier_rank=0, enabled=bool(params)):
         if torch.distributed.get_rank() != 0:
             return
-        # Drawn in fp32, then rounded into the adapters' dtype: torch's uniform_ draws bf16 values differently (7 of
-        # 4,096 elements of a 64 x 64 kaiming draw come out at -bound instead of +bound, measured), and the other
-        # strategies draw in fp32.
-        held = [p.data for p in params]
-        for param in params:
-            param.data = param.data.float()
-        for adapter in module.lora_A:
-            module.reset_lora_parameters(adapter, init_lora_weights=True)
-        for param, storage in zip(params, held, strict=True):
-            param.data = storage.copy_(param.data)
+        for part, name, param in entries:  # a registered name: setattr swaps the parameter, restored below
+            setattr(part, name, nn.Parameter(param.data.detach().float().cpu(), requires_grad=param.requires_grad))
+        try:
+            for adapter in module.lora_A:
+                module.reset_lora_parameters(adapter, init_lora_weights=True)
+            for part, name, param in entries:
+                param.data.copy_(getattr(part, name).data)
+        finally:
+            for part, name, param in entries:
+                setattr(part, name, param)
 
 
 def _overwrite_whole(param: torch.Tensor, value: Callable[[], torch.Tensor]) -> None:
