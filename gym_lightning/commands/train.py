@@ -57,6 +57,37 @@ Mapping decisions (where Lightning and the HF Trainer differ):
   (``SLURM_STEP_*``), ``--devices``/``--num_nodes`` come from the environment (``launcher_topology``; the deepspeed
   launcher's ``CROSS_RANK`` becomes Lightning's ``NODE_RANK``); without a launcher ``--devices N`` lets Lightning
   start the ranks.
+
+TRL's SFT flags (``ScriptArguments``, ``SFTConfig`` beyond ``TrainingArguments``, ``ModelConfig``) and LLaMA-Factory's
+train YAML keys are flags too; each one is mapped, accepted without effect where it changes nothing here, or refused
+in one line (``EXTRA_REFUSED``) when set to a value gym_lightning cannot honour:
+
+- ``--config run.yaml`` (TRL's ``trl sft --config``; also ``gym train run.yaml ...``, HF's one-file form): every key
+  of the YAML/JSON file is a flag (any of its names: ``cutoff_len``, ``max_length``, ``lora_rank``, ``dtype``,
+  ``use_peft``, ...; TRL's ``env`` mapping sets environment variables); flags on the command line override the file.
+  Unknown keys are problems of the one error message, as refused flags are.
+- The training data (``train_sources``): ``--train_file``, TRL's ``--dataset_name`` (a file, glob, folder or Hub set,
+  ``--dataset_config``, ``--dataset_train_split``/``--dataset_test_split``) or ``--dataset`` (bundled, or
+  LLaMA-Factory's files/``dataset_info.json`` names); ``--max_samples`` (LLaMA-Factory; HF's ``--max_train_samples``)
+  caps each set; ``--dataset_text_field`` renames the text column.
+- ``--max_seq_length`` (also ``--max_length``, ``--cutoff_len``, ``--model_max_length``) defaults to 1,024 tokens:
+  TRL's ``max_length`` default and the cap of HF ``run_clm.py``'s block size (LLaMA-Factory's YAMLs set cutoff_len).
+- Defaults are ``TrainingArguments``' (TRL's ``SFTConfig`` changes some: learning rate 2e-5, logging every 10
+  steps, gradient checkpointing and bf16 on; pass them) and gym_lightning's LoRA's (r 8, alpha 16, dropout 0, peft's
+  targets; TRL's: 16, 32, 0.05). With LLaMA-Factory's ``finetuning_type: lora``, its own: every linear layer
+  (``lora_target: all``), alpha twice the rank, gradient checkpointing on (``disable_gradient_checkpointing``).
+- Loss masking is one switch, ``data.mask_prompt``: on by default (completions, alpaca outputs and assistant turns
+  are the targets); ``--completion_only_loss``/``--assistant_only_loss`` set it, ``--train_on_prompt`` turns it off.
+  TRL trains conversational data on every token unless ``--assistant_only_loss``: pass ``--assistant_only_loss
+  False`` for that.
+- ``--packing`` (also LLaMA-Factory's ``neat_packing``): greedy rows of ``max_length`` tokens, padding-free with
+  restarting positions (TRL's default ``bfd`` strategy is accepted as it); ``--padding_free`` alone is refused.
+- ``--load_in_4bit`` (LLaMA-Factory: ``quantization_bit: 4``, double quantisation on as there) takes every value of
+  transformers' ``BitsAndBytesConfig``: ``nf4``/``fp4``, any compute dtype (``--dtype`` is the compute dtype when
+  ``--bnb_4bit_compute_dtype`` is not given, as TRL builds it), any ``quant_storage`` (the codes stay uint8: one info
+  line, ``quant.config``).
+- LLaMA-Factory's ``template``: gym_lightning renders chat data with the tokenizer's own chat template (one info
+  line); a template whose turn markers that chat template lacks is refused (``TEMPLATE_MARKERS``).
 """
 
 from __future__ import annotations
@@ -78,10 +109,15 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any, NoReturn, get_args
 
+import yaml
 from transformers import HfArgumentParser, TrainingArguments
 
+from gym_lightning._compat import rank_zero_info
+from gym_lightning.commands.train_sources import plan_data
+from gym_lightning.data.formats import FORMATS
 from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.optim import HFSchedulerName, OptimizerName
+from gym_lightning.quant.config import COMPUTE_DTYPES, QUANT_STORAGES, QUANT_TYPES
 from gym_lightning.strategies.zero.config import load_deepspeed_json
 from gym_lightning.strategies.zero.hf_auto import adopted_value
 
@@ -98,6 +134,52 @@ LOGGERS = {
 HF_DDP_TIMEOUT = 1800  # seconds, TrainingArguments' default: Lightning's default collective timeout too
 LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
 QUANT_FLAGS = ("bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage")
+# transformers' BitsAndBytesConfig takes a compute dtype as any torch attribute name: these are torch's other names.
+DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
+CONFIG_SUFFIXES = (".yaml", ".yml", ".json")
+# TRL's flags typed ``bool | None`` where None means "by the data": a bare flag still means True, as for plain bools.
+OPTIONAL_BOOLS = ("completion_only_loss", "assistant_only_loss", "eval_packing")
+# LLaMA-Factory's flash_attn -> transformers' attn_implementation ("auto": the model's default).
+FLASH_ATTN = {"disabled": "eager", "sdpa": "sdpa", "fa2": "flash_attention_2"}
+# LLaMA-Factory templates -> a turn marker of the same chat format in a tokenizer's chat template (its format_user).
+TEMPLATE_MARKERS = {
+    **dict.fromkeys(
+        ("chatml", "qwen", "qwen2_vl", "qwen3", "qwen3_nothink", "qwen3_5", "smollm", "yi"), "<|im_start|>"
+    ),
+    **dict.fromkeys(("mistral", "ministral3", "llama2"), "[INST]"),
+    **dict.fromkeys(("gemma", "gemma2", "gemma3"), "<start_of_turn>"),
+    **dict.fromkeys(("phi", "glm4", "olmo"), "<|user|>"),
+    "llama3": "<|start_header_id|>",
+    "llama4": "<|header_start|>",
+    "phi4": "<|im_sep|>",
+    "deepseek3": "<｜User｜>",
+    "gpt_oss": "<|start|>",
+}
+# LLaMA-Factory's own prompt formats, which no model's chat template is.
+PROMPT_TEMPLATES = ("default", "empty", "alpaca", "vicuna")
+# LLaMA-Factory keys of a config file that are no flags here: inference-only ones, and ones read only with a method
+# that is refused anyway (freeze, PiSSA, LoRA+, ...), take any value; the others only LLaMA-Factory's default.
+LLAMA_FACTORY_IGNORED = frozenset(
+    {
+        *("eval_num_beams", "infer_backend", "infer_dtype", "use_kv_cache", "use_reentrant_gc", "offload_folder"),
+        *("freeze_trainable_layers", "freeze_trainable_modules", "freeze_extra_modules", "pissa_iter", "pissa_convert"),
+        *("loraplus_lr_embedding", "asft_alpha", "eaft_alpha", "low_cpu_mem_usage", "data_shared_file_system"),
+        *("freeze_vision_tower", "freeze_multi_modal_projector"),
+    }
+)
+LLAMA_FACTORY_DEFAULTS: dict[str, Any] = {
+    **dict.fromkeys(["eval_on_each_dataset", "preserve_thinking", "use_mca", "use_hyper_parallel"], False),
+    **dict.fromkeys(["use_asft_loss", "use_eaft_loss", "freeze_language_model", "disable_shuffling"], False),
+    **dict.fromkeys(["include_effective_tokens_per_second", "split_special_tokens", "shift_attn"], False),
+    **dict.fromkeys(["use_unsloth_gc", "upcast_lmhead_output", "train_from_scratch", "use_v1_kernels"], False),
+    **dict.fromkeys(["hyper_parallel_args", "early_stopping_steps", "adapter_folder", "cache_dir", "add_tokens"], None),
+    **dict.fromkeys(
+        ["add_special_tokens", "new_special_tokens_config", "mixture_of_depths", "moe_aux_loss_coef"], None
+    ),
+    **dict.fromkeys(["hf_hub_token", "ms_hub_token", "om_hub_token"], None),
+    "use_fast_tokenizer": True,
+    "init_special_tokens": "noise_init",
+}
 # TrainingArguments fields mapped below (or without effect here, e.g. local_rank: the launcher's rank, which
 # Lightning reads from the environment). Every other field is refused unless at its default (refused_flags).
 MAPPED_FIELDS = frozenset(
@@ -156,6 +238,71 @@ REFUSAL_REASONS = {
     "average_tokens_across_devices": "gym_lightning always normalises the loss by the tokens of the whole step",
     "load_best_model_at_end": "the final model is the last one; pick a checkpoint from <output_dir>/checkpoints",
 }
+_TOKENIZER_FIX = "save a tokenizer folder with it (save_pretrained) and pass --tokenizer_name"
+# TRL and LLaMA-Factory fields refused unless at their default (or one of the values listed): field -> (why, values).
+EXTRA_REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
+    "model_revision": (
+        "gym_lightning loads a Hub model's main revision; download that one "
+        "(huggingface-cli download NAME --revision R --local-dir DIR) and pass the folder",
+        ("main",),
+    ),
+    "lora_target_parameters": ("gym_lightning's LoRA adapts linear layers (--lora_target_modules)", ()),
+    "lora_modules_to_save": ("gym_lightning trains the LoRA adapters only, no fully trained layer beside them", ()),
+    "lora_task_type": ("gym train trains causal LMs (CAUSAL_LM)", ("CAUSAL_LM",)),
+    "use_rslora": ("LoRA scales by alpha/r here; for rsLoRA's alpha/sqrt(r) pass --lora_alpha alpha x sqrt(r)", ()),
+    "use_dora": ("DoRA is not wired into gym_lightning's LoRA", ()),
+    "load_in_8bit": ("gym_lightning quantises the base to 4 bits only; use --load_in_4bit", ()),
+    "quantization_bit": ("gym_lightning quantises to 4 bits only (quantization_bit: 4)", (None, 4)),
+    "quantization_method": (
+        "the 4-bit base is bitsandbytes' NF4/FP4 (quantization_method: bnb)",
+        ("bnb", "bitsandbytes"),
+    ),
+    "stage": ("gym train runs supervised finetuning (stage: sft) only", ("sft",)),
+    "finetuning_type": ("gym train trains LoRA adapters (lora) or the whole model (full)", (None, "lora", "full")),
+    "flash_attn": ("flash attention 3 is not among gym_lightning's attn_implementation values", tuple(FLASH_ATTN)),
+    "truncation_mode": ("samples are cut at the end here (keep_start)", ("keep_start",)),
+    "packing_strategy": ("gym_lightning packs greedily in order (--packing, TRL's bfd accepted as it)", ("bfd",)),
+    "eval_packing": ("validation data is never packed here", (None, False)),
+    "pad_to_multiple_of": ("a batch is padded to its longest row here", ("auto", None, "None", "none")),
+    "loss_type": ("gym_lightning trains with the NLL loss (chunked for large vocabularies)", ("nll", "chunked_nll")),
+    "activation_offloading": ("activation offloading is not wired in; use --gradient_checkpointing", ()),
+    "model_init_kwargs": ("use --torch_dtype, --attn_implementation and --trust_remote_code", ()),
+    "router_aux_loss_coef": ("no such setting here; set router_aux_loss_coef in the model's config.json", ()),
+    "chat_template_path": (f"chats use the tokenizer's chat template: {_TOKENIZER_FIX}", ()),
+    "eos_token": (f"the tokenizer's eos token is used: {_TOKENIZER_FIX}", ()),
+    "pad_token": (f"the tokenizer's pad token (else its eos) is used, never in the loss: {_TOKENIZER_FIX}", ()),
+    "dataset_kwargs": ("gym_lightning always tokenizes the data itself", ()),
+    "mask_history": ("every assistant turn is a target here", ()),
+    "tool_format": ("tools go to the tokenizer's chat template (a tools column)", ()),
+    "default_system": ("put the system message in the data (a system field or turn)", ()),
+    "enable_thinking": ("chats are rendered by the tokenizer's chat template as they are", (True,)),
+    "mix_strategy": ("several data sets are mixed by data.sources weights (gym fit)", ("concat",)),
+    "interleave_probs": ("several data sets are mixed by data.sources weights (gym fit)", ()),
+    "tokenized_path": ("tokenized data is cached by gym_lightning itself (data.cache_dir, $GYM_DATA_CACHE)", ()),
+    "buffer_size": ("a stream is read in file order here (shuffle the files beforehand)", (16384,)),
+    "ignore_pad_token_for_loss": ("padding is never in the loss here", (True,)),
+    "media_dir": ("gym train trains on text only", ()),
+    "use_unsloth": ("Unsloth is not used by gym_lightning", ()),
+    "enable_liger_kernel": ("Liger kernels are not wired in; the loss is chunked for large vocabularies anyway", ()),
+    "rope_scaling": ("set rope_scaling in the model's config.json", ()),
+    "resize_vocab": ("the model's embeddings are used as they are", ()),
+    "upcast_layernorm": ("use --bf16 (mixed precision keeps fp32 weights)", ()),
+    "pure_bf16": ("use --bf16 (mixed) or --torch_dtype bfloat16", ()),
+    "loraplus_lr_ratio": ("LoRA+ learning rates are not wired in", ()),
+    "pissa_init": ("PiSSA initialisation is not wired in", ()),
+    "create_new_adapter": ("adapters are created once per run", ()),
+    "adapter_name_or_path": ("a run starts new adapters; continue one with --resume_from_checkpoint", ()),
+    "use_galore": ("GaLore is not wired in", ()),
+    "use_apollo": ("APOLLO is not wired in", ()),
+    "use_badam": ("BAdam is not wired in", ()),
+    "use_llama_pro": ("LLaMA Pro is not wired in", ()),
+    "use_adam_mini": ("use --optim (adamw_torch_fused, adamw_torch, sgd, adagrad, rmsprop, adafactor)", ()),
+    "use_muon": ("use --optim (adamw_torch_fused, adamw_torch, sgd, adagrad, rmsprop, adafactor)", ()),
+    "use_dft_loss": ("gym_lightning trains with the NLL loss", ()),
+    "compute_accuracy": ("validation reports eval_loss (and exact match with gym fit's model.val_exact_match)", ()),
+    "quantization_device_map": ("the strategy places the 4-bit base", ()),
+    "print_param_status": ("the model summary lists trainable parameters", ()),
+}
 # The `gym fit` settings that errors name -> the flags that set them here (see flags_for_settings).
 SETTING_FLAGS: dict[str, str] = {
     "data.batch_size": "--per_device_train_batch_size",
@@ -182,61 +329,167 @@ _SETTING_PATTERN = re.compile(r"(?<![\w.])(" + "|".join(re.escape(name) for name
 # ---------------------------------------------------------------------------------------------------- arguments
 @dataclass
 class ModelArguments:
-    """The model flags of HF's ``run_clm.py`` (plus LoRA, as TRL's ``ModelConfig``)."""
+    """The model flags of HF's ``run_clm.py``, TRL's ``ModelConfig`` and LLaMA-Factory's model and method keys."""
 
     model_name_or_path: str = field(metadata={"help": "Preset (tiny-llama, tiny-qwen3), folder or hub name."})
     tokenizer_name: str | None = field(default=None, metadata={"help": "Tokenizer (default: the model's)."})
+    model_revision: str = field(default="main", metadata={"help": "Hub revision (TRL, LLaMA-Factory): main only."})
     torch_dtype: str | None = field(
-        default=None, metadata={"help": "Parameter dtype.", "choices": ["auto", "float32", "bfloat16", "float16"]}
+        default=None,
+        metadata={
+            "aliases": ["--dtype"],
+            "help": "Parameter dtype (TRL: --dtype).",
+            "choices": ["auto", "float32", "bfloat16", "float16"],
+        },
     )
     attn_implementation: str | None = field(
         default=None, metadata={"choices": ["eager", "sdpa", "flash_attention_2", "flex_attention"]}
     )
+    flash_attn: str = field(
+        default="auto",
+        metadata={
+            "choices": ["auto", "disabled", "sdpa", "fa2", "fa3"],
+            "help": "LLaMA-Factory: disabled, sdpa, fa2 are --attn_implementation eager, sdpa, flash_attention_2.",
+        },
+    )
     trust_remote_code: bool = field(default=False, metadata={"help": "Run code from the model repository."})
+    stage: str = field(default="sft", metadata={"help": "LLaMA-Factory's stage: sft only."})
+    finetuning_type: str | None = field(
+        default=None,
+        metadata={
+            "help": "LLaMA-Factory: lora (--use_lora with its LoRA defaults: all-linear, alpha 2 x rank) or full."
+        },
+    )
     use_lora: bool = field(default=False, metadata={"aliases": ["--use_peft"], "help": "Train LoRA adapters only."})
-    lora_r: int | None = field(default=None, metadata={"help": "LoRA rank (default 8)."})
+    lora_r: int | None = field(default=None, metadata={"aliases": ["--lora_rank"], "help": "LoRA rank (default 8)."})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 16)."})
     lora_dropout: float | None = field(default=None, metadata={"help": "LoRA dropout (default 0)."})
     lora_target_modules: list[str] | None = field(
-        default=None, metadata={"help": "Layers to adapt, e.g. q_proj v_proj, or all-linear."}
+        default=None,
+        metadata={
+            "aliases": ["--lora_target"],
+            "help": "Layers to adapt: q_proj v_proj (or LLaMA-Factory's q_proj,v_proj), all-linear (or all).",
+        },
     )
+    lora_target_parameters: list[str] | None = field(default=None, metadata={"help": "TRL; refused."})
+    lora_modules_to_save: list[str] | None = field(
+        default=None, metadata={"aliases": ["--additional_target"], "help": "TRL, LLaMA-Factory; refused."}
+    )
+    lora_task_type: str = field(default="CAUSAL_LM", metadata={"help": "TRL: CAUSAL_LM only."})
+    use_rslora: bool = field(default=False, metadata={"help": "Refused: pass --lora_alpha alpha x sqrt(r)."})
+    use_dora: bool = field(default=False, metadata={"help": "Refused."})
     # TRL's ModelConfig / transformers' BitsAndBytesConfig names: the 4-bit base of QLoRA (gym_lightning.quant).
-    load_in_4bit: bool = field(default=False, metadata={"help": "Hold the frozen base in 4-bit NF4 (QLoRA)."})
-    bnb_4bit_quant_type: str | None = field(default=None, metadata={"choices": ["nf4"], "help": "Only nf4."})
+    load_in_4bit: bool = field(default=False, metadata={"help": "Hold the frozen base in 4 bits (QLoRA)."})
+    load_in_8bit: bool = field(default=False, metadata={"help": "Refused: 4 bits only (--load_in_4bit)."})
+    quantization_bit: int | None = field(default=None, metadata={"help": "LLaMA-Factory: 4 is --load_in_4bit."})
+    quantization_method: str = field(default="bnb", metadata={"help": "LLaMA-Factory: bnb (bitsandbytes) only."})
+    bnb_4bit_quant_type: str | None = field(
+        default=None,
+        metadata={"aliases": ["--quantization_type"], "choices": list(QUANT_TYPES), "help": "4-bit code book (nf4)."},
+    )
     bnb_4bit_compute_dtype: str | None = field(
-        default=None, metadata={"choices": ["bfloat16", "float16", "float32"], "help": "Dequantise to (bfloat16)."}
+        default=None,
+        metadata={
+            "choices": [*COMPUTE_DTYPES, *DTYPE_ALIASES],
+            "help": "Dequantise to (default: --dtype, else bfloat16).",
+        },
     )
     bnb_4bit_use_double_quant: bool = field(
         default=False,
         metadata={"aliases": ["--use_bnb_nested_quant"], "help": "Quantise the scales too (4.14 bits a weight)."},
     )
+    double_quantization: bool = field(default=True, metadata={"help": "LLaMA-Factory's, with quantization_bit 4."})
     bnb_4bit_quant_storage: str | None = field(
-        default=None, metadata={"choices": ["uint8"], "help": "Storage of the codes: uint8 only."}
+        default=None,
+        metadata={"choices": list(QUANT_STORAGES), "help": "Accepted; the codes stay uint8 (sharded per parameter)."},
     )
 
 
 @dataclass
 class DataArguments:
-    """The data flags (names of HF's ``run_clm.py`` and LLaMA-Factory where they exist)."""
+    """The data flags of HF's ``run_clm.py``, TRL's ``ScriptArguments``/``SFTConfig`` and LLaMA-Factory."""
 
-    dataset: str | None = field(default=None, metadata={"help": "A bundled data set (e.g. addition)."})
+    dataset: str | None = field(
+        default=None,
+        metadata={
+            "help": "A bundled data set (addition), or LLaMA-Factory's dataset: a comma list of data files/folders "
+            "or of names in <dataset_dir>/dataset_info.json."
+        },
+    )
+    dataset_dir: str = field(default="data", metadata={"help": "LLaMA-Factory: the folder of dataset_info.json."})
+    dataset_name: str | None = field(
+        default=None, metadata={"help": "TRL, run_clm: a data file, glob, folder (split by file names) or Hub set."}
+    )
+    dataset_config: str | None = field(
+        default=None, metadata={"aliases": ["--dataset_config_name"], "help": "Subset of a Hub --dataset_name."}
+    )
+    dataset_train_split: str = field(default="train", metadata={"help": "Split of --dataset_name to train on."})
+    dataset_test_split: str = field(
+        default="test", metadata={"help": "Split of --dataset_name to validate on (read with evaluation on)."}
+    )
+    dataset_streaming: bool = field(
+        default=False, metadata={"aliases": ["--streaming"], "help": "Read and tokenize on the fly (data.streaming)."}
+    )
+    datasets: list[str] | None = field(default=None, metadata={"help": "TRL's mixture; refused (gym fit's sources)."})
+    test_split_size: float | None = field(default=None, metadata={"help": "TRL: fraction held out for validation."})
     train_file: list[str] | None = field(default=None, metadata={"help": "Training .jsonl/.json/.txt files or globs."})
     validation_file: list[str] | None = field(default=None, metadata={"help": "Validation files or globs."})
+    eval_dataset: str | None = field(default=None, metadata={"help": "LLaMA-Factory: validation files/names."})
     validation_split_percentage: int = field(default=0, metadata={"help": "Percent of --train_file held out."})
+    val_size: float = field(default=0.0, metadata={"help": "LLaMA-Factory: fraction held out for validation."})
+    max_samples: int | None = field(
+        default=None, metadata={"aliases": ["--max_train_samples"], "help": "Keep the first N records of each set."}
+    )
     data_format: str = field(
         default="auto",
-        metadata={"choices": ["auto", "text", "alpaca", "chat", "prompt_completion"], "help": "Record format."},
+        metadata={"choices": list(FORMATS), "help": "Record format."},
     )
+    dataset_text_field: str = field(default="text", metadata={"help": "TRL: the text column (format text)."})
     max_seq_length: int = field(
-        default=512, metadata={"aliases": ["--model_max_length", "--cutoff_len"], "help": "Tokens per sample."}
+        default=1024,
+        metadata={
+            "aliases": ["--max_length", "--cutoff_len", "--model_max_length"],
+            "help": "Tokens per sample (TRL's default 1024).",
+        },
     )
+    truncation_mode: str = field(default="keep_start", metadata={"choices": ["keep_start", "keep_end"]})
     packing: bool = field(default=False, metadata={"help": "Pack training samples into full-length rows."})
+    neat_packing: bool = field(default=False, metadata={"help": "LLaMA-Factory: --packing (no cross-attention)."})
+    packing_strategy: str = field(default="bfd", metadata={"choices": ["bfd", "bfd_split", "wrapped"]})
+    padding_free: bool = field(default=False, metadata={"help": "TRL: with --packing (gym's packing is padding-free)."})
+    eval_packing: bool | None = field(default=None, metadata={"help": "TRL; validation is never packed."})
+    pad_to_multiple_of: str | None = field(default="auto", metadata={"help": "TRL: auto only."})
     train_on_prompt: bool = field(default=False, metadata={"help": "Also train on prompt tokens."})
+    completion_only_loss: bool | None = field(default=None, metadata={"help": "TRL: train on completions only."})
+    assistant_only_loss: bool | None = field(default=None, metadata={"help": "TRL: train on assistant turns only."})
+    dataset_num_proc: int | None = field(
+        default=None, metadata={"aliases": ["--preprocessing_num_workers"], "help": "Tokenization processes."}
+    )
+    shuffle_dataset: bool = field(default=False, metadata={"help": "TRL; accepted: every epoch is shuffled."})
+    overwrite_cache: bool = field(default=False, metadata={"help": "Accepted: the cache follows file contents."})
+    preprocessing_batch_size: int = field(default=1000, metadata={"help": "LLaMA-Factory; accepted, no effect."})
+    template: str | None = field(
+        default=None, metadata={"help": "LLaMA-Factory: must be the tokenizer's own chat template."}
+    )
+    chat_template_path: str | None = field(default=None, metadata={"help": "TRL; refused (use --tokenizer_name)."})
+    eos_token: str | None = field(default=None, metadata={"help": "TRL; refused (use --tokenizer_name)."})
+    pad_token: str | None = field(default=None, metadata={"help": "TRL; refused (use --tokenizer_name)."})
+    dataset_kwargs: str | None = field(default=None, metadata={"help": "TRL; refused."})
+    mask_history: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    tool_format: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    default_system: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    enable_thinking: bool = field(default=True, metadata={"help": "LLaMA-Factory; True only."})
+    mix_strategy: str = field(default="concat", metadata={"help": "LLaMA-Factory; concat only."})
+    interleave_probs: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    tokenized_path: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    buffer_size: int = field(default=16384, metadata={"help": "LLaMA-Factory; refused."})
+    ignore_pad_token_for_loss: bool = field(default=True, metadata={"help": "LLaMA-Factory; True only."})
+    media_dir: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
 
 
 @dataclass
 class GymArguments:
-    """Flags of gym train beyond the HF Trainer's."""
+    """Flags of gym train beyond the HF Trainer's (and TRL's/LLaMA-Factory's training keys)."""
 
     devices: str | None = field(
         default=None, metadata={"help": "Devices per node (number, list, auto); default: the launcher's, else auto."}
@@ -251,6 +504,35 @@ class GymArguments:
     warmup_ratio: float = field(default=0.0, metadata={"help": "transformers < 5: same as --warmup_steps < 1."})
     overwrite_output_dir: bool = field(default=False, metadata={"help": "transformers < 5; accepted, no effect."})
     print_config: bool = field(default=False, metadata={"help": "Print the equivalent `gym fit` YAML and exit."})
+    plot_loss: bool = field(default=False, metadata={"help": "LLaMA-Factory; accepted: curves.png is always written."})
+    disable_gradient_checkpointing: bool = field(
+        default=False, metadata={"help": "LLaMA-Factory (which checkpoints by default, as gym train does with it)."}
+    )
+    loss_type: str = field(default="nll", metadata={"choices": ["nll", "dft", "chunked_nll"], "help": "TRL: nll."})
+    activation_offloading: bool = field(default=False, metadata={"help": "TRL; refused."})
+    model_init_kwargs: str | None = field(default=None, metadata={"help": "TRL; refused."})
+    router_aux_loss_coef: float | None = field(default=None, metadata={"help": "TRL; refused."})
+    ignore_bias_buffers: bool = field(default=False, metadata={"help": "TRL; accepted, no effect (as in trl sft)."})
+    use_unsloth: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    enable_liger_kernel: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    rope_scaling: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    resize_vocab: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    upcast_layernorm: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    pure_bf16: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    loraplus_lr_ratio: float | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    pissa_init: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    create_new_adapter: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    adapter_name_or_path: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    use_galore: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    use_apollo: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    use_badam: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    use_llama_pro: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    use_adam_mini: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused (--optim)."})
+    use_muon: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused (--optim)."})
+    use_dft_loss: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    compute_accuracy: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    quantization_device_map: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
+    print_param_status: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
 
 
 @dataclass
@@ -273,6 +555,12 @@ class TrainArgumentParser(HfArgumentParser):
         for action in self._actions:
             if action.dest == "report_to":  # a list in HF's docs, but a plain str field for argparse
                 action.nargs = "+"
+            if action.dest in OPTIONAL_BOOLS and action.option_strings:
+                action.nargs, action.const = "?", True
+        self.add_argument(
+            "--config",
+            help="A YAML/JSON file of flags (TRL's --config; `gym train FILE` too); flags given here override it.",
+        )
         self.description = "Finetune a causal LM with Hugging Face Trainer flags (runs `gym fit` underneath)."
 
     def error(self, message: str) -> NoReturn:
@@ -290,6 +578,43 @@ class TrainArgumentParser(HfArgumentParser):
     def valid_flags(self) -> list[str]:
         return [flag for action in self._actions for flag in action.option_strings]
 
+    def key_destinations(self) -> dict[str, str]:
+        """Every name a config file key may use (a flag without its dashes) -> the argument it sets."""
+        names: dict[str, str] = {}
+        for action in self._actions:
+            # --no_X flags (store_false) set X to False: a key "no_X: true" is not a name of X.
+            if isinstance(action, (argparse._HelpAction, argparse._StoreFalseAction)) or action.dest == "config":
+                continue
+            names |= {flag.lstrip("-"): action.dest for flag in action.option_strings}
+        return names
+
+    def set_config_defaults(self, values: Mapping[str, Any], source: str) -> list[str]:
+        """The file's values as the arguments' defaults (TRL's ``set_defaults_with_config``: flags given on the
+        command line then override them); returns a problem per key that is no flag or sets an argument twice."""
+        names, problems = self.key_destinations(), []
+        chosen: dict[str, str] = {}  # argument -> the key that set it
+        for key, value in values.items():
+            dest = names.get(str(key))
+            if dest is None and key in LLAMA_FACTORY_DEFAULTS and value != LLAMA_FACTORY_DEFAULTS[key]:
+                problems.append(
+                    f"{source}: {key} {value!r} is not supported: gym train has no equivalent of LLaMA-Factory's "
+                    f"{key}; leave it at {LLAMA_FACTORY_DEFAULTS[key]!r}."
+                )
+            elif key in LLAMA_FACTORY_IGNORED or key in LLAMA_FACTORY_DEFAULTS:
+                continue  # a LLaMA-Factory key that changes nothing here
+            elif dest is None:
+                hint = _suggestion(f"--{key}", self.valid_flags()).replace("; did you mean --", "; did you mean ")
+                problems.append(f"{source}: {key} is not a gym train flag{hint}")
+            elif dest in chosen:
+                problems.append(f"{source}: {chosen[dest]} and {key} both set {dest}; keep one.")
+            else:
+                chosen[dest] = key
+                self.set_defaults(**{dest: value})
+        for action in self._actions:
+            if action.dest in chosen:
+                action.required = False
+        return problems
+
 
 def _suggestion(flag: str, valid: list[str]) -> str:
     close = difflib.get_close_matches(flag, valid, n=1, cutoff=0.5)
@@ -302,20 +627,52 @@ def build_parser() -> TrainArgumentParser:
 
 
 def parse_train_args(argv: list[str]) -> argparse.Namespace:
-    """All flags as one namespace, from the command line or from one ``.yaml``/``.yml``/``.json`` file (HF style)."""
+    """All flags as one namespace: from the command line, over a ``.yaml``/``.yml``/``.json`` file given with
+    ``--config FILE`` or first (HF and TRL style). Problems of the file's keys are kept in ``config_problems`` for
+    :func:`flag_problems`, so that one message lists them with the refused flags."""
     parser = build_parser()
-    if len(argv) == 1 and argv[0].endswith((".yaml", ".yml", ".json")):
-        try:
-            read = parser.parse_json_file if argv[0].endswith(".json") else parser.parse_yaml_file
-            parts = read(os.path.abspath(argv[0]))
-        except (TypeError, ValueError, OSError) as err:  # missing/extra keys, unreadable file
-            raise GymUserError(f"gym train {argv[0]}: {err}") from err
-        return argparse.Namespace(**{k: v for part in parts for k, v in vars(part).items()})
-    return parser.parse_args(argv)
+    argv, config = _config_file(list(argv))
+    problems = parser.set_config_defaults(_read_config(config), config) if config else []
+    args = parser.parse_args(argv)
+    args.config, args.config_problems = config, problems
+    return args
+
+
+def _config_file(argv: list[str]) -> tuple[list[str], str | None]:
+    """``argv`` without its config file, and that file: ``--config FILE``, ``--config=FILE`` or a first argument."""
+    files = [argv.pop(0)] if argv and not argv[0].startswith("-") and argv[0].endswith(CONFIG_SUFFIXES) else []
+    for index, arg in enumerate(argv):
+        if arg == "--config" and index + 1 < len(argv):
+            files.append(argv[index + 1])
+            del argv[index : index + 2]
+            break
+        if arg.startswith("--config="):
+            files.append(argv.pop(index).split("=", 1)[1])
+            break
+    if len(files) > 1:
+        raise GymUserError(f"gym train: two config files ({files[0]}, {files[1]}); give one (flags override it).")
+    return argv, files[0] if files else None
+
+
+def _read_config(path: str) -> dict[str, Any]:
+    """The keys of a YAML or JSON config file; TRL's ``env`` mapping is set in the environment (as TRL does)."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+        values = json.loads(text) if path.endswith(".json") else yaml.safe_load(text)
+    except (OSError, ValueError, yaml.YAMLError) as err:  # missing, unreadable or malformed
+        raise GymUserError(f"gym train {path}: {' '.join(str(err).split())}") from err
+    if not isinstance(values, dict):
+        raise GymUserError(f"gym train {path}: the file must hold a mapping of flag names to values.")
+    env = values.pop("env", None) or {}
+    if not isinstance(env, dict):
+        raise GymUserError(f"gym train {path}: env must be a mapping of variable names to values.")
+    os.environ.update({str(key): str(value) for key, value in env.items()})
+    return values
 
 
 def refused_flags(args: argparse.Namespace) -> list[str]:
-    """One problem per ``TrainingArguments`` field that is set to a non-default value but not mapped here."""
+    """One problem per ``TrainingArguments`` field that is set to a non-default value but not mapped here, and per
+    TRL/LLaMA-Factory field of ``EXTRA_REFUSED`` set to a value not listed there."""
     problems = []
     # What the parser yields when a flag is not given (argparse passes string defaults through ``type``).
     parser_defaults = vars(build_parser().parse_args(["--model_name_or_path", "-"]))
@@ -329,21 +686,22 @@ def refused_flags(args: argparse.Namespace) -> list[str]:
         if str(value) not in (str(default), str(parser_defaults.get(spec.name, default))):
             reason = REFUSAL_REASONS.get(spec.name, "gym train has no equivalent; leave it at its default")
             problems.append(f"--{spec.name} {value!r} is not supported: {reason}.")
+    for name, (reason, accepted) in EXTRA_REFUSED.items():
+        value = getattr(args, name)
+        if str(value) not in {str(parser_defaults[name]), *map(str, accepted)} and value not in ([], {}):
+            problems.append(f"--{name} {value!r} is not supported: {reason}.")
     return problems
 
 
 # ------------------------------------------------------------------------------------------------------ mapping
 def flag_problems(args: argparse.Namespace) -> list[str]:
-    """Every combination of flags that cannot run, each with its fix."""
-    problems = refused_flags(args)
+    """Every combination of flags that cannot run, each with its fix (the config file's unknown keys first)."""
+    problems = list(getattr(args, "config_problems", [])) + _choice_problems(args) + refused_flags(args)
     if args.bf16 and args.fp16:
-        problems.append("--bf16 and --fp16 exclude each other; pick one.")
+        problems.append("--bf16 and --fp16 exclude each other; pass one.")
     if args.deepspeed and args.strategy:
         problems.append("--deepspeed and --strategy both choose the strategy; pass one.")
-    if args.dataset and args.train_file:
-        problems.append("--dataset and --train_file both choose the training data; pass one.")
-    if not args.dataset and not args.train_file:
-        problems.append("no training data: pass --train_file data.jsonl (or --dataset addition).")
+    problems += plan_data(args, _eval_strategy(args) != "no").problems
     if str(args.optim) not in OPTIMIZERS:
         problems.append(
             f"--optim {args.optim}: not built by gym_lightning (it needs a package or a device not used here); "
@@ -354,18 +712,69 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
             f"--lr_scheduler_type {args.lr_scheduler_type}: follows a validation metric, which gym train does not "
             f"feed to schedules; use one of {', '.join(SCHEDULERS)}."
         )
-    problems += _ratio_problems(args) + _report_to_problems(args)
-    given_lora = [f"--{name}" for name in LORA_FLAGS if getattr(args, name) is not None]
-    if given_lora and not args.use_lora:
-        problems.append(f"{', '.join(given_lora)} need --use_lora.")
-    given_4bit = [f"--{name}" for name in QUANT_FLAGS if getattr(args, name) not in (None, False)]
-    if given_4bit and not args.load_in_4bit:
-        problems.append(f"{', '.join(given_4bit)} need --load_in_4bit.")
-    if args.load_in_4bit and not args.use_lora:
-        problems.append("--load_in_4bit freezes the base in 4 bits: add --use_lora (QLoRA) to train adapters on it.")
+    problems += _ratio_problems(args) + _report_to_problems(args) + _adapter_problems(args) + _loss_problems(args)
+    if args.padding_free and not (args.packing or args.neat_packing):
+        problems.append(
+            "--padding_free True is not supported without --packing: a batch is padded to its longest row here; "
+            "--packing makes padding-free rows (as TRL's packing does)."
+        )
     if args.eval_steps is not None and str(args.eval_strategy) not in ("no", "steps"):
         problems.append(f"--eval_steps needs --eval_strategy steps, got {args.eval_strategy}.")
+    if template := _template_problem(args):
+        problems.append(template)
     return problems
+
+
+def _choice_problems(args: argparse.Namespace) -> list[str]:
+    """Values outside a flag's choices: argparse checks a flag's value, not a default that a config file set."""
+    problems = []
+    for action in build_parser()._actions:
+        value = getattr(args, action.dest, None)
+        if not action.choices or value is None or not action.option_strings:
+            continue
+        for item in value if isinstance(value, list) else [value]:
+            if str(item) not in {str(choice) for choice in action.choices}:
+                choices = ", ".join(map(str, action.choices))
+                problems.append(f"{action.option_strings[0]} {item}: choose one of {choices}.")
+    return problems
+
+
+def _lora_on(args: argparse.Namespace) -> bool:
+    return bool(args.use_lora) or args.finetuning_type == "lora"
+
+
+def _four_bit(args: argparse.Namespace) -> bool:
+    return bool(args.load_in_4bit) or args.quantization_bit == 4
+
+
+def _adapter_problems(args: argparse.Namespace) -> list[str]:
+    """LoRA and 4-bit flags that need the flag that turns them on, or contradict it."""
+    problems = []
+    given_lora = [f"--{name}" for name in LORA_FLAGS if getattr(args, name) is not None]
+    if given_lora and not _lora_on(args):
+        problems.append(f"{', '.join(given_lora)} need --use_lora.")
+    if args.use_lora and args.finetuning_type == "full":
+        problems.append("--use_lora and finetuning_type full contradict each other; pass one.")
+    given_4bit = [f"--{name}" for name in QUANT_FLAGS if getattr(args, name) not in (None, False)]
+    if given_4bit and not _four_bit(args):
+        problems.append(f"{', '.join(given_4bit)} need --load_in_4bit.")
+    if _four_bit(args) and not _lora_on(args):
+        problems.append("--load_in_4bit freezes the base in 4 bits: add --use_lora (QLoRA) to train adapters on it.")
+    return problems
+
+
+def _loss_problems(args: argparse.Namespace) -> list[str]:
+    """The loss-masking flags, which all set the one switch ``data.mask_prompt``."""
+    chosen = {
+        f"--{name} {value}": value
+        for name in ("completion_only_loss", "assistant_only_loss")
+        if (value := getattr(args, name)) is not None
+    }
+    if len(set(chosen.values())) > 1:
+        return [f"{' and '.join(chosen)}: gym_lightning has one switch for both (data.mask_prompt); make them agree."]
+    if args.train_on_prompt and any(chosen.values()):
+        return [f"--train_on_prompt and {' '.join(chosen)} contradict each other; pass one."]
+    return []
 
 
 def _ratio_problems(args: argparse.Namespace) -> list[str]:
@@ -518,9 +927,14 @@ def _steps(value: float, max_steps: int) -> int:
     return math.ceil(value * max_steps) if 0 < value < 1 else int(value)
 
 
-def _eval_values(args: argparse.Namespace, accumulation: int) -> dict[str, Any]:
+def _eval_strategy(args: argparse.Namespace) -> str:
+    """HF's evaluation strategy: as given, else ``steps`` with ``--eval_steps``, ``epoch`` with ``--do_eval``."""
     given = str(args.eval_strategy) if str(args.eval_strategy) != "no" else None
-    strategy = given or ("steps" if args.eval_steps else "epoch" if args.do_eval else "no")
+    return given or ("steps" if args.eval_steps else "epoch" if args.do_eval else "no")
+
+
+def _eval_values(args: argparse.Namespace, accumulation: int) -> dict[str, Any]:
+    strategy = _eval_strategy(args)
     if strategy == "no":
         return {"trainer.limit_val_batches": 0, "trainer.num_sanity_val_steps": 0}
     if strategy == "epoch":
@@ -574,9 +988,11 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.model": args.model_name_or_path,
         "model.tokenizer": args.tokenizer_name,
         "model.torch_dtype": args.torch_dtype,
-        "model.attn_implementation": args.attn_implementation,
+        "model.attn_implementation": args.attn_implementation or FLASH_ATTN.get(args.flash_attn),
         "model.trust_remote_code": args.trust_remote_code,
-        "model.gradient_checkpointing": bool(args.gradient_checkpointing),
+        # LLaMA-Factory checkpoints gradients unless told not to; HF and TRL flags say it themselves.
+        "model.gradient_checkpointing": bool(args.gradient_checkpointing)
+        or (args.finetuning_type is not None and not args.disable_gradient_checkpointing),
         "model.lr": args.learning_rate,
         "model.weight_decay": args.weight_decay,
         "model.betas": [args.adam_beta1, args.adam_beta2],
@@ -589,15 +1005,47 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.warmup_ratio": ratio,
         "export.output_dir": str(Path(args.output_dir or "trainer_output") / "hf"),
     }
-    if args.use_lora:
-        lora = {"r": args.lora_r, "alpha": args.lora_alpha, "dropout": args.lora_dropout}
-        lora["target_modules"] = args.lora_target_modules
-        values["model.lora"] = {key: value for key, value in lora.items() if value is not None}
-    if args.load_in_4bit:
-        # transformers' BitsAndBytesConfig defaults to no double quantisation; the HF/TRL flag turns it on.
-        quantization = {"compute_dtype": args.bnb_4bit_compute_dtype, "double_quant": args.bnb_4bit_use_double_quant}
-        values["model.quantization"] = {key: value for key, value in quantization.items() if value is not None}
+    if _lora_on(args):
+        values["model.lora"] = _lora_values(args)
+    if _four_bit(args):
+        values["model.quantization"] = _quantization_values(args)
     return values
+
+
+def _lora_values(args: argparse.Namespace) -> dict[str, Any]:
+    """``model.lora``: the flags given; with LLaMA-Factory's ``finetuning_type: lora`` its defaults for the others
+    (every linear layer, alpha twice the rank), else ``LoRAArgs``' own."""
+    llama_factory = args.finetuning_type == "lora"
+    targets = lora_targets(args.lora_target_modules) or (["all-linear"] if llama_factory else None)
+    alpha = args.lora_alpha
+    if alpha is None and llama_factory:
+        alpha = 2 * (args.lora_r or 8)
+    lora = {"r": args.lora_r, "alpha": alpha, "dropout": args.lora_dropout, "target_modules": targets}
+    return {key: value for key, value in lora.items() if value is not None}
+
+
+def lora_targets(value: str | list[str] | None) -> list[str] | None:
+    """LoRA target names from TRL/HF (a list, ``all-linear``) or LLaMA-Factory (a comma list, ``all``)."""
+    names = [part.strip() for item in ([value] if isinstance(value, str) else value or []) for part in item.split(",")]
+    names = ["all-linear" if name == "all" else name for name in names if name]
+    return ["all-linear"] if "all-linear" in names else names or None
+
+
+def _quantization_values(args: argparse.Namespace) -> dict[str, Any]:
+    """``model.quantization`` of the HF/TRL 4-bit flags (or LLaMA-Factory's ``quantization_bit: 4``)."""
+    # TRL computes in --dtype (its get_quantization_config); transformers' own default, fp32, is not taken: bf16 is
+    # QLoRA's and gym_lightning's default.
+    compute = args.bnb_4bit_compute_dtype or (args.torch_dtype if args.torch_dtype != "auto" else None)
+    # transformers' BitsAndBytesConfig defaults to no double quantisation (the HF/TRL flag turns it on);
+    # LLaMA-Factory's double_quantization to on.
+    double_quant = args.bnb_4bit_use_double_quant if args.load_in_4bit else args.double_quantization
+    quantization = {
+        "quant_type": args.bnb_4bit_quant_type,
+        "compute_dtype": DTYPE_ALIASES.get(compute, compute),
+        "double_quant": double_quant,
+        "quant_storage": args.bnb_4bit_quant_storage,
+    }
+    return {key: value for key, value in quantization.items() if value is not None}
 
 
 def _scheduler_kwargs(kwargs: dict[str, Any] | str | None) -> dict[str, Any] | None:
@@ -611,20 +1059,76 @@ def _scheduler_kwargs(kwargs: dict[str, Any] | str | None) -> dict[str, Any] | N
 
 
 def _data_values(args: argparse.Namespace) -> dict[str, Any]:
-    return {
-        "data.dataset": args.dataset,
-        "data.train_files": args.train_file,
-        "data.val_files": args.validation_file,
-        "data.val_split": args.validation_split_percentage / 100,
-        "data.format": args.data_format,
+    values: dict[str, Any] = {"data.dataset": None, "data.format": args.data_format}
+    values |= plan_data(args, _eval_strategy(args) != "no").values
+    if values.get("data.columns") is None:
+        values.pop("data.columns", None)
+    values |= {
         "data.max_seq_length": args.max_seq_length,
-        "data.packing": args.packing,
-        "data.mask_prompt": not args.train_on_prompt,
+        "data.packing": bool(args.packing or args.neat_packing),
+        "data.mask_prompt": _mask_prompt(args),
         "data.batch_size": args.per_device_train_batch_size,
         "data.eval_batch_size": args.per_device_eval_batch_size,
         "data.num_workers": args.dataloader_num_workers,
         "data.seed": args.seed if args.data_seed is None else args.data_seed,
     }
+    if args.dataset_num_proc is not None:
+        values["data.num_proc"] = args.dataset_num_proc
+    if args.dataset_streaming:
+        values["data.streaming"] = True
+    return values
+
+
+def _mask_prompt(args: argparse.Namespace) -> bool:
+    """``data.mask_prompt``: TRL's completion/assistant-only switches where given, else not ``--train_on_prompt``."""
+    chosen = [value for value in (args.completion_only_loss, args.assistant_only_loss) if value is not None]
+    return bool(chosen[0]) if chosen else not args.train_on_prompt
+
+
+def _template_problem(args: argparse.Namespace) -> str | None:
+    """LLaMA-Factory's ``template`` refused where it is not the tokenizer's own chat template (a turn marker of
+    its format missing from the tokenizer's chat template); ``None`` where it is, or where that cannot be told."""
+    name = args.template
+    if name is None:
+        return None
+    if name in PROMPT_TEMPLATES:
+        return (
+            f"--template {name}: LLaMA-Factory's own prompt format; gym_lightning renders chats with the "
+            "tokenizer's chat template (alpaca records with its alpaca prompt): drop template."
+        )
+    marker = TEMPLATE_MARKERS.get(name)
+    chat_template = _tokenizer_chat_template(args) if marker else None
+    if marker is None or chat_template is None or marker in chat_template:
+        return None
+    has = f"another chat template (without {marker})" if chat_template else "no chat template"
+    return (
+        f"--template {name}: the tokenizer has {has}, and gym_lightning renders chats with the tokenizer's own "
+        f"template; use a tokenizer with the {name} template (--tokenizer_name) or drop template."
+    )
+
+
+def _tokenizer_chat_template(args: argparse.Namespace) -> str | None:
+    """The chat template of the run's tokenizer (``""`` for none); ``None`` where it cannot be loaded here."""
+    from gym_lightning.models.presets import resolve_tokenizer_source
+    from gym_lightning.tokenizer import load_tokenizer
+
+    try:
+        source = resolve_tokenizer_source(args.model_name_or_path, args.tokenizer_name)
+        tokenizer = load_tokenizer(source, args.trust_remote_code)
+    except GymUserError:  # offline, or a typo that the run reports in its own words
+        return None
+    return tokenizer.chat_template if isinstance(tokenizer.chat_template, str) else ""
+
+
+def flag_notes(args: argparse.Namespace) -> list[str]:
+    """Info lines about flags that are accepted with a meaning worth saying (printed on rank 0 before the run)."""
+    notes = plan_data(args, _eval_strategy(args) != "no").notes
+    if args.template is not None:
+        notes.append(
+            f"--template {args.template}: chats are rendered with the tokenizer's own chat template, and alpaca or "
+            "prompt/completion records with gym_lightning's prompts (LLaMA-Factory renders those with the template)."
+        )
+    return notes
 
 
 def _devices(devices: str) -> int | str | list[int]:
@@ -683,6 +1187,8 @@ def main(argv: list[str] | None = None) -> None:
 
     args = parse_train_args(list(sys.argv[1:] if argv is None else argv))
     cli_args = to_cli_args(args)
+    for note in flag_notes(args):
+        rank_zero_info(note)
     apply_tf32(args.tf32)
     os.environ.update(launcher_node_rank(os.environ))
     if args.print_config:
@@ -706,10 +1212,12 @@ __all__ = [
     "ModelArguments",
     "TrainArgumentParser",
     "build_parser",
+    "flag_notes",
     "flag_problems",
     "flags_for_settings",
     "launcher_node_rank",
     "launcher_topology",
+    "lora_targets",
     "main",
     "parse_train_args",
     "refused_flags",

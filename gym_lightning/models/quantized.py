@@ -49,7 +49,13 @@ def nf4_linears(args: QuantizationArgs) -> Iterator[None]:
     """While open, every linear layer a model build creates whose input width splits into blocks is an NF4Linear;
     :func:`restore_skipped` then puts back the ones that stay in full precision (the layer names are known only
     once the model is built)."""
-    layer = partial(NF4Linear, block_size=args.block_size, double_quant=args.double_quant, compute_dtype=args.dtype)
+    layer = partial(
+        NF4Linear,
+        block_size=args.block_size,
+        double_quant=args.double_quant,
+        compute_dtype=args.dtype,
+        quant_type=args.quant_type,
+    )
     with linears_built_as(lambda width, _: layer if width % args.block_size == 0 else None):
         yield
 
@@ -111,7 +117,7 @@ class RowQuantizer:
             return self._last[1]
         layer = self.layers[key]
         weight = read_rows(self.sources[key], self.reader, self.model, first, last)
-        parts = nf4.quantize(weight, layer.block_size, layer.double_quant)
+        parts = nf4.quantize(weight, layer.block_size, layer.double_quant, layer.quant_type)
         self._last = ((key, first, last), parts)
         return parts
 

@@ -3,8 +3,9 @@ in forward and again in backward, so that no 16-bit copy of a weight outlives it
 ``MatMul4Bit`` and torchao's ``linear_nf4`` do the same).
 
 The quantised weight is three ordinary integer parameters of the module (``weight`` codes, ``weight_scales``,
-``weight_scale_stats``), all ``[out_features, ...]``: FSDP2 shards them along their rows, ZeRO-3 partitions them,
-checkpoints save them and gathers bring them back like any frozen weight. Nothing lives beside the parameters, so
+``weight_scale_stats``; an FP4 weight a fourth, ``weight_quant_type``, see ``quant.nf4``), all ``[out_features,
+...]``: FSDP2 shards them along their rows, ZeRO-3 partitions them, checkpoints save them and gathers bring them back
+like any frozen weight. Nothing lives beside the parameters, so
 nothing can be lost when a wrapper replaces them (axolotl PR 2992: bitsandbytes' quant state lost under FSDP2).
 """
 
@@ -21,7 +22,12 @@ from gym_lightning.quant import nf4
 
 # The parameter names of an NF4Linear's quantised weight, after ``weight`` (the codes): their checkpoint tensor is
 # the layer's ``weight``.
-COMPONENTS = {"weight": "codes", "weight_scales": "scales", "weight_scale_stats": "scale_stats"}
+COMPONENTS = {
+    "weight": "codes",
+    "weight_scales": "scales",
+    "weight_scale_stats": "scale_stats",
+    "weight_quant_type": "quant_type",
+}
 
 
 class _NF4Matmul(torch.autograd.Function):
@@ -44,7 +50,8 @@ class _NF4Matmul(torch.autograd.Function):
 
 
 class NF4Linear(nn.Linear):
-    """A frozen ``nn.Linear`` with its weight in NF4 (an ``nn.Linear`` to peft, which wraps it with LoRA adapters).
+    """A frozen ``nn.Linear`` with its weight in NF4 or FP4 (an ``nn.Linear`` to peft, which wraps it with LoRA
+    adapters).
 
     Args:
         in_features: Input width; must divide by ``block_size``.
@@ -55,6 +62,7 @@ class NF4Linear(nn.Linear):
         block_size: Inputs per NF4 scale (64 in QLoRA).
         double_quant: Quantise the scales too (about 0.37 bits per weight less).
         compute_dtype: The dtype the weight is dequantised to and the matmul runs in.
+        quant_type: The 4-bit code book: ``nf4`` or bitsandbytes' ``fp4``.
     """
 
     def __init__(
@@ -68,12 +76,15 @@ class NF4Linear(nn.Linear):
         block_size: int = 64,
         double_quant: bool = True,
         compute_dtype: torch.dtype = torch.bfloat16,
+        quant_type: str = "nf4",
     ) -> None:
         nn.Module.__init__(self)  # not nn.Linear's: it would allocate the full-precision weight
         self.in_features, self.out_features = in_features, out_features
         self.block_size, self.double_quant, self.compute_dtype = block_size, double_quant, compute_dtype
-        shapes = nf4.quantized_shapes(out_features, in_features, block_size, double_quant)
-        dtypes = {"codes": torch.uint8, "scales": torch.uint8 if double_quant else torch.int32}
+        self.quant_type = quant_type
+        shapes = nf4.quantized_shapes(out_features, in_features, block_size, double_quant, quant_type)
+        dtypes = {"codes": torch.uint8, "quant_type": torch.uint8}
+        dtypes["scales"] = torch.uint8 if double_quant else torch.int32
         for name, part in COMPONENTS.items():
             if part in shapes:
                 tensor = torch.empty(shapes[part], dtype=dtypes.get(part, torch.int32), device=device)
@@ -98,7 +109,7 @@ class NF4Linear(nn.Linear):
 
     def dequantized(self) -> torch.Tensor:
         """The full weight ``[out, in]`` in the compute dtype (a new tensor)."""
-        return nf4.dequantize(self.parts(), self.compute_dtype)
+        return nf4.dequantize(self.parts(), self.compute_dtype, self.quant_type)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return _NF4Matmul.apply(x, self.bias, self)
@@ -106,7 +117,8 @@ class NF4Linear(nn.Linear):
     def extra_repr(self) -> str:
         return (
             f"in_features={self.in_features}, out_features={self.out_features}, bias={self.bias is not None}, "
-            f"nf4 block_size={self.block_size}, double_quant={self.double_quant}, compute_dtype={self.compute_dtype}"
+            f"{self.quant_type} block_size={self.block_size}, double_quant={self.double_quant}, "
+            f"compute_dtype={self.compute_dtype}"
         )
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import csv
 import json
+import os
+import shlex
 import shutil
 from pathlib import Path
 
@@ -96,15 +98,42 @@ def test_hf_defaults_and_other_choices() -> None:
     assert json.loads(epoch["trainer.logger"])[0]["init_args"] == {"save_dir": "o", "name": "logs"}
 
 
+def _quantization(*flags: str) -> dict[str, object]:
+    return json.loads(_cli_args("--use_lora", "--load_in_4bit", *flags)["model.quantization"])
+
+
 def test_hf_4bit_flags_make_a_qlora_model() -> None:
-    """TRL's QLoRA command line (transformers' BitsAndBytesConfig names): a 4-bit base under LoRA adapters."""
+    """The HF/TRL QLoRA command line (transformers' BitsAndBytesConfig names): a 4-bit base under LoRA adapters;
+    every quant type, compute dtype and storage that transformers takes (storage is uint8 in effect)."""
     args = _cli_args(
         "--use_peft", "--load_in_4bit", "--bnb_4bit_quant_type", "nf4", "--bnb_4bit_compute_dtype", "bfloat16",
-        "--bnb_4bit_use_double_quant", "--bnb_4bit_quant_storage", "uint8",
+        "--bnb_4bit_use_double_quant", "--bnb_4bit_quant_storage", "bfloat16",
     )  # fmt: skip
-    assert json.loads(args["model.quantization"]) == {"compute_dtype": "bfloat16", "double_quant": True}
-    assert json.loads(_cli_args("--use_lora", "--load_in_4bit")["model.quantization"]) == {"double_quant": False}
+    assert json.loads(args["model.quantization"]) == {
+        "quant_type": "nf4",
+        "compute_dtype": "bfloat16",
+        "double_quant": True,
+        "quant_storage": "bfloat16",
+    }
+    assert json.loads(args["model.lora"]) == {}
+    assert _quantization() == {"double_quant": False}
     assert "model.quantization" not in _cli_args("--use_lora")
+    for storage in ("uint8", "int8", "float16", "bfloat16", "float32", "float64"):
+        assert _quantization("--bnb_4bit_quant_storage", storage)["quant_storage"] == storage
+    for given, dtype in [("float16", "float16"), ("half", "float16"), ("float", "float32"), ("float64", "float64")]:
+        assert _quantization("--bnb_4bit_compute_dtype", given)["compute_dtype"] == dtype
+    assert _quantization("--bnb_4bit_quant_type", "fp4")["quant_type"] == "fp4"
+    # TRL computes in --dtype (its get_quantization_config); an explicit compute dtype wins.
+    assert _quantization("--dtype", "float16")["compute_dtype"] == "float16"
+    assert _quantization("--dtype", "float16", "--bnb_4bit_compute_dtype", "float32")["compute_dtype"] == "float32"
+    # Explicit values, and TRL's name of the flag.
+    for flags, double_quant in [
+        (["--bnb_4bit_use_double_quant", "True"], True),
+        (["--bnb_4bit_use_double_quant", "False"], False),
+        (["--use_bnb_nested_quant"], True),
+        (["--use_bnb_nested_quant", "False"], False),
+    ]:
+        assert _quantization(*flags)["double_quant"] is double_quant, flags
 
 
 def test_deepspeed_flag_makes_a_zero_strategy_and_shared_settings_come_from_the_json(tmp_path: Path) -> None:
@@ -212,6 +241,12 @@ def test_help_lists_the_hf_flags(capsys: pytest.CaptureFixture[str]) -> None:
         "--devices",
         "--num_nodes",
         "--print_config",
+        "--config",
+        "--dataset_name",
+        "--max_length",
+        "--use_peft",
+        "--lora_rank",
+        "--bnb_4bit_quant_storage",
     ):
         assert flag in out, flag
     assert "The initial learning rate for" in out  # HF's own help text
@@ -432,8 +467,8 @@ def test_arguments_from_one_yaml_or_json_file(tmp_path: Path) -> None:
             f"--{key}={value}" for key, value in from_flags.items()
         ]
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(flags | {"lerning_rate": 1}))
-    with pytest.raises(GymUserError, match="lerning_rate"):
-        parse_train_args([str(tmp_path / "bad.yaml")])
+    with pytest.raises(GymUserError, match="lerning_rate is not a gym train flag; did you mean learning_rate"):
+        to_cli_args(parse_train_args([str(tmp_path / "bad.yaml")]), env={})
 
 
 # ------------------------------------------------------------------------------------------------------ launchers
@@ -576,3 +611,337 @@ def test_fractional_epochs_train_ceil_of_the_fraction_of_steps_as_hf(tmp_path: P
     assert state["global_step"] == 8 and state["max_steps"] == 8
     rates = [entry["learning_rate"] for entry in state["log_history"] if "learning_rate" in entry]
     assert len(rates) == 8 and rates[-1] == pytest.approx(1e-3 / 8)  # linear: lr x (8 - 7) / 8 at the last step
+
+
+# ------------------------------------------------------------------------------------------------ TRL and LLaMA-Factory
+# TRL's documented SFT command line (its docs' `trl sft` example) after --model_name_or_path and --dataset_name.
+TRL_SFT_LINE = shlex.split(
+    "--use_peft --lora_r 32 --lora_alpha 16 --lora_dropout 0.05 --bf16 --gradient_checkpointing "
+    "--per_device_train_batch_size 2 --gradient_accumulation_steps 4 --learning_rate 2.0e-4 --lr_scheduler_type cosine "
+    "--warmup_ratio 0.03"
+)
+
+
+def _flags(*flags: str) -> dict[str, str]:
+    """Like ``_cli_args``, without BASE's data set (the flags name their own)."""
+    args = to_cli_args(parse_train_args(["--model_name_or_path", "tiny-llama", *flags]), env={})
+    return dict(arg[2:].split("=", 1) for arg in args[1:])
+
+
+def _jsonl(path: Path, records: list[dict[str, object]]) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("".join(json.dumps(record) + "\n" for record in records))
+    return path
+
+
+def _problems(*flags: str) -> list[str]:
+    from gym_lightning.commands.train import flag_problems
+
+    return flag_problems(parse_train_args(["--model_name_or_path", "tiny-llama", *flags]))
+
+
+def test_trl_sft_command_line_maps(tmp_path: Path) -> None:
+    """TRL's documented SFT line (before: "unrecognized argument --dataset_name")."""
+    data = _jsonl(tmp_path / "data.jsonl", [{"text": "1 plus 1 is 2"}])
+    args = _flags("--dataset_name", str(data), *TRL_SFT_LINE)
+    assert json.loads(args["model.lora"]) == {"r": 32, "alpha": 16, "dropout": 0.05}
+    assert json.loads(args["data.train_files"]) == [str(data)] and args["data.val_files"] == "null"
+    expected = {
+        "trainer.precision": "bf16-mixed",
+        "model.gradient_checkpointing": "true",
+        "data.batch_size": "2",
+        "trainer.accumulate_grad_batches": "4",
+        "model.lr": "0.0002",
+        "model.hf_scheduler": "cosine",
+        "model.warmup_ratio": "0.03",
+        "data.max_seq_length": "1024",  # TRL's max_length default (and run_clm's block size cap)
+        "data.mask_prompt": "true",
+    }
+    assert {key: args[key] for key in expected} == expected
+
+
+@pytest.mark.parametrize(
+    ("flags", "expected"),
+    [
+        (["--max_length", "256"], {"data.max_seq_length": "256"}),
+        (["--cutoff_len", "128"], {"data.max_seq_length": "128"}),
+        (["--packing"], {"data.packing": "true"}),
+        (["--neat_packing"], {"data.packing": "true"}),
+        (["--packing", "--packing_strategy", "bfd", "--padding_free"], {"data.packing": "true"}),
+        (["--completion_only_loss", "False"], {"data.mask_prompt": "false"}),
+        (["--assistant_only_loss"], {"data.mask_prompt": "true"}),
+        (["--assistant_only_loss", "False"], {"data.mask_prompt": "false"}),
+        (["--train_on_prompt"], {"data.mask_prompt": "false"}),
+        (["--dataset_num_proc", "4"], {"data.num_proc": "4"}),
+        (["--preprocessing_num_workers", "3"], {"data.num_proc": "3"}),
+        (["--dataset_streaming"], {"data.streaming": "true"}),
+        (["--dtype", "bfloat16"], {"model.torch_dtype": "bfloat16"}),
+        (["--flash_attn", "sdpa"], {"model.attn_implementation": "sdpa"}),
+        (["--test_split_size", "0.1"], {"data.val_split": "0.1"}),
+        (["--val_size", "0.2"], {"data.val_split": "0.2"}),
+        (["--dataset_text_field", "content"], {"data.format": "text", "data.columns": '{"text": "content"}'}),
+        (["--max_samples", "5"], {"data.sources": '[{"path": ["DATA"], "max_samples": 5}]'}),
+        (["--use_peft", "--lora_target_modules", "all-linear"], {"model.lora": '{"target_modules": ["all-linear"]}'}),
+        (["--use_peft", "--lora_target", "q_proj,v_proj"], {"model.lora": '{"target_modules": ["q_proj", "v_proj"]}'}),
+        (["--use_peft", "--lora_rank", "4"], {"model.lora": '{"r": 4}'}),
+        # Accepted at what gym_lightning does anyway: no refusal, no setting.
+        (["--model_revision", "main", "--lora_task_type", "CAUSAL_LM", "--shuffle_dataset", "True"], {}),
+        (["--loss_type", "chunked_nll", "--truncation_mode", "keep_start", "--eval_packing", "False"], {}),
+        (["--overwrite_cache", "--plot_loss", "--ignore_bias_buffers", "True", "--pad_to_multiple_of", "auto"], {}),
+    ],
+)
+def test_trl_and_llama_factory_flags_map_onto_fit_settings(
+    tmp_path: Path, flags: list[str], expected: dict[str, str]
+) -> None:
+    data = _jsonl(tmp_path / "data.jsonl", [{"text": "1 plus 1 is 2"}])
+    args = _flags("--train_file", str(data), *flags)
+    assert {key: args.get(key, "").replace(str(data), "DATA") for key in expected} == expected
+
+
+def test_dataset_name_takes_files_folders_with_splits_and_hub_sets(tmp_path: Path) -> None:
+    train = _jsonl(tmp_path / "set" / "train.jsonl", [{"text": "a"}])
+    test = _jsonl(tmp_path / "set" / "test.jsonl", [{"text": "b"}])
+    folder = _flags("--dataset_name", str(tmp_path / "set"), "--do_eval")
+    assert json.loads(folder["data.train_files"]) == [str(train.resolve())]
+    assert json.loads(folder["data.val_files"]) == [str(test.resolve())]  # the test split, with evaluation on
+    assert _flags("--dataset_name", str(tmp_path / "set"))["data.val_files"] == "null"  # off: not read, as TRL
+    hub = _flags("--dataset_name", "org/set", "--dataset_config", "en", "--dataset_train_split", "train[:10]")
+    assert json.loads(hub["data.sources"]) == [{"path": "org/set", "split": "train[:10]", "subset": "en"}]
+    assert hub["data.train_files"] == "null"
+    glob = _flags("--dataset_name", str(tmp_path / "set" / "*.jsonl"))
+    assert json.loads(glob["data.train_files"]) == [str(tmp_path / "set" / "*.jsonl")]
+    assert _problems("--dataset_name", "org/set", "--do_eval") == [
+        "--dataset_test_split test: gym_lightning reads validation data from files; pass --validation_file, a "
+        "validation fraction (--validation_split_percentage) or --eval_strategy no."
+    ]
+    assert "without a test split" in _problems("--dataset_name", str(train), "--do_eval")[0]
+    assert "no such file" in _problems("--dataset_name", str(tmp_path / "missing.jsonl"))[0]
+    assert "each choose the training data" in _problems("--dataset_name", str(train), "--dataset", "addition")[0]
+
+
+@pytest.mark.parametrize(
+    ("flags", "message"),
+    [
+        (["--load_in_8bit"], "--load_in_8bit True is not supported: gym_lightning quantises the base to 4 bits only"),
+        (["--use_dora"], "--use_dora True is not supported: DoRA is not wired into"),
+        (["--use_rslora"], "pass --lora_alpha alpha x sqrt(r)"),
+        (["--model_revision", "v1.0"], "--model_revision 'v1.0' is not supported"),
+        (["--padding_free"], "--padding_free True is not supported"),
+        (["--eos_token", "<|im_end|>"], "--eos_token '<|im_end|>' is not supported"),
+        (["--chat_template_path", "t.jinja"], "--chat_template_path 't.jinja' is not supported"),
+        (["--lora_task_type", "SEQ_CLS"], "--lora_task_type 'SEQ_CLS' is not supported"),
+        (["--loss_type", "dft"], "--loss_type 'dft' is not supported"),
+        (["--stage", "dpo"], "--stage 'dpo' is not supported: gym train runs supervised finetuning"),
+        (["--finetuning_type", "freeze"], "--finetuning_type 'freeze' is not supported"),
+        (["--quantization_bit", "8"], "--quantization_bit 8 is not supported"),
+        (["--quantization_method", "gptq"], "--quantization_method 'gptq' is not supported"),
+        (["--template", "alpaca"], "--template alpaca: LLaMA-Factory's own prompt format"),
+        (["--template", "llama3"], "--template llama3: the tokenizer has another chat template"),
+        (["--val_size", "100"], "--val_size 100: give a fraction"),
+        (["--datasets", "a"], "--datasets (TRL's mixture) is not read"),
+    ],
+)
+def test_refused_trl_and_llama_factory_flags_fail_in_one_line_naming_them(
+    capsys: pytest.CaptureFixture[str], flags: list[str], message: str
+) -> None:
+    base = ["--model_name_or_path", "tiny-llama"] + ([] if "--datasets" in flags else ["--dataset", "addition"])
+    with pytest.raises(SystemExit) as info:
+        cli.main(["train", *base, *flags])
+    assert info.value.code == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and message in err and "1 problem(s)" in err, err
+
+
+def test_loss_switches_that_disagree_are_refused() -> None:
+    problems = _problems("--dataset", "addition", "--completion_only_loss", "True", "--assistant_only_loss", "False")
+    assert problems == [
+        "--completion_only_loss True and --assistant_only_loss False: gym_lightning has one switch for both "
+        "(data.mask_prompt); make them agree."
+    ]
+
+
+def test_config_file_with_overriding_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``gym train --config sft.yaml --flag ...`` (TRL's parser): the file's keys under any flag name, flags win."""
+    data = _jsonl(tmp_path / "data.jsonl", [{"text": "1 plus 1 is 2"}])
+    config = {
+        "model_name_or_path": "tiny-llama",
+        "dataset_name": str(data),
+        "max_length": 64,  # TRL's name
+        "use_peft": True,
+        "lora_r": 16,
+        "learning_rate": "2e-4",  # YAML 1.1 reads this as text; argparse converts it as a flag value
+        "bf16": True,
+        "load_in_4bit": True,
+        "bnb_4bit_quant_storage": "bfloat16",
+        "env": {"GYM_TEST_FROM_CONFIG": "1"},
+    }
+    (tmp_path / "sft.yaml").write_text(yaml.safe_dump(config))
+    monkeypatch.delenv("GYM_TEST_FROM_CONFIG", raising=False)
+    args = to_cli_args(parse_train_args(["--config", str(tmp_path / "sft.yaml"), "--learning_rate", "1e-3"]), env={})
+    values = dict(arg[2:].split("=", 1) for arg in args[1:])
+    assert values["model.lr"] == "0.001" and values["data.max_seq_length"] == "64"  # the flag wins, the file stays
+    assert json.loads(values["model.lora"]) == {"r": 16} and values["trainer.precision"] == "bf16-mixed"
+    assert json.loads(values["model.quantization"])["quant_storage"] == "bfloat16"
+    assert os.environ["GYM_TEST_FROM_CONFIG"] == "1"
+    as_first = to_cli_args(parse_train_args([str(tmp_path / "sft.yaml"), "--learning_rate", "1e-3"]), env={})
+    assert as_first == args
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(config | {"max_lenght": 3, "cutoff_len": 8, "use_dora": True}))
+    with pytest.raises(GymUserError) as info:
+        to_cli_args(parse_train_args(["--config", str(tmp_path / "bad.yaml")]), env={})
+    lines = str(info.value).splitlines()
+    assert lines[0] == "Invalid gym train flags (3 problem(s)):"
+    assert "max_lenght is not a gym train flag; did you mean max_length?" in lines[1]
+    assert "cutoff_len and max_length both set max_seq_length" in lines[2]
+    assert "--use_dora True is not supported" in lines[3]
+
+
+LLAMA_FACTORY_SFT = """\
+### model
+model_name_or_path: {model}
+trust_remote_code: true
+
+### method
+stage: sft
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+
+### dataset
+dataset: {data}
+template: llama3
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+
+### output
+output_dir: saves/llama3-8b/lora/sft
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none
+
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+
+### eval
+val_size: 0.1
+per_device_eval_batch_size: 1
+eval_strategy: steps
+eval_steps: 500
+"""
+
+
+@pytest.fixture(scope="module")
+def llama3_tokenizer(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tokenizer folder with a Llama-3-style chat template (the shipped tokenizer's vocabulary)."""
+    from gym_lightning.tokenizer import load_tokenizer
+
+    tokenizer = load_tokenizer(None)
+    tokenizer.chat_template = (
+        "{% for m in messages %}<|start_header_id|>{{ m['role'] }}<|end_header_id|>\n\n{{ m['content'] }}"
+        "<|eot_id|>{% endfor %}"
+    )
+    folder = tmp_path_factory.mktemp("llama3-tokenizer")
+    tokenizer.save_pretrained(folder)
+    return folder
+
+
+def test_llama_factory_lora_sft_yaml_maps(tmp_path: Path, llama3_tokenizer: Path) -> None:
+    """LLaMA-Factory's examples/train_lora/llama3_lora_sft.yaml with the model and data paths changed."""
+    first = _jsonl(tmp_path / "identity.jsonl", [{"instruction": "who", "output": "me"}])
+    second = _jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "1+1", "input": "", "output": "2"}])
+    config = tmp_path / "llama3_lora_sft.yaml"
+    config.write_text(LLAMA_FACTORY_SFT.format(model=llama3_tokenizer, data=f"{first},{second}"))
+    args = parse_train_args([str(config)])
+    values = dict(arg[2:].split("=", 1) for arg in to_cli_args(args, env={})[1:])
+    assert json.loads(values["model.lora"]) == {"r": 8, "alpha": 16, "target_modules": ["all-linear"]}
+    assert json.loads(values["data.sources"]) == [
+        {"path": str(first), "max_samples": 1000},
+        {"path": str(second), "max_samples": 1000},
+    ]
+    expected = {
+        "model.gradient_checkpointing": "true",  # LLaMA-Factory's default
+        "model.trust_remote_code": "true",
+        "data.max_seq_length": "2048",
+        "data.num_proc": "16",
+        "data.num_workers": "4",
+        "data.val_split": "0.1",
+        "data.eval_batch_size": "1",
+        "trainer.val_check_interval": "4000",  # 500 optimizer steps x 8 micro-batches
+        "trainer.precision": "bf16-mixed",
+        "trainer.max_epochs": "3",
+        "model.warmup_ratio": "0.1",
+    }
+    assert {key: values[key] for key in expected} == expected
+    assert json.loads(values["trainer.strategy"])["init_args"]["timeout"] == "2083 days, 8:00:00"
+    from gym_lightning.commands.train import flag_notes
+
+    notes = flag_notes(args)
+    assert len(notes) == 2 and "mixed in equal shares" in notes[0] and "tokenizer's own chat template" in notes[1]
+
+
+def test_llama_factory_qlora_and_dataset_info(tmp_path: Path, llama3_tokenizer: Path) -> None:
+    """The QLoRA example's quantization_bit/quantization_method, and dataset names from dataset_info.json (formats,
+    columns, a folder)."""
+    _jsonl(tmp_path / "data" / "qa.jsonl", [{"q": "1+1", "a": "2"}])
+    _jsonl(tmp_path / "data" / "chats" / "part-0.jsonl", [{"conversations": [{"from": "human", "value": "hi"}]}])
+    info = {
+        "qa": {"file_name": "qa.jsonl", "columns": {"prompt": "q", "response": "a"}},
+        "chats": {"file_name": "chats", "formatting": "sharegpt"},
+        "pairs": {"file_name": "qa.jsonl", "ranking": True},
+    }
+    (tmp_path / "data" / "dataset_info.json").write_text(json.dumps(info))
+    text = LLAMA_FACTORY_SFT.format(model=llama3_tokenizer, data="qa,chats")
+    text += f"quantization_bit: 4\nquantization_method: bitsandbytes\ndataset_dir: {tmp_path / 'data'}\n"
+    (tmp_path / "qlora.yaml").write_text(text)
+    values = dict(arg[2:].split("=", 1) for arg in to_cli_args(parse_train_args([str(tmp_path / "qlora.yaml")]))[1:])
+    assert json.loads(values["model.quantization"]) == {"double_quant": True}  # LLaMA-Factory's default
+    assert json.loads(values["data.sources"]) == [
+        {
+            "path": str(tmp_path / "data" / "qa.jsonl"),
+            "format": "alpaca",
+            "columns": {"instruction": "q", "output": "a"},
+            "max_samples": 1000,
+        },
+        {"path": [str(tmp_path / "data" / "chats" / "part-0.jsonl")], "format": "sharegpt", "max_samples": 1000},
+    ]
+    (tmp_path / "pairs.yaml").write_text(text.replace("qa,chats", "pairs"))
+    with pytest.raises(GymUserError, match="pairs: ranking not read by gym_lightning"):
+        to_cli_args(parse_train_args([str(tmp_path / "pairs.yaml")]))
+    (tmp_path / "pt.yaml").write_text(text.replace("stage: sft", "stage: pt"))
+    with pytest.raises(GymUserError, match="--stage 'pt' is not supported"):
+        to_cli_args(parse_train_args([str(tmp_path / "pt.yaml")]))
+
+
+def test_llama_factory_dataset_paths_and_the_bundled_set() -> None:
+    assert _cli_args()["data.dataset"] == "addition"  # the bundled set keeps its meaning
+    problems = _problems("--dataset", "alpaca_en_demo")
+    assert problems == [
+        "--dataset alpaca_en_demo: not a bundled data set (addition), a data file or folder, or a name in "
+        "data/dataset_info.json; give the data file's path (or set --dataset_dir)."
+    ]
+
+
+def test_other_llama_factory_keys_are_accepted_at_their_default_and_refused_otherwise(tmp_path: Path) -> None:
+    config = {"model_name_or_path": "tiny-llama", "dataset": "addition", "use_fast_tokenizer": True}
+    config |= {"infer_backend": "vllm", "freeze_trainable_layers": 4, "disable_shuffling": True}
+    (tmp_path / "lf.yaml").write_text(yaml.safe_dump(config))
+    with pytest.raises(GymUserError) as info:
+        to_cli_args(parse_train_args([str(tmp_path / "lf.yaml")]), env={})
+    assert str(info.value).splitlines()[1:] == [
+        f"  - {tmp_path / 'lf.yaml'}: disable_shuffling True is not supported: gym train has no equivalent of "
+        "LLaMA-Factory's disable_shuffling; leave it at False."
+    ]

@@ -98,12 +98,12 @@ def _module(**changes: object) -> CausalLMModule:
 
 def test_misuse_is_refused_in_one_message_each(folders: dict[str, Path]) -> None:
     with pytest.raises(GymUserError, match=r"quantization \(a 4-bit base\) needs lora") as full:
-        _module(lora=None, quantization={"quant_storage": "bfloat16", "block_size": 63})
-    assert "quant_storage must be 'uint8'" in str(full.value) and "block_size must be an even" in str(full.value)
+        _module(lora=None, quantization={"quant_storage": "int4", "block_size": 63})
+    assert "quant_storage must be one of" in str(full.value) and "block_size must be an even" in str(full.value)
     with pytest.raises(GymUserError, match="unknown settings"):
         _module(quantization={"bits": 4})
-    with pytest.raises(GymUserError, match="quant_type must be 'nf4'"):
-        _module(quantization={"quant_type": "fp4"})
+    with pytest.raises(GymUserError, match="quant_type must be one of nf4, fp4"):
+        _module(quantization={"quant_type": "int4"})
     with pytest.raises(GymUserError, match="quantises pretrained weights") as preset:
         build_causal_lm("tiny-llama", quantization=QuantizationArgs())
     assert "\n" not in str(preset.value)
