@@ -27,7 +27,7 @@ from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, ran
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
-from gym_lightning.errors import GymUserError
+from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
@@ -249,6 +249,7 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
                 f"{type(self).__name__} cannot shard parameters set directly on the LightningModule ({own}); "
                 "move them into a submodule (an nn.Module attribute)."
             )
+        refuse_integer_parameters(module)
         kwargs = self._fully_shard_kwargs()
         for layer in self._layers(module):
             if self.activation_checkpointing:
@@ -314,6 +315,31 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
         strategy_registry.register(
             "gym_fsdp", cls, description="gym_lightning FSDP2, one shard unit per decoder layer", override=True
+        )
+
+
+# The first torch whose FSDP2 keeps a parameter's requires_grad when it makes the shard (pytorch PR 177948): before,
+# fully_shard made every shard ``nn.Parameter(dtensor)`` (requires_grad=True), which integer tensors refuse.
+FSDP2_INTEGER_PARAMETERS = (2, 13)
+
+
+def fsdp2_holds_integer_parameters(version: str | None = None) -> bool:
+    """Whether this torch's (or ``version``'s) ``fully_shard`` can shard integer parameters (a 4-bit base's codes)."""
+    release = (version or torch.__version__).split("+")[0].split(".")
+    return tuple(int("".join(c for c in part if c.isdigit()) or 0) for part in release[:2]) >= FSDP2_INTEGER_PARAMETERS
+
+
+def refuse_integer_parameters(module: nn.Module, version: str | None = None) -> None:
+    """One line, on every rank alike, where this torch's FSDP2 cannot shard ``module``'s integer parameters."""
+    if fsdp2_holds_integer_parameters(version):
+        return
+    integer = [name for name, param in module.named_parameters() if not param.is_floating_point()]
+    if integer:
+        raise EveryRankError(
+            f"gym_fsdp cannot shard the integer parameters of a 4-bit base ({integer[0]}, {len(integer)} in all) with "
+            f"torch {version or torch.__version__}: its FSDP2 makes every shard a trainable parameter, which integer "
+            "tensors cannot be (fixed in torch 2.13, pytorch PR 177948). Install torch>=2.13, or train QLoRA under "
+            "trainer.strategy zero3 or gym_ddp, which hold it on this torch."
         )
 
 

@@ -28,3 +28,16 @@ def test_a_moe_is_sharded_one_decoder_layer_per_unit_and_says_so(
     assert bool(said) == experts
     if experts:
         assert f"{len(layers)} shard units" in said[0] and "experts inside" in said[0]
+
+
+def test_integer_parameters_are_refused_in_one_line_where_fsdp2_cannot_shard_them() -> None:
+    from gym_lightning.errors import EveryRankError
+    from gym_lightning.strategies.fsdp import fsdp2_holds_integer_parameters, refuse_integer_parameters
+
+    module = torch.nn.Module()
+    module.codes = torch.nn.Parameter(torch.zeros(4, 2, dtype=torch.uint8), requires_grad=False)
+    with pytest.raises(EveryRankError, match=r"codes, 1 in all\) with torch 2.11.0\+cu130.*torch>=2.13"):
+        refuse_integer_parameters(module, "2.11.0+cu130")  # the GPU image's torch
+    refuse_integer_parameters(module, "2.13.0+cpu")
+    refuse_integer_parameters(torch.nn.Linear(2, 2), "2.11.0")  # nothing to refuse without integer parameters
+    assert fsdp2_holds_integer_parameters("2.14.0.dev20270101") and not fsdp2_holds_integer_parameters("2.12.1")
