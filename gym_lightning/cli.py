@@ -82,6 +82,7 @@ class GymCLI(LightningCLI):
         # One source of truth: the data module cannot be given a tokenizer that differs from the model's.
         parser.link_arguments(("model.model", "model.tokenizer"), "data.tokenizer", compute_fn=resolve_tokenizer_source)
         parser.link_arguments("model.trust_remote_code", "data.trust_remote_code")
+        parser.link_arguments("model.special_tokens", "data.special_tokens")
         parser.add_lightning_class_args(HFExport, "export")
         parser.add_lightning_class_args(NonFiniteGuard, "nonfinite")
 

@@ -92,6 +92,9 @@ class CausalLMModule(pl.LightningModule):
             transformers choose.
         gradient_checkpointing: Recompute activations in the backward pass (transformers' own checkpointing).
         trust_remote_code: Allow code from the model's repository to run. Off by default: it executes remote code.
+        special_tokens: Tokens of the vocabulary that replace the tokenizer's own, ``{"eos_token": "<|im_end|>"}``
+            (``eos_token``, ``pad_token``, ``bos_token``; TRL's ``--eos_token``/``--pad_token``). The CLI links
+            them to the data module's; generation and the exported tokenizer use them.
         lora: LoRA settings; ``None`` finetunes all parameters.
         quantization: 4-bit NF4 base weights (QLoRA; ``quant.QuantizationArgs``), quantised as they are read;
             needs ``lora`` (the 4-bit base is frozen) and a pretrained folder or hub model with safetensors.
@@ -136,6 +139,7 @@ class CausalLMModule(pl.LightningModule):
         attn_implementation: AttnImplementation | None = None,
         gradient_checkpointing: bool = False,
         trust_remote_code: bool = False,
+        special_tokens: dict[str, str] | None = None,
         lora: LoRAArgs | None = None,
         quantization: QuantizationArgs | None = None,
         lr: float = 3e-4,
@@ -225,7 +229,9 @@ class CausalLMModule(pl.LightningModule):
             # Before configure_model, outside any construction context the strategy opens there (models.loading).
             import_model_code(self._model_config(), self.hparams.trust_remote_code)
         if self.tokenizer is None:
-            self.tokenizer = load_tokenizer(self.tokenizer_source, trust_remote_code=self.hparams.trust_remote_code)
+            self.tokenizer = load_tokenizer(
+                self.tokenizer_source, self.hparams.trust_remote_code, self.hparams.get("special_tokens")
+            )
 
     # ----------------------------------------------------------------------------------------------- training
     def _summed_loss(self, batch: dict[str, Any]) -> SummedLoss:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pytest
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -107,3 +108,13 @@ def test_unloadable_source_says_what_to_do(tmp_path):
     with pytest.raises(ValueError, match="local folder") as info:
         load_tokenizer(str(tmp_path / "does" / "not" / "exist"))
     assert "preset" in str(info.value)
+
+
+def test_special_tokens_named_by_the_run_replace_the_tokenizers_own() -> None:
+    tokenizer = load_tokenizer(special_tokens={"eos_token": "<|im_end|>"})  # TRL's --eos_token for ChatML turns
+    assert tokenizer.eos_token == "<|im_end|>" and tokenizer.eos_token_id == tokenizer.convert_tokens_to_ids(
+        "<|im_end|>"
+    )
+    assert tokenizer.pad_token == "<|endoftext|>"  # untouched
+    with pytest.raises(GymUserError, match=r"(?s)2 problem.*'<\|nope\|>' is not a token.*not one of eos_token"):
+        load_tokenizer(special_tokens={"eos_token": "<|nope|>", "sep_token": "<|im_end|>"})

@@ -208,7 +208,8 @@ def checkpoint_source(checkpoint: str | Path) -> ExportSource:
         if key.startswith(_MODULE_PREFIX)
     }
     lora = LoRAArgs.from_value(hparams.get("lora"))
-    tokenizer = load_tokenizer(resolve_tokenizer_source(hparams["model"], hparams.get("tokenizer")), False)
+    source = resolve_tokenizer_source(hparams["model"], hparams.get("tokenizer"))
+    tokenizer = load_tokenizer(source, False, hparams.get("special_tokens"))
     lora_config = peft_lora_config(lora) if lora is not None else None
     scaling = lora.scaling if lora is not None else None
     return ExportSource(tensors, _meta_base_model(hparams), lora_config, scaling, tokenizer)

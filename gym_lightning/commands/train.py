@@ -269,8 +269,6 @@ EXTRA_REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "model_init_kwargs": ("use --torch_dtype, --attn_implementation and --trust_remote_code", ()),
     "router_aux_loss_coef": ("no such setting here; set router_aux_loss_coef in the model's config.json", ()),
     "chat_template_path": (f"chats use the tokenizer's chat template: {_TOKENIZER_FIX}", ()),
-    "eos_token": (f"the tokenizer's eos token is used: {_TOKENIZER_FIX}", ()),
-    "pad_token": (f"the tokenizer's pad token (else its eos) is used, never in the loss: {_TOKENIZER_FIX}", ()),
     "dataset_kwargs": ("gym_lightning always tokenizes the data itself", ()),
     "mask_history": ("every assistant turn is a target here", ()),
     "tool_format": ("tools go to the tokenizer's chat template (a tools column)", ()),
@@ -281,6 +279,8 @@ EXTRA_REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "tokenized_path": ("tokenized data is cached by gym_lightning itself (data.cache_dir, $GYM_DATA_CACHE)", ()),
     "buffer_size": ("a stream is read in file order here (shuffle the files beforehand)", (16384,)),
     "ignore_pad_token_for_loss": ("padding is never in the loss here", (True,)),
+    "add_special_tokens": ("samples are tokenized with the tokenizer's own rule (eos appended) here", (False,)),
+    "append_concat_token": ("packed samples keep their own eos and restart positions here", (False,)),
     "media_dir": ("gym train trains on text only", ()),
     "use_unsloth": ("Unsloth is not used by gym_lightning", ()),
     "enable_liger_kernel": ("Liger kernels are not wired in; the loss is chunked for large vocabularies anyway", ()),
@@ -360,7 +360,9 @@ class ModelArguments:
             "help": "LLaMA-Factory: lora (--use_lora with its LoRA defaults: all-linear, alpha 2 x rank) or full."
         },
     )
-    use_lora: bool = field(default=False, metadata={"aliases": ["--use_peft"], "help": "Train LoRA adapters only."})
+    use_lora: bool = field(
+        default=False, metadata={"aliases": ["--use_peft", "--use_peft_lora"], "help": "Train LoRA adapters only."}
+    )
     lora_r: int | None = field(default=None, metadata={"aliases": ["--lora_rank"], "help": "LoRA rank (default 8)."})
     lora_alpha: int | None = field(default=None, metadata={"help": "LoRA alpha (default 16)."})
     lora_dropout: float | None = field(default=None, metadata={"help": "LoRA dropout (default 0)."})
@@ -379,7 +381,10 @@ class ModelArguments:
     use_rslora: bool = field(default=False, metadata={"help": "Refused: pass --lora_alpha alpha x sqrt(r)."})
     use_dora: bool = field(default=False, metadata={"help": "Refused."})
     # TRL's ModelConfig / transformers' BitsAndBytesConfig names: the 4-bit base of QLoRA (gym_lightning.quant).
-    load_in_4bit: bool = field(default=False, metadata={"help": "Hold the frozen base in 4 bits (QLoRA)."})
+    load_in_4bit: bool = field(
+        default=False,
+        metadata={"aliases": ["--use_4bit_quantization"], "help": "Hold the frozen base in 4 bits (QLoRA)."},
+    )
     load_in_8bit: bool = field(default=False, metadata={"help": "Refused: 4 bits only (--load_in_4bit)."})
     quantization_bit: int | None = field(default=None, metadata={"help": "LLaMA-Factory: 4 is --load_in_4bit."})
     quantization_method: str = field(default="bnb", metadata={"help": "LLaMA-Factory: bnb (bitsandbytes) only."})
@@ -396,12 +401,19 @@ class ModelArguments:
     )
     bnb_4bit_use_double_quant: bool = field(
         default=False,
-        metadata={"aliases": ["--use_bnb_nested_quant"], "help": "Quantise the scales too (4.14 bits a weight)."},
+        metadata={
+            "aliases": ["--use_bnb_nested_quant", "--use_nested_quant"],
+            "help": "Quantise the scales too (4.14 bits a weight).",
+        },
     )
     double_quantization: bool = field(default=True, metadata={"help": "LLaMA-Factory's, with quantization_bit 4."})
     bnb_4bit_quant_storage: str | None = field(
         default=None,
-        metadata={"choices": list(QUANT_STORAGES), "help": "Accepted; the codes stay uint8 (sharded per parameter)."},
+        metadata={
+            "aliases": ["--bnb_4bit_quant_storage_dtype"],
+            "choices": list(QUANT_STORAGES),
+            "help": "Accepted; the codes stay uint8 (sharded per parameter).",
+        },
     )
 
 
@@ -448,7 +460,7 @@ class DataArguments:
     max_seq_length: int = field(
         default=1024,
         metadata={
-            "aliases": ["--max_length", "--cutoff_len", "--model_max_length"],
+            "aliases": ["--max_length", "--cutoff_len", "--model_max_length", "--max_seq_len"],
             "help": "Tokens per sample (TRL's default 1024).",
         },
     )
@@ -472,8 +484,10 @@ class DataArguments:
         default=None, metadata={"help": "LLaMA-Factory: must be the tokenizer's own chat template."}
     )
     chat_template_path: str | None = field(default=None, metadata={"help": "TRL; refused (use --tokenizer_name)."})
-    eos_token: str | None = field(default=None, metadata={"help": "TRL; refused (use --tokenizer_name)."})
-    pad_token: str | None = field(default=None, metadata={"help": "TRL; refused (use --tokenizer_name)."})
+    eos_token: str | None = field(
+        default=None, metadata={"help": "TRL: a token of the vocabulary that ends turns and samples (e.g. <|im_end|>)."}
+    )
+    pad_token: str | None = field(default=None, metadata={"help": "TRL: a token of the vocabulary to pad with."})
     dataset_kwargs: str | None = field(default=None, metadata={"help": "TRL; refused."})
     mask_history: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
     tool_format: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
@@ -513,6 +527,15 @@ class GymArguments:
     model_init_kwargs: str | None = field(default=None, metadata={"help": "TRL; refused."})
     router_aux_loss_coef: float | None = field(default=None, metadata={"help": "TRL; refused."})
     ignore_bias_buffers: bool = field(default=False, metadata={"help": "TRL; accepted, no effect (as in trl sft)."})
+    # The flags of PEFT's examples/sft/train.py, the script of HF's FSDP + QLoRA and DeepSpeed + QLoRA guides.
+    splits: str | None = field(default=None, metadata={"help": "PEFT's script: 'train,test' splits of the data."})
+    chat_template_format: str = field(
+        default="none", metadata={"help": "PEFT's script; accepted: the tokenizer's own template and tokens are used."}
+    )
+    add_special_tokens: bool = field(default=False, metadata={"help": "PEFT's script: False only (its default)."})
+    append_concat_token: bool = field(default=False, metadata={"help": "PEFT's script: False only (its default)."})
+    use_reentrant: bool = field(default=False, metadata={"help": "PEFT's script; accepted (non-reentrant here)."})
+    use_flash_attn: bool = field(default=False, metadata={"help": "PEFT's script: attn_implementation fa2."})
     use_unsloth: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
     enable_liger_kernel: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
     rope_scaling: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
@@ -635,6 +658,10 @@ def parse_train_args(argv: list[str]) -> argparse.Namespace:
     problems = parser.set_config_defaults(_read_config(config), config) if config else []
     args = parser.parse_args(argv)
     args.config, args.config_problems = config, problems
+    if args.splits:  # PEFT's script: "train,test" names the training split, then the validation one
+        names = [name.strip() for name in args.splits.split(",") if name.strip()]
+        args.dataset_train_split = names[0] if names else args.dataset_train_split
+        args.dataset_test_split = names[1] if len(names) > 1 else args.dataset_test_split
     return args
 
 
@@ -988,8 +1015,15 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.model": args.model_name_or_path,
         "model.tokenizer": args.tokenizer_name,
         "model.torch_dtype": args.torch_dtype,
-        "model.attn_implementation": args.attn_implementation or FLASH_ATTN.get(args.flash_attn),
+        "model.attn_implementation": args.attn_implementation
+        or FLASH_ATTN.get(args.flash_attn)
+        or ("flash_attention_2" if args.use_flash_attn else None),
         "model.trust_remote_code": args.trust_remote_code,
+        # TRL's --eos_token/--pad_token: the tokenizer's own replaced (data, generation and export alike).
+        "model.special_tokens": {
+            name: token for name in ("eos_token", "pad_token") if (token := getattr(args, name)) is not None
+        }
+        or None,
         # LLaMA-Factory checkpoints gradients unless told not to; HF and TRL flags say it themselves.
         "model.gradient_checkpointing": bool(args.gradient_checkpointing)
         or (args.finetuning_type is not None and not args.disable_gradient_checkpointing),
@@ -1127,6 +1161,12 @@ def flag_notes(args: argparse.Namespace) -> list[str]:
         notes.append(
             f"--template {args.template}: chats are rendered with the tokenizer's own chat template, and alpaca or "
             "prompt/completion records with gym_lightning's prompts (LLaMA-Factory renders those with the template)."
+        )
+    if str(args.chat_template_format).lower() != "none":
+        notes.append(
+            f"--chat_template_format {args.chat_template_format}: chats are rendered with the tokenizer's own chat "
+            "template and vocabulary (PEFT's script would set that template, add its tokens and resize the "
+            "embeddings), and --dataset_text_field names no column (that script writes the rendered chats there)."
         )
     return notes
 

@@ -283,7 +283,10 @@ def _add_sources(sources: list[Source], args: argparse.Namespace, plan: DataPlan
     """``data.train_files`` for local files of one format (their concatenation), else ``data.sources``."""
     if not sources:
         return
-    text = {"text": args.dataset_text_field} if args.dataset_text_field != "text" else None
+    # PEFT's script renders each chat with the template into its --dataset_text_field ("content") itself: there the
+    # field names no column of the data, and the chats are rendered here as every chat is.
+    rendered = str(getattr(args, "chat_template_format", "none")).lower() != "none"
+    text = {"text": args.dataset_text_field} if args.dataset_text_field != "text" and not rendered else None
     default = "text" if text and args.data_format == "auto" else args.data_format
     sources = [
         replace(s, format=default if s.format == "auto" else s.format, columns=s.columns or text) for s in sources

@@ -125,6 +125,8 @@ class CausalLMDataModule(LightningDataModule):
         tokenizer: Local folder or Hugging Face Hub name of the tokenizer; ``None`` uses the shipped tokenizer. The
             CLI links it from the model.
         trust_remote_code: Allow tokenizer code from the Hub to run (only for sources you trust).
+        special_tokens: Tokens of the vocabulary that replace the tokenizer's own (``{"eos_token": "<|im_end|>"}``);
+            the CLI links them from the model's.
         max_seq_length: Maximum tokens per sample (longer samples are cut) and per packed row.
         mask_prompt: Train only on the completion (prompt labels are ``-100``); ``False`` trains on every token.
         packing: Concatenate training samples into rows of ``max_seq_length`` tokens, padding-free: rows carry
@@ -154,6 +156,7 @@ class CausalLMDataModule(LightningDataModule):
         columns: dict[str, str] | None = None,
         tokenizer: str | None = None,
         trust_remote_code: bool = False,
+        special_tokens: dict[str, str] | None = None,
         max_seq_length: int = 512,
         mask_prompt: bool = True,
         packing: bool = False,
@@ -177,6 +180,7 @@ class CausalLMDataModule(LightningDataModule):
         self.train_files, self.val_files, self.predict_files = train_files, val_files, predict_files
         self.val_split, self.format, self.columns, self.tokenizer_source = val_split, format, columns, tokenizer
         self.trust_remote_code, self.max_seq_length, self.mask_prompt = trust_remote_code, max_seq_length, mask_prompt
+        self.special_tokens = dict(special_tokens) if special_tokens else None
         self.packing, self.batch_size, self.num_workers, self.seed = packing, batch_size, num_workers, seed
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_proc, self.streaming = num_proc, streaming
@@ -190,7 +194,7 @@ class CausalLMDataModule(LightningDataModule):
     def tokenizer(self) -> PreTrainedTokenizerBase:
         """The tokenizer (loaded on first use)."""
         if self._tokenizer is None:
-            self._tokenizer = load_tokenizer(self.tokenizer_source, self.trust_remote_code)
+            self._tokenizer = load_tokenizer(self.tokenizer_source, self.trust_remote_code, self.special_tokens)
         return self._tokenizer
 
     @property

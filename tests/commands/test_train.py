@@ -15,7 +15,7 @@ import yaml
 from helpers.dist import REPO_ROOT, rank_env, run_python
 
 from gym_lightning import cli
-from gym_lightning.commands.train import flags_for_settings, main, parse_train_args, to_cli_args
+from gym_lightning.commands.train import flag_notes, flags_for_settings, main, parse_train_args, to_cli_args
 from gym_lightning.errors import GymUserError
 
 DS_ZERO3 = REPO_ROOT / "configs" / "deepspeed" / "ds_zero3.json"
@@ -727,7 +727,6 @@ def test_dataset_name_takes_files_folders_with_splits_and_hub_sets(tmp_path: Pat
         (["--use_rslora"], "pass --lora_alpha alpha x sqrt(r)"),
         (["--model_revision", "v1.0"], "--model_revision 'v1.0' is not supported"),
         (["--padding_free"], "--padding_free True is not supported"),
-        (["--eos_token", "<|im_end|>"], "--eos_token '<|im_end|>' is not supported"),
         (["--chat_template_path", "t.jinja"], "--chat_template_path 't.jinja' is not supported"),
         (["--lora_task_type", "SEQ_CLS"], "--lora_task_type 'SEQ_CLS' is not supported"),
         (["--loss_type", "dft"], "--loss_type 'dft' is not supported"),
@@ -945,3 +944,28 @@ def test_other_llama_factory_keys_are_accepted_at_their_default_and_refused_othe
         f"  - {tmp_path / 'lf.yaml'}: disable_shuffling True is not supported: gym train has no equivalent of "
         "LLaMA-Factory's disable_shuffling; leave it at False."
     ]
+
+
+def test_trl_eos_and_pad_tokens_replace_the_tokenizers_own() -> None:
+    values = _cli_args("--eos_token", "<|im_end|>", "--pad_token", "<|im_start|>")
+    assert json.loads(values["model.special_tokens"]) == {"eos_token": "<|im_end|>", "pad_token": "<|im_start|>"}
+    assert json.loads(_cli_args()["model.special_tokens"]) is None
+
+
+def test_the_flags_of_pefts_fsdp_qlora_script_map() -> None:
+    """HF's FSDP + QLoRA guide runs PEFT's examples/sft/train.py, whose flags differ from TRL's."""
+    flags = [
+        "--use_peft_lora", "True", "--use_4bit_quantization", "True", "--use_nested_quant", "True",
+        "--bnb_4bit_compute_dtype", "bfloat16", "--bnb_4bit_quant_storage_dtype", "bfloat16", "--max_seq_len", "256",
+        "--splits", "train,test", "--chat_template_format", "chatml", "--add_special_tokens", "False",
+        "--append_concat_token", "False", "--use_reentrant", "True",
+    ]  # fmt: skip
+    args = parse_train_args([*BASE, *flags])
+    assert (args.use_lora, args.load_in_4bit, args.bnb_4bit_use_double_quant) == (True, True, True)
+    assert args.bnb_4bit_quant_storage == "bfloat16" and args.max_seq_length == 256
+    assert (args.dataset_train_split, args.dataset_test_split) == ("train", "test")
+    values = _cli_args(*flags)
+    assert json.loads(values["model.quantization"])["double_quant"] is True
+    assert any("--chat_template_format chatml" in note for note in flag_notes(args))
+    with pytest.raises(GymUserError, match="--add_special_tokens True is not supported"):
+        to_cli_args(parse_train_args([*BASE, "--add_special_tokens", "True"]), env={})

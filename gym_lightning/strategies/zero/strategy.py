@@ -363,7 +363,8 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         destroy_process_group_at_exit()
         # Before DeepSpeed asks for them (its CPU collectives load one as the process group starts): built once per
         # machine, not once per virtual environment (strategies.zero.ops).
-        load_ops(ops_needed(self.root_device.type, self.cpu_optimizer, nvme="nvme" in offload_devices(self.config)))
+        nvme = "nvme" in offload_devices(self.config)
+        load_ops(ops_needed(self.root_device.type, self.cpu_optimizer, nvme=nvme, config=self.config))
         if self.root_device.type == "cuda":
             super().setup_environment()
         else:

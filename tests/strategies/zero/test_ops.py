@@ -55,6 +55,10 @@ def test_what_a_zero_run_loads() -> None:
     assert ops.ops_needed("cpu", "torch", nvme=False) == [ops.SHM_COMM]
     assert ops.ops_needed("cpu", "deepspeed", nvme=True) == [ops.SHM_COMM, ops.CPU_ADAM, ops.ASYNC_IO]
     assert ops.ops_needed("cuda", "torch", nvme=False) == []
+    # HF's ds_config_zero3.json: DeepSpeed makes its own CPU Adam for an offloaded "optimizer" block.
+    hf_json = {"optimizer": {"type": "AdamW"}, "zero_optimization": {"offload_optimizer": {"device": "cpu"}}}
+    assert ops.ops_needed("cuda", "torch", nvme=False, config=hf_json) == [ops.CPU_ADAM]
+    assert ops.ops_needed("cuda", "torch", nvme=False, config={**hf_json, "zero_optimization": {}}) == []
 
 
 def test_the_cache_folder_follows_the_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
