@@ -1,64 +1,100 @@
 #!/usr/bin/env bash
-# The device check: gym_lightning's correctness on one CUDA GPU, then one benchmark round, in one
-# command that ends within 6 minutes on an H200 from a cold start (so that a rerun fits a 15-minute lease).
+# The device check: gym_lightning on one CUDA GPU, in two parts sized from measured costs (a benchmark run took
+# 41-67 s on an H200, imports 10-20 s a process): `--part checks` ends within 4 minutes, `--part bench` within 5;
+# no --part runs both, checks first, within one 10-minute device call.
 #
 #  0. Installs the wheels of $GYM_WHEELS (scripts/gpu_bundle.sh) into $SITE, without an index: the GPU image
 #     reaches no registry and lacks deepspeed, datasets and jsonargparse; gym_lightning is imported from this
 #     working tree (PYTHONPATH), never installed. No wheels: the interpreter's own packages are used.
-#  1. benchmarks/workers/gpu_check.py, ONE process (imports cost 10-20 s a process): every strategy (gym_ddp,
-#     gym_fsdp, zero1-3) trains a tiny Llama in bf16-mixed against an fp32 run; gym_fsdp cpu_offload (shards on
-#     the host); val/loss and val/ppl equal across strategies; the end-of-fit HF export reloads to the trained
-#     logits; equal random initial weights; chunked loss on = off; DDP fp16 / bf16 / PowerSGD hooks. No DeepSpeed
-#     op is built (torch optimizers only, no offload ZeRO variant; a JIT build is refused and fails its check).
-#  2. benchmarks/workers/gpu_bench.py, one process per run (clean CUDA peak counters), ONE round: Qwen3-1.7B shape,
-#     random weights, bf16-mixed, sequence 2048: tokens/s, MFU and peak CUDA memory (max allocated) of gym_fsdp and
-#     gym_zero3 against Lightning's FSDPStrategy and DeepSpeedStrategy(stage=3), beside the planner's predicted peak.
+#  1. checks: benchmarks/workers/gpu_check.py, ONE process (one import for all): every strategy (gym_ddp, gym_fsdp,
+#     zero1-3) trains a tiny Llama in bf16-mixed against an fp32 run; gym_fsdp cpu_offload (shards on the host);
+#     val/loss and val/ppl equal across strategies; the end-of-fit HF export reloads to the trained logits; equal
+#     random initial weights; chunked loss on = off; QLoRA; DDP fp16 / bf16 / PowerSGD hooks. Then the user's path:
+#     `gym fit` of every shipped config that runs on one GPU (ddp, fsdp, zero1, zero2, zero3, zero3_offload, qlora
+#     on a random-weight local Qwen3 folder) with --trainer.devices 1, 3 steps each, every export reloaded with
+#     transformers (finite logits); before torch 2.13 gym_fsdp's one-line refusal of a 4-bit base is the expected
+#     outcome of qlora, which then trains under zero3. No DeepSpeed op is built (a JIT build fails its check).
+#  2. bench: benchmarks/workers/gpu_bench.py, Qwen3-1.7B shape, random weights, fp32 parameters, bf16 autocast,
+#     SDPA, fused AdamW lr 1e-5, sequence 2048: a plain PyTorch loop and transformers.Trainer, then gym_fsdp next
+#     to Lightning's FSDPStrategy and gym_ddp, gym_zero3 next to Lightning's DeepSpeedStrategy(stage=3), then
+#     gym_zero1 and gym_zero2 if time allows (SLOTS: four processes): tokens/s, MFU and peak CUDA memory beside the
+#     planner's predicted peak.
 #
 # Results are written as they come (one JSON line per check or run, flushed), straight into $OUT/gpu/ when OUT is
 # set (the device machine), else benchmarks/results/gpu/ (or /tmp/gym_gpu_smoke with --cpu-smoke): env.txt,
-# checks.jsonl, bench.jsonl, log.txt (this script's whole output) and, at the end, results.json. A command killed
-# at its limit still hands back everything it finished. Scratch (model config, exports, logs): $GPU_WORK_DIR.
+# checks.jsonl, bench.jsonl, log.txt (this invocation's whole output) and results.json (at most 5 files). A part
+# replaces only its own JSON lines; results.json merges the JSON lines the folder holds (run.py's GPU section
+# fills a part missing from it from the JSON lines beside it: copy two calls' files into one folder). A command
+# killed at its limit still hands back everything it finished; every failure is one line in its record.
+# Scratch (model config, exports, logs): $GPU_WORK_DIR.
 #
-# Time budget: no benchmark run starts after GPU_BUDGET_S (330 s) or when the slowest run so far would pass
-# GPU_DEADLINE_S (350 s), and every process is killed by GPU_DEADLINE_S (checks: at most 180 s, a run 110 s).
-# Exit status: 0 when every check and run that should run passed, 1 if one failed, 2 if nothing could run.
+# Time: checks run under GPU_CHECKS_S (240 s): the worker starts no config fit that would likely end later (it
+# is recorded as skipped) and is killed at it. bench runs under GPU_BENCH_S (300 s): no run starts when the
+# slowest so far would pass it (recorded as skipped), a process is killed after 110 s a run. Exit status: 0 when
+# every check and run that should run passed, 1 if one failed, 2 if nothing could run (no CUDA device; a usage
+# error).
 #
-#   device tool:  run(command="bash benchmarks/gpu.sh", carry=[".whl"], timeout_s=400)
-#   here:         PYTHON=.venv/bin/python bash benchmarks/gpu.sh --cpu-smoke   # the same script on CPU, tiny models
+#   device tool:  run(command="bash benchmarks/gpu.sh --part checks", carry=[".whl"], timeout_s=280)
+#                 run(command="bash benchmarks/gpu.sh --part bench", carry=[".whl"], timeout_s=340)
+#                 run(command="bash benchmarks/gpu.sh", carry=[".whl"], timeout_s=600)   # both, one call
+#   here:         PYTHON=.venv/bin/python bash benchmarks/gpu.sh --cpu-smoke [--part checks|bench]   # on CPU
 #   render:       python benchmarks/run.py --sections gpu    # benchmarks/results/gpu/ -> docs/benchmarks.md
 #
-# --cpu-smoke runs exactly this on CPU ranks (tiny Qwen3, sequence 64, 3 steps): Lightning's FSDPStrategy and
-# DeepSpeedStrategy refuse CPUs and are recorded as skipped; cpu_offload's host placement is recorded as a no-op.
+# --cpu-smoke runs the same on CPU (tiny models: the configs' own, a tiny Qwen3 at sequence 64 for the bench; 2
+# steps a config fit, 1 + 3 a run); Lightning's FSDPStrategy and DeepSpeedStrategy refuse CPUs and are recorded
+# as skipped; cpu_offload's host placement is recorded as a no-op. CI runs it (.ci/run), so it stays short.
 # Environment: PYTHON (python3), GYM_WHEELS (.whl), SITE (/tmp/gym_site), GPU_RESULTS_DIR, GPU_WORK_DIR
-# (/tmp/gym_gpu_work), GPU_BUDGET_S, GPU_DEADLINE_S, BATCH_SIZE (4), STEPS (10 timed), WARMUP (3).
+# (/tmp/gym_gpu_work), GPU_CHECKS_S, GPU_BENCH_S, BATCH_SIZE (4), STEPS (10 timed), WARMUP (3).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo" || exit 2
 
-SMOKE=()
-[[ "${1:-}" == "--cpu-smoke" ]] && SMOKE=(--cpu-smoke)
+usage="usage: bash benchmarks/gpu.sh [--cpu-smoke] [--part checks|bench|all]"
+SMOKE=() PARTS=(checks bench)
+while (( $# )); do
+  case "$1" in
+    --cpu-smoke) SMOKE=(--cpu-smoke); shift ;;
+    --part) part=${2:-}; shift $(( $# > 1 ? 2 : 1 ))
+      case "$part" in
+        checks|bench) PARTS=("$part") ;;
+        all) PARTS=(checks bench) ;;
+        *) echo "gpu.sh: --part takes checks, bench or all, not '${part}'" >&2; echo "$usage" >&2; exit 2 ;;
+      esac ;;
+    -h|--help) sed -n '2,/^set -uo/p' "$0" | sed '$d; s/^# \{0,1\}//'; echo "$usage"; exit 0 ;;
+    *) echo "gpu.sh: unknown argument '$1'" >&2; echo "$usage" >&2; exit 2 ;;
+  esac
+done
+runs_part() { [[ " ${PARTS[*]} " == *" $1 "* ]]; }
+
 PYTHON=${PYTHON:-python3}
 GYM_WHEELS=${GYM_WHEELS:-.whl}
 SITE=${SITE:-/tmp/gym_site}
 WORK=${GPU_WORK_DIR:-/tmp/gym_gpu_work}
-STRATEGIES=(gym_fsdp lightning_fsdp gym_zero3 lightning_deepspeed)  # each next to its peer: pairs finish together
+# One process per group (imports cost 10-20 s a process; seven runs of 41-67 s one process each would not fit 5
+# minutes), in order of what matters most when time runs short: the baselines, which import no Lightning; the
+# torch-native strategies, each gym strategy next to its Lightning peer so that pairs finish together; the
+# DeepSpeed ones; "the rest" last. A run's peak is its own (the worker resets the counters between runs).
+SLOTS=("plain hf_trainer" "gym_fsdp lightning_fsdp gym_ddp" "gym_zero3 lightning_deepspeed" "gym_zero1 gym_zero2")
 if (( ${#SMOKE[@]} )); then
   RESULTS=${GPU_RESULTS_DIR:-/tmp/gym_gpu_smoke}
-  BUDGET=${GPU_BUDGET_S:-600} DEADLINE=${GPU_DEADLINE_S:-900} CHECK_TIMEOUT=600 RUN_TIMEOUT=300 MIN_RUN=20
+  CHECKS_S=${GPU_CHECKS_S:-600} BENCH_S=${GPU_BENCH_S:-600} RUN_TIMEOUT=300 MIN_RUN=20
   BATCH_SIZE=${BATCH_SIZE:-2} SEQ_LEN=64 STEPS=${STEPS:-3} WARMUP=${WARMUP:-1}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 else
   RESULTS=${GPU_RESULTS_DIR:-benchmarks/results/gpu}
-  BUDGET=${GPU_BUDGET_S:-330} DEADLINE=${GPU_DEADLINE_S:-350} CHECK_TIMEOUT=180 RUN_TIMEOUT=110 MIN_RUN=45
+  CHECKS_S=${GPU_CHECKS_S:-240} BENCH_S=${GPU_BENCH_S:-300} RUN_TIMEOUT=110 MIN_RUN=45
   BATCH_SIZE=${BATCH_SIZE:-4} SEQ_LEN=2048 STEPS=${STEPS:-10} WARMUP=${WARMUP:-3}
 fi
 [[ -n "${OUT:-}" ]] && RESULTS="$OUT/gpu"  # the device machine hands back only what is under $OUT
 CHECKS="$RESULTS/checks.jsonl" BENCH="$RESULTS/bench.jsonl"
+GRACE=10  # timeout's -k: a process that ignores SIGTERM is killed this much later
 
-# Only this script's files are removed: the folder may hold other things (the default folder also loses the
-# runs/ and qwen3-1.7b/ folders of the earlier layout).
+# Only this script's files are removed, and of the JSON lines only those of the parts this invocation runs: the
+# folder may hold the other part's (a local run of one part after the other) and other things (the default folder
+# also loses the runs/ and qwen3-1.7b/ folders of an earlier layout).
 mkdir -p "$RESULTS" || exit 2
-rm -rf "$RESULTS"/{env.txt,checks.jsonl,bench.jsonl,log.txt,results.json} "$WORK"
+rm -rf "$RESULTS"/{env.txt,log.txt,results.json} "$WORK"
+for part in "${PARTS[@]}"; do rm -f "$RESULTS/$part.jsonl"; done
 [[ "$RESULTS" == benchmarks/results/gpu ]] && rm -rf "$RESULTS"/{runs,qwen3-1.7b}
 mkdir -p "$WORK"
 exec > >(tee -a "$RESULTS/log.txt") 2>&1
@@ -68,6 +104,9 @@ export TOKENIZERS_PARALLELISM=false PYTHONWARNINGS=ignore PYTHONUNBUFFERED=1 HF_
 
 note() { printf '%s\n' "$1" >> "$2"; }  # one JSON line (bash-made records: a process that never wrote its own)
 finish() { exec 1>&- 2>&-; wait "$tee_pid" 2>/dev/null; exit "$1"; }  # log.txt complete before the exit
+cap() {  # timeout $1 within deadline $2 (at least 1 s: timeout takes no 0 or less)
+  local left=$(( $2 - SECONDS )); left=$(( $1 < left ? $1 : left )); echo $(( left < 1 ? 1 : left ))
+}
 
 # ---------------------------------------------------------------------------------------------- environment
 shopt -s nullglob
@@ -89,22 +128,31 @@ supported = set(sys_tags())
 print(" ".join(Path(w).name for w in sys.argv[1:] if not parse_wheel_filename(Path(w).name)[3] & supported))
 EOF
 )
+wheel_problem=
 if (( ${#wheels[@]} == 0 )); then
   echo "gpu.sh: no wheels in $GYM_WHEELS: using $PYTHON's own packages"
 elif [[ -n "$foreign" ]]; then
   echo "gpu.sh: NOT installing $GYM_WHEELS: $PYTHON cannot install $foreign; using its own packages"
-  note "{\"check\": \"wheels\", \"ok\": null, \"skipped\": \"not for this Python: $foreign\"}" "$CHECKS"
+  wheel_problem="\"ok\": null, \"skipped\": \"not for this Python: $foreign\""
 else
   echo "gpu.sh: installing ${#wheels[@]} wheels from $GYM_WHEELS into $SITE"
   if ! "$PYTHON" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" \
       "${wheels[@]}"; then
-    note "{\"check\": \"wheels\", \"ok\": false, \"detail\": \"pip could not install $GYM_WHEELS/*.whl\"}" "$CHECKS"
+    wheel_problem="\"ok\": false, \"detail\": \"pip could not install $GYM_WHEELS/*.whl\""
+  fi
+fi
+if [[ -n "$wheel_problem" ]]; then  # into a file this invocation writes (results.json reads only those two)
+  if runs_part checks; then
+    note "{\"check\": \"wheels\", $wheel_problem}" "$CHECKS"
+  else
+    note "{\"strategy\": \"wheels\", $wheel_problem}" "$BENCH"
   fi
 fi
 export PYTHONPATH="$repo:$SITE${PYTHONPATH:+:$PYTHONPATH}"
 
 {
-  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ), mode: ${SMOKE[*]:-cuda}, wheels: ${#wheels[@]} from $GYM_WHEELS"
+  echo "date: $(date -u +%Y-%m-%dT%H:%M:%SZ), mode: ${SMOKE[*]:-cuda}, parts: ${PARTS[*]}," \
+    "wheels: ${#wheels[@]} from $GYM_WHEELS"
   echo "repo: $repo, commit $(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
   "$PYTHON" - <<'EOF' || echo "python: $PYTHON does not run"
 import importlib.metadata as metadata, importlib.util, platform
@@ -122,50 +170,79 @@ EOF
 } > "$RESULTS/env.txt" 2>&1
 cat "$RESULTS/env.txt"
 
-cap() { local left=$(( DEADLINE - SECONDS )); echo $(( $1 < left ? $1 : left )); }  # a timeout within the deadline
-
-# ---------------------------------------------------------------------------------------------- checks 1-7
-limit=$(cap "$CHECK_TIMEOUT")
-echo "=== correctness checks (t=${SECONDS}s, limit ${limit}s)"
-timeout -k 10 "$limit" "$PYTHON" benchmarks/workers/gpu_check.py --out "$CHECKS" --work "$WORK/checks" "${SMOKE[@]}"
-status=$?
-if [[ $status == 2 ]]; then
-  echo "gpu.sh: no CUDA device: nothing to check"
-  finish 2
-elif [[ $status == 124 || $status == 137 ]]; then
-  note "{\"check\": \"checks_process\", \"ok\": false, \"detail\": \"killed at its ${limit}s limit\"}" "$CHECKS"
-elif [[ $status != 0 && $status != 1 ]]; then
-  note "{\"check\": \"checks_process\", \"ok\": false, \"detail\": \"exited with status $status\"}" "$CHECKS"
-fi
-
-# ---------------------------------------------------------------------------------------------- check 8: benchmark
-"$PYTHON" benchmarks/workers/gpu_bench.py write-config --out "$WORK/model" "${SMOKE[@]}" >/dev/null || finish 2
-slowest=$MIN_RUN
-for strategy in "${STRATEGIES[@]}"; do
-  if (( SECONDS > BUDGET || SECONDS + slowest > DEADLINE )); then
-    echo "gpu.sh: time budget reached at ${SECONDS}s: $strategy not run"
-    note "{\"strategy\": \"$strategy\", \"ok\": null, \"skipped\": \"time budget reached at ${SECONDS}s\"}" "$BENCH"
-    continue
-  fi
-  start=$SECONDS limit=$(cap "$RUN_TIMEOUT")
-  echo "=== benchmark $strategy (t=${SECONDS}s, limit ${limit}s)"
-  timeout -k 10 "$limit" "$PYTHON" benchmarks/workers/gpu_bench.py run --strategy "$strategy" --model "$WORK/model" \
-    --jsonl "$BENCH" --work "$WORK/bench" --batch-size "$BATCH_SIZE" --seq-len "$SEQ_LEN" --steps "$STEPS" \
-    --warmup "$WARMUP" "${SMOKE[@]}"
+# ---------------------------------------------------------------------------------------------- part 1: checks
+part_checks() {
+  local deadline=$(( SECONDS + CHECKS_S - GRACE )) limit status
+  limit=$(cap "$CHECKS_S" "$deadline")
+  echo "=== checks: correctness, then gym fit of the shipped configs (t=${SECONDS}s, limit ${limit}s)"
+  # --deadline: the worker starts no config fit that would likely end after it (one fit's margin before the kill).
+  timeout -k "$GRACE" "$limit" "$PYTHON" benchmarks/workers/gpu_check.py --out "$CHECKS" --work "$WORK/checks" \
+    --deadline $(( $(date +%s) + limit - 5 )) "${SMOKE[@]}"
   status=$?
-  if [[ $status == 124 || $status == 137 ]]; then
-    note "{\"strategy\": \"$strategy\", \"ok\": false, \"error\": \"killed at its ${limit}s limit\"}" "$BENCH"
+  if [[ $status == 2 ]]; then
+    echo "gpu.sh: no CUDA device: nothing to check"
+    finish 2
+  elif [[ $status == 124 || $status == 137 ]]; then
+    note "{\"check\": \"checks_process\", \"ok\": false, \"detail\": \"killed at its ${limit}s limit\"}" "$CHECKS"
+  elif [[ $status != 0 && $status != 1 ]]; then
+    note "{\"check\": \"checks_process\", \"ok\": false, \"detail\": \"exited with status $status\"}" "$CHECKS"
   fi
-  (( SECONDS - start > slowest )) && slowest=$(( SECONDS - start ))
-done
+}
+
+# ---------------------------------------------------------------------------------------------- part 2: bench
+part_bench() {
+  local deadline=$(( SECONDS + BENCH_S - GRACE )) per_run=$MIN_RUN slot start limit status name
+  local -a names
+  echo "=== bench: Qwen3-1.7B shape (t=${SECONDS}s, deadline t=${deadline}s)"
+  if ! (( ${#SMOKE[@]} )) && ! runs_part checks && ! "$PYTHON" -c 'import sys, torch
+sys.exit(0 if torch.cuda.is_available() else 2)'; then  # the checks part finds this out where it runs
+    echo "gpu.sh: no CUDA device: nothing to benchmark"
+    finish 2
+  fi
+  "$PYTHON" benchmarks/workers/gpu_bench.py write-config --out "$WORK/model" "${SMOKE[@]}" >/dev/null || finish 2
+  for slot in "${SLOTS[@]}"; do
+    read -ra names <<< "$slot"
+    if (( SECONDS + per_run > deadline )); then
+      echo "gpu.sh: time budget reached at ${SECONDS}s: ${names[*]} not run"
+      for name in "${names[@]}"; do
+        note "{\"strategy\": \"$name\", \"ok\": null, \"skipped\": \"time budget reached at ${SECONDS}s\"}" "$BENCH"
+      done
+      continue
+    fi
+    start=$SECONDS limit=$(cap $(( RUN_TIMEOUT * ${#names[@]} )) "$deadline")
+    echo "=== benchmark ${names[*]} (t=${SECONDS}s, limit ${limit}s)"
+    # --deadline / --min-run: the worker starts no run that would likely end after its kill (it records a skip).
+    timeout -k "$GRACE" "$limit" "$PYTHON" benchmarks/workers/gpu_bench.py run --strategy "${names[@]}" \
+      --model "$WORK/model" --jsonl "$BENCH" --work "$WORK/bench" --batch-size "$BATCH_SIZE" --seq-len "$SEQ_LEN" \
+      --steps "$STEPS" --warmup "$WARMUP" --deadline $(( $(date +%s) + limit - 5 )) --min-run "$per_run" \
+      "${SMOKE[@]}"
+    status=$?
+    for name in "${names[@]}"; do  # a run the process never recorded: killed, or the process died before it
+      grep -q "\"strategy\": \"$name\"" "$BENCH" 2>/dev/null && continue
+      if [[ $status == 124 || $status == 137 ]]; then
+        note "{\"strategy\": \"$name\", \"ok\": false, \"error\": \"killed at its ${limit}s limit\"}" "$BENCH"
+      else
+        note "{\"strategy\": \"$name\", \"ok\": false, \"error\": \"process exited with $status, no record\"}" "$BENCH"
+      fi
+    done
+    (( (SECONDS - start) / ${#names[@]} > per_run )) && per_run=$(( (SECONDS - start) / ${#names[@]} ))
+  done
+}
+
+runs_part checks && part_checks
+runs_part bench && part_bench
 
 # ---------------------------------------------------------------------------------------------- results
 smoke=$( (( ${#SMOKE[@]} )) && echo true || echo false)
-meta="{\"model\": \"Qwen3-1.7B shape, random weights\", \"precision\": \"bf16-mixed\", \"micro_batch\": $BATCH_SIZE,"
-meta+=" \"seq_len\": $SEQ_LEN, \"timed_steps\": $STEPS, \"warmup_steps\": $WARMUP, \"world_size\": 1,"
-meta+=" \"flops\": \"6N + 12LHQT per token (PaLM app. B)\", \"smoke\": $smoke, \"seconds\": $SECONDS}"
+meta="{\"parts\": \"${PARTS[*]}\", \"smoke\": $smoke, \"seconds\": $SECONDS"
+if runs_part bench; then
+  meta+=", \"model\": \"Qwen3-1.7B shape, random weights\", \"precision\": \"bf16-mixed\","
+  meta+=" \"micro_batch\": $BATCH_SIZE, \"seq_len\": $SEQ_LEN, \"timed_steps\": $STEPS, \"warmup_steps\": $WARMUP,"
+  meta+=" \"world_size\": 1,"
+  meta+=" \"flops\": \"6N + 12LHQT per token (PaLM app. B)\""
+fi
 "$PYTHON" benchmarks/workers/gpu_bench.py collect --checks "$CHECKS" --bench "$BENCH" --out "$RESULTS/results.json" \
-  --meta "$meta"
+  --meta "$meta}"
 status=$?
 echo "gpu.sh: done in ${SECONDS}s; results in $RESULTS (exit status $status)"
 finish $(( status == 0 ? 0 : 1 ))

@@ -590,29 +590,34 @@ def memory_section(settings: Settings, workdir: Path) -> str:
 def gpu_section(path: Path) -> str:
     """The device check from benchmarks/gpu.sh's results, or a plain statement that it has not been run.
 
-    ``path`` is its results.json; without one (a run killed at its limit writes none) the JSON lines beside it
-    (checks.jsonl, bench.jsonl) are merged the way gpu.sh's last step merges them."""
-    if path.is_file():
-        return render_gpu(json.loads(path.read_text()))
+    ``path`` is its results.json. A part it lacks (a run killed before writing it, or a later call of the other
+    part: ``gpu.sh --part checks`` and ``--part bench`` are two device calls) is read from the JSON lines beside it
+    (checks.jsonl, bench.jsonl), merged the way gpu.sh's last step merges them."""
     checks, bench = path.with_name("checks.jsonl"), path.with_name("bench.jsonl")
-    if checks.is_file() or bench.is_file():
-        gpu_bench = _gpu_bench()
-        records = gpu_bench.read_records(bench)
-        data = {
-            "meta": {"note": "partial: the run ended before results.json"},
-            "checks": gpu_bench.read_records(checks),
-        }
-        return render_gpu(data | {"runs": gpu_bench.merge_runs(records)})
-    return (
-        "**Not run yet.** No GPU has been available to this project so far. `benchmarks/gpu.sh` is prepared (one "
-        "command, under 6 minutes on 1 x H200): correctness checks of every strategy on CUDA (bf16-mixed training "
-        "against fp32, FSDP CPU offload, validation metrics, the HF export, equal initial weights, the chunked loss, "
-        "DDP compression hooks), then one round of the Qwen3-1.7B shape (random weights, bf16-mixed, sequence "
-        "length 2048) comparing gym_lightning's `GymFSDPStrategy` and `ZeROStrategy(stage=3)` (world size 1) with "
-        "Lightning's `FSDPStrategy` and `DeepSpeedStrategy(stage=3)` on the same model and batches. It writes "
-        f"`{_shown(path.parent)}/`; re-run `python benchmarks/run.py --sections gpu` (or the full command) to render "
-        "it here. Targets: gym_lightning >= Lightning's built-ins; MFU >= 40%."
-    )
+    if not (path.is_file() or checks.is_file() or bench.is_file()):
+        return GPU_NOT_RUN.format(folder=_shown(path.parent))
+    data = json.loads(path.read_text()) if path.is_file() else {"meta": {"note": "partial: no results.json"}}
+    gpu_bench = _gpu_bench()
+    if not data.get("checks") and checks.is_file():
+        data["checks"] = gpu_bench.read_records(checks)
+    if not data.get("runs") and bench.is_file():
+        data["runs"] = gpu_bench.merge_runs(gpu_bench.read_records(bench))
+    return render_gpu(data)
+
+
+GPU_NOT_RUN = (
+    "**Not run yet.** No GPU has been available to this project so far. `benchmarks/gpu.sh` is prepared for one "
+    "H200, in two parts sized to a device call each. `--part checks` (under 4 minutes): correctness of every "
+    "strategy on CUDA (bf16-mixed training against fp32, FSDP CPU offload, validation metrics, the HF export, equal "
+    "initial weights, the chunked loss, QLoRA, DDP compression hooks), then `gym fit` of every shipped config that "
+    "runs on one GPU (ddp, fsdp, zero1, zero2, zero3, zero3_offload, and qlora on a local random-weight folder) "
+    "with one device and a few steps, each export reloaded with transformers. `--part bench` (under 5 minutes): "
+    "the Qwen3-1.7B shape (random weights, fp32 parameters, bf16 autocast, SDPA, fused AdamW, sequence length "
+    "2048) in a plain PyTorch loop and in `transformers.Trainer`, beside gym_lightning's `gym_ddp`, `gym_fsdp` and "
+    "`zero3` and Lightning's `FSDPStrategy` and `DeepSpeedStrategy(stage=3)` on the same batches (ZeRO-1/2 when "
+    "time allows). It writes `{folder}/`; re-run `python benchmarks/run.py --sections gpu` (or the full command) "
+    "to render it here. Targets: gym_lightning >= Lightning's built-ins and close to the plain loop; MFU >= 40%."
+)
 
 
 def _gpu_bench() -> Any:
@@ -703,9 +708,21 @@ def check_summary(record: dict[str, Any]) -> str:
         cells.append(", ".join(f"{k}: {v['n_differing']} tensors differ" for k, v in f.items() if "n_differing" in v))
     if name == "chunked_loss":
         cells.append(f"loss diff {f['loss'].get('max_abs_diff')}, grad diff {f['grads'].get('max_abs_diff')}")
+    if name.startswith("gym_fit/"):
+        cells.append(gym_fit_summary(f))
     if name == "op_builds":
         cells.append("ops loaded: " + (", ".join(o["op"] for o in f.get("loaded", [])) or "none"))
     return "; ".join(cells).replace("|", "/")
+
+
+def gym_fit_summary(figures: dict[str, Any]) -> str:
+    """A ``gym_fit/<config>`` record: the expected refusal, or what ran and how its export reloaded."""
+    if figures.get("expected_refusal"):
+        return f"refused as expected: {figures['expected_refusal']}"[:200]
+    export = figures.get("export", {})
+    logits = "finite logits" if export.get("finite_logits") else "NON-FINITE logits"
+    loads = "loads" if export.get("loads") else f"load problems {export.get('load_problems')}"
+    return f"{figures.get('strategy')}, {figures.get('precision')}; export ({export.get('dtype')}) {loads}, {logits}"
 
 
 def _ratio(ours: float | None, peer: float | None) -> str:
@@ -752,7 +769,7 @@ TITLES = {
     "overhead": "Overhead budget: what each wrapper adds per optimizer step (2 ranks)",
     "ddp": "4. DDP scaling on this machine",
     "memory": "5. Per-rank memory: measured vs the planner",
-    "gpu": "GPU: Qwen3-1.7B shape on 1 x H200 vs Lightning's built-in strategies",
+    "gpu": "GPU: checks and the Qwen3-1.7B shape on 1 x H200 vs a plain loop, the HF Trainer and Lightning's built-ins",
 }
 
 

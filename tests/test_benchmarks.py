@@ -11,7 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from types import ModuleType
+from types import ModuleType, SimpleNamespace
 from typing import Any
 
 import pytest
@@ -79,6 +79,58 @@ def test_entry_point_help(script: str, helps: dict[str, Any]) -> None:
 def test_gpu_script_parses() -> None:
     done = subprocess.run(["bash", "-n", str(BENCH / "gpu.sh")], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
+
+
+def _gpu_sh(args: list[str], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    command = ["bash", str(BENCH / "gpu.sh"), *args]
+    return subprocess.run(command, env=env, capture_output=True, text=True, timeout=900, check=False)
+
+
+@pytest.mark.parametrize("args", [["--part", "bogus"], ["--part"], ["--cpu-smoke", "--fast"]])
+def test_gpu_script_refuses_unknown_arguments(args: list[str]) -> None:
+    done = _gpu_sh(args)
+    assert done.returncode == 2 and "usage: bash benchmarks/gpu.sh" in done.stderr, done.stdout + done.stderr
+
+
+def test_gpu_script_help_names_the_parts() -> None:
+    done = _gpu_sh(["--help"])
+    assert done.returncode == 0 and "--part checks" in done.stdout and "--part bench" in done.stdout
+
+
+def test_gpu_script_bench_part_over_budget(tmp_path: Path) -> None:
+    """``--part bench`` alone, its time budget already spent: every run is one skip record, no checks file, and the
+    other part's JSON lines in the folder are left alone (a local run of one part after the other)."""
+    out = tmp_path / "out"
+    (out / "gpu").mkdir(parents=True)
+    (out / "gpu" / "checks.jsonl").write_text('{"check": "train/gym_ddp", "ok": true}\n')
+    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GYM_WHEELS": str(tmp_path / "no_wheels")}
+    env |= {"GPU_WORK_DIR": str(tmp_path / "work"), "GPU_BENCH_S": "1"}
+    done = _gpu_sh(["--cpu-smoke", "--part", "bench"], env)
+    assert done.returncode == 0, done.stdout[-4000:] + done.stderr[-2000:]
+    results = json.loads((out / "gpu" / "results.json").read_text())
+    assert results["meta"]["parts"] == "bench"
+    assert [c["check"] for c in results["checks"]] == ["train/gym_ddp"]  # the earlier checks part's, kept
+    assert set(results["runs"]) == set(_load(BENCH / "workers" / "gpu_bench.py").STRATEGIES)
+    assert all(run["skipped"].startswith("time budget") for run in results["runs"].values())
+
+
+def test_lightning_deepspeed_is_told_the_micro_batch(gpu_bench: ModuleType) -> None:
+    """Lightning's DeepSpeedStrategy otherwise reads ``batch_sampler.batch_size`` of the ready-batch loader, which
+    has none (the first device run failed so)."""
+    strategy = gpu_bench.make_strategy("lightning_deepspeed", 4)
+    assert strategy.config["train_micro_batch_size_per_gpu"] == 4
+    assert strategy.config["zero_optimization"]["stage"] == 3
+
+
+def test_baselines_train_on_the_gym_runs_tokens(gpu_bench: ModuleType) -> None:
+    import torch
+    from dist_bench import make_batches
+
+    args = SimpleNamespace(batch_size=2, seq_len=16, steps=3, warmup=1)
+    ours = gpu_bench.token_ids(args, vocab=512)
+    theirs = make_batches(vars(args), rank=0, vocab=512)
+    assert len(ours) == len(theirs) == 4
+    assert all(torch.equal(a, b["input_ids"]) for a, b in zip(ours, theirs, strict=True))
 
 
 def test_dist_worker_imports() -> None:
@@ -218,6 +270,11 @@ def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path:
     (tmp_path / "results.json").unlink()
     partial = run_py.gpu_section(tmp_path / "results.json")
     assert "partial" in partial and "| init_weights | ❌ |" in partial and "| gym_fsdp | 1,260 (1,260) |" in partial
+    # `gpu.sh --part bench` in a second device call: its results.json has no checks; the first call's are beside it.
+    payload = gpu_bench.collect(tmp_path / "none.jsonl", tmp_path / "bench.jsonl", tmp_path / "results.json", {})
+    assert payload["checks"] == [] and payload["runs"]["gym_fsdp"]["tokens_per_sec"]
+    both = run_py.gpu_section(tmp_path / "results.json")
+    assert "| init_weights | ❌ |" in both and "| gym_fsdp | 1,260 (1,260) |" in both
 
 
 def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
@@ -236,28 +293,27 @@ def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_gpu_script_cpu_smoke_layout(tmp_path: Path) -> None:
-    """benchmarks/gpu.sh --cpu-smoke passes and hands back what the device tool returns: at most 8 files (gpu.sh
-    keeps to 5) in $OUT/gpu/, plain names, nothing deeper; every check recorded, Lightning's peers skipped."""
+    """benchmarks/gpu.sh --cpu-smoke (both parts) passes and hands back what the device tool returns: at most 8
+    files (gpu.sh keeps to 5) in $OUT/gpu/, plain names, nothing deeper; every check recorded (the gym fit of each
+    shipped config among them), every run measured but Lightning's CUDA-only peers, which are skipped."""
     out, wheels = tmp_path / "out", tmp_path / "no_wheels"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GYM_WHEELS": str(wheels)}
     env["GPU_WORK_DIR"] = str(tmp_path / "work")
-    done = subprocess.run(
-        ["bash", str(BENCH / "gpu.sh"), "--cpu-smoke"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-        check=False,
-    )
+    done = _gpu_sh(["--cpu-smoke"], env)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
     names = ["env.txt", "checks.jsonl", "bench.jsonl", "log.txt", "results.json"]
     assert files == sorted(f"gpu/{name}" for name in names)
     results = json.loads((out / "gpu" / "results.json").read_text())
-    assert [c["check"] for c in results["checks"]] == _load(BENCH / "workers" / "gpu_check.py").check_names()
-    assert results["failed"] == []
-    assert results["runs"]["lightning_fsdp"]["skipped"].startswith("needs CUDA")
-    assert results["runs"]["gym_zero3"]["tokens_per_sec"] > 0
+    check_names = _load(BENCH / "workers" / "gpu_check.py").check_names()
+    assert [c["check"] for c in results["checks"]] == check_names
+    assert {f"gym_fit/{name}" for name in ("ddp", "fsdp", "zero1", "zero2", "zero3", "qlora")} <= set(check_names)
+    assert results["failed"] == [] and results["meta"]["parts"] == "checks bench"
+    for name, run in results["runs"].items():
+        if name.startswith("lightning_"):
+            assert run["skipped"].startswith("needs CUDA")
+        else:
+            assert run["tokens_per_sec"] > 0, (name, run)
     assert "gpu.sh: done" in (out / "gpu" / "log.txt").read_text()
 
 

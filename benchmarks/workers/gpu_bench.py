@@ -1,43 +1,71 @@
-"""One benchmark run of benchmarks/gpu.sh: a Qwen3-1.7B-shaped model, random weights, one strategy, one process.
+"""The benchmark part of benchmarks/gpu.sh: a Qwen3-1.7B-shaped model, random weights, world size 1, one JSON line
+per run.
 
     python benchmarks/workers/gpu_bench.py write-config --out DIR            # config-only model folder (no weights)
     python benchmarks/workers/gpu_bench.py run --strategy gym_fsdp --model DIR --jsonl bench.jsonl [--batch-size 4]
+    python benchmarks/workers/gpu_bench.py run --strategy plain hf_trainer --model DIR --jsonl bench.jsonl  # 2 runs
     python benchmarks/workers/gpu_bench.py collect --checks checks.jsonl --bench bench.jsonl --out results.json
     python benchmarks/workers/gpu_bench.py run --cpu-smoke --strategy gym_zero3 --jsonl /tmp/bench.jsonl  # CPU
 
-Strategies: ``gym_fsdp`` (GymFSDPStrategy, FSDP2), ``gym_zero3`` (ZeROStrategy(stage=3)), ``lightning_fsdp``
-(Lightning's FSDPStrategy, FSDP1, one unit per Qwen3DecoderLayer), ``lightning_deepspeed`` (Lightning's
-DeepSpeedStrategy(stage=3)); all at world size 1, ``bf16-mixed``, the same ``CausalLMModule`` (fp32 parameters,
-SDPA attention, its torch AdamW: no DeepSpeed optimizer, so no op is JIT-built; ``gpu_common.refuse_jit_builds``
-makes a build an error) and the same synthetic batches (no padding). tokens/s and MFU come from gym_lightning's
-``ThroughputCallback`` (FLOPs convention: 6·N + 12·L·H·Q·T per token, PaLM appendix B; N excludes the input
-embedding and counts the tied LM head; dense bf16 peak of the chip from gym_lightning.metrics.peak_flops) over
-the steps after ``--warmup``; the measured peak is ``torch.cuda.max_memory_allocated`` of the whole process, beside
-the planner's predicted device peak (``gym_lightning.planner``: the larger of its load and step phases for the
-matching strategy). Each run appends one JSON line to ``--jsonl`` when it ends. Lightning's two strategies refuse
-CPU accelerators: under ``--cpu-smoke`` they are recorded as skipped.
+Runs (``--strategy``), every one on the same synthetic batches (no padding), fp32 parameters, bf16 autocast, SDPA
+attention, fused torch AdamW at lr 1e-5 with weight decay 0 and a constant schedule, no gradient clipping:
+
+* ``plain``: a plain PyTorch loop, ``model(input_ids=ids, labels=ids).loss`` (the model's own loss), ``backward``,
+  ``step``, ``zero_grad(set_to_none=True)``; ``hf_trainer``: ``transformers.Trainer`` with those settings
+  (``bf16=True``, ``optim="adamw_torch_fused"``, ``max_grad_norm=0``). Both build the model on the device and
+  import neither Lightning nor gym_lightning before their timed steps are done.
+* ``gym_ddp``, ``gym_fsdp``, ``gym_zero1``/``2``/``3``: gym_lightning's strategies; ``lightning_fsdp`` (Lightning's
+  FSDPStrategy, FSDP1, one unit per Qwen3DecoderLayer) and ``lightning_deepspeed`` (Lightning's
+  DeepSpeedStrategy(stage=3), told the micro-batch size: it otherwise reads ``batch_sampler.batch_size`` of the
+  training loader, which a loader of ready batches does not have). All through the same ``CausalLMModule``
+  (``loss_chunking="auto"``: chunked at this vocabulary) under ``bf16-mixed``. No DeepSpeed optimizer, so no op is
+  JIT-built (``gpu_common.refuse_jit_builds`` makes a build an error).
+
+Several ``--strategy`` run one after the other in one process (imports cost 10-20 s a process): before each run
+the process is collected, the CUDA cache emptied and the peak counters reset; what an earlier run left allocated
+(``allocated_at_start_bytes``) is taken off the run's peak. With ``--deadline`` a run that would likely end past it
+(``--min-run`` seconds, or the slowest run of the process so far) is recorded as skipped instead.
+
+tokens/s and MFU: gym_lightning's ``ThroughputCallback`` for the Lightning runs, a synchronised host clock for the
+two baselines (FLOPs convention for all: 6·N + 12·L·H·Q·T per token, PaLM appendix B, ``gym_lightning.metrics``;
+dense bf16 peak of the chip from gym_lightning.metrics.peak_flops) over the steps after ``--warmup``. The measured
+peak is ``torch.cuda.max_memory_allocated`` over the run, beside the planner's predicted device peak
+(``gym_lightning.planner``: the larger of its load and step phases for the matching strategy; the model's own,
+unchunked loss for the baselines). Lightning's two strategies refuse CPU accelerators: under ``--cpu-smoke`` they
+are recorded as skipped.
 """
 
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import math
 import statistics
 import sys
 import time
 import traceback
+from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import CPU_ONLY_OPS, append_record, read_records, refuse_jit_builds
+from gpu_common import CPU_ONLY_OPS, append_record, one_line, read_records, refuse_jit_builds
 
-STRATEGIES = ("gym_fsdp", "gym_zero3", "lightning_fsdp", "lightning_deepspeed")
+BASELINES = ("plain", "hf_trainer")
+# In the order gpu.sh runs them when it has time for all: the baselines, then each gym strategy next to its peer.
+STRATEGIES = (*BASELINES, "gym_ddp", "gym_fsdp", "lightning_fsdp", "gym_zero3", "lightning_deepspeed")
+STRATEGIES += ("gym_zero1", "gym_zero2")
+# What each run is compared with in the table: Lightning's counterpart, else the plain loop.
 PEERS = {"gym_fsdp": "lightning_fsdp", "gym_zero3": "lightning_deepspeed"}
-# The planner's strategy for each run (Lightning's FSDP1 and DeepSpeed stage 3 hold what gym's counterparts hold).
-PLANNER_KEYS = {"gym_fsdp": "fsdp_full", "lightning_fsdp": "fsdp_full", "gym_zero3": "zero3"}
+PEERS |= {name: "plain" for name in ("hf_trainer", "gym_ddp", "gym_zero1", "gym_zero2")}
+# The planner's strategy for each run (Lightning's FSDP1 and DeepSpeed stage 3 hold what gym's counterparts hold; a
+# plain loop holds what DDP holds at world size 1).
+PLANNER_KEYS = {"plain": "ddp", "hf_trainer": "ddp", "gym_ddp": "ddp", "gym_zero1": "zero1", "gym_zero2": "zero2"}
+PLANNER_KEYS |= {"gym_fsdp": "fsdp_full", "lightning_fsdp": "fsdp_full", "gym_zero3": "zero3"}
 PLANNER_KEYS["lightning_deepspeed"] = "zero3"
 MEDIAN_KEYS = ("tokens_per_sec", "clock_tokens_per_sec", "mfu", "device_tflops_per_sec", "peak_memory_bytes")
+LR = 1e-5
 
 # Qwen/Qwen3-1.7B config.json (shape as in gym_lightning.planner.catalog.BUNDLED["qwen3-1.7b"]); no weights needed.
 QWEN3_1_7B: dict[str, Any] = {
@@ -75,16 +103,20 @@ def write_config(out: Path, smoke: bool = False) -> Path:
     return out
 
 
-def make_strategy(name: str) -> Any:
+def make_strategy(name: str, batch_size: int) -> Any:
     """The strategy object, with the arguments checked against Lightning 2.6.6 / DeepSpeed 0.19.8."""
+    if name == "gym_ddp":
+        from gym_lightning.strategies import GymDDPStrategy
+
+        return GymDDPStrategy()
     if name == "gym_fsdp":
         from gym_lightning.strategies import GymFSDPStrategy
 
         return GymFSDPStrategy(sharding="full")
-    if name == "gym_zero3":
+    if name.startswith("gym_zero"):
         from gym_lightning.strategies import ZeROStrategy
 
-        return ZeROStrategy(stage=3)
+        return ZeROStrategy(stage=int(name[-1]))
     if name == "lightning_fsdp":
         from lightning.pytorch.strategies import FSDPStrategy
         from transformers.models.qwen3.modeling_qwen3 import Qwen3DecoderLayer
@@ -94,7 +126,9 @@ def make_strategy(name: str) -> Any:
     if name == "lightning_deepspeed":
         from lightning.pytorch.strategies import DeepSpeedStrategy
 
-        return DeepSpeedStrategy(stage=3)
+        # logging_batch_size_per_gpu becomes train_micro_batch_size_per_gpu: without it Lightning reads the
+        # loader's batch_sampler.batch_size, and the ready-batch loader has no batch_sampler (it failed so).
+        return DeepSpeedStrategy(stage=3, logging_batch_size_per_gpu=batch_size)
     raise ValueError(f"unknown strategy {name!r}; expected one of {STRATEGIES}")
 
 
@@ -105,7 +139,10 @@ def predicted_peak(model_dir: str, strategy: str, batch_size: int, seq_len: int)
     from gym_lightning.planner.phases import phase_peaks
 
     key = PLANNER_KEYS[strategy]
-    setup = Setup(gpus_per_node=1, precision="bf16-mixed", micro_batch_size=batch_size, seq_length=seq_len)
+    chunking = "off" if strategy in BASELINES else "auto"  # the baselines use the model's own (unchunked) loss
+    setup = Setup(
+        gpus_per_node=1, precision="bf16-mixed", micro_batch_size=batch_size, seq_length=seq_len, loss_chunking=chunking
+    )
     peaks = phase_peaks(resolve_shape(model_dir), STRATEGY_BY_KEY[key], setup)
     load, step = peaks.load.device, peaks.step.device
     figures = {"planner_strategy": key, "predicted_load_bytes": load, "predicted_step_bytes": step}
@@ -124,14 +161,18 @@ def optimizer_probe() -> Any:
         def on_train_start(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
             outer = trainer.optimizers[0]
             inner = getattr(outer, "optimizer", outer)
-            fused = any(group.get("fused") for group in inner.param_groups)
-            wrapped = f"{type(outer).__name__} over " if inner is not outer else ""
-            self.summary = f"{wrapped}{type(inner).__module__}.{type(inner).__name__} (fused={fused})"
+            self.summary = describe_optimizer(inner, outer)
 
     return OptimizerProbe()
 
 
-def bench_trainer(args: argparse.Namespace, callbacks: list[Any]) -> Any:
+def describe_optimizer(inner: Any, outer: Any = None) -> str:
+    fused = any(group.get("fused") for group in inner.param_groups)
+    wrapped = f"{type(outer).__name__} over " if outer is not None and inner is not outer else ""
+    return f"{wrapped}{type(inner).__module__}.{type(inner).__name__} (fused={fused})"
+
+
+def bench_trainer(args: argparse.Namespace, strategy: str, callbacks: list[Any]) -> Any:
     """The run's Trainer: world size 1, bf16-mixed, warm-up + timed steps, nothing else (no validation, logger,
     checkpoints or progress bar)."""
     import lightning.pytorch as pl
@@ -139,7 +180,7 @@ def bench_trainer(args: argparse.Namespace, callbacks: list[Any]) -> Any:
     return pl.Trainer(
         accelerator="cpu" if args.cpu_smoke else "cuda",
         devices=1,
-        strategy=make_strategy(args.strategy),
+        strategy=make_strategy(strategy, args.batch_size),
         precision="bf16-mixed",
         max_steps=args.warmup + args.steps,
         limit_val_batches=0,
@@ -150,14 +191,13 @@ def bench_trainer(args: argparse.Namespace, callbacks: list[Any]) -> Any:
         logger=False,
         log_every_n_steps=50,
         use_distributed_sampler=False,
-        default_root_dir=str(Path(args.work) / f"logs_{args.strategy}"),
+        default_root_dir=str(Path(args.work) / f"logs_{strategy}"),
         callbacks=callbacks,
     )
 
 
-def run(args: argparse.Namespace, op_loads: list[dict[str, Any]]) -> dict[str, Any]:
-    """Train ``args.strategy`` for warm-up + timed steps; its figures (tokens/s, MFU, peaks, the planner's)."""
-    import torch
+def run_lightning(args: argparse.Namespace, strategy: str, vocab: int) -> dict[str, Any]:
+    """Train ``strategy`` (a gym or Lightning strategy) for warm-up + timed steps; its throughput figures."""
     from dist_bench import ReadyBatches, make_batches
     from fit_vs_plain import StepClock
 
@@ -165,58 +205,232 @@ def run(args: argparse.Namespace, op_loads: list[dict[str, Any]]) -> dict[str, A
     from gym_lightning.module import CausalLMModule
     from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR
 
-    model_dir = args.model or str(write_config(Path(args.work) / "model_config", smoke=args.cpu_smoke))
-    vocab = json.loads((Path(model_dir) / "config.json").read_text())["vocab_size"]
-    spec = {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup}
     module = CausalLMModule(
-        model=model_dir,
+        model=args.model,
         tokenizer=str(SHIPPED_TOKENIZER_DIR),  # only loaded, never used for training on synthetic tokens
         pretrained=False,
         torch_dtype="float32",  # fp32 parameters: bf16-mixed keeps fp32 weights / masters in every strategy
         attn_implementation="sdpa",
-        lr=1e-5,
+        lr=LR,
+        weight_decay=0.0,
         scheduler="constant",
     )
     throughput, clock = ThroughputCallback(warmup_steps=args.warmup, log_every_n_steps=5), StepClock(args.warmup)
     optimizer = optimizer_probe()
-    start = time.perf_counter()
-    trainer = bench_trainer(args, [throughput, clock, optimizer])
-    trainer.fit(module, datamodule=ReadyBatches(make_batches(spec, rank=0, vocab=vocab), args.batch_size))
+    trainer = bench_trainer(args, strategy, [throughput, clock, optimizer])
+    batches = make_batches(batch_spec(args), rank=0, vocab=vocab)
+    trainer.fit(module, datamodule=ReadyBatches(batches, args.batch_size))
     total = throughput.summary.get("total") or {}
-    cuda = torch.cuda.is_available() and not args.cpu_smoke
     return {
         "tokens_per_sec": total.get("tokens_per_sec"),
         "clock_tokens_per_sec": args.steps * args.batch_size * args.seq_len / (clock.t1 - clock.t0),
         "mfu": total.get("mfu"),
         "device_tflops_per_sec": total.get("device_tflops_per_sec"),
-        "peak_memory_bytes": torch.cuda.max_memory_allocated() if cuda else 0,
-        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else 0,
-        **predicted_peak(model_dir, args.strategy, args.batch_size, args.seq_len),
         "optimizer": optimizer.summary,
-        "deepspeed_ops_loaded": op_loads,
         "device": throughput.summary.get("device_name"),
         "flops": throughput.summary.get("flops"),
-        "fit_seconds": time.perf_counter() - start,
     }
 
 
-def run_recorded(args: argparse.Namespace) -> dict[str, Any]:
-    """``run`` as one record: its figures, the skip on CPU of Lightning's CUDA-only strategies, or the error."""
-    record: dict[str, Any] = {"strategy": args.strategy, "peer": PEERS.get(args.strategy), "round": args.round}
+# --------------------------------------------------------------------------------------------- baselines
+
+
+def batch_spec(args: argparse.Namespace) -> dict[str, int]:
+    return {"batch_size": args.batch_size, "seq_len": args.seq_len, "steps": args.steps, "warmup": args.warmup}
+
+
+def token_ids(args: argparse.Namespace, vocab: int) -> list[Any]:
+    """The input ids of ``dist_bench.make_batches`` at rank 0, drawn alike (same generator, seed and order) without
+    importing it: it imports Lightning and gym_lightning, which the baselines do not run."""
+    import torch
+
+    generator = torch.Generator().manual_seed(1000)
+    shape = (args.batch_size, args.seq_len)
+    return [torch.randint(0, vocab, shape, generator=generator) for _ in range(args.warmup + args.steps)]
+
+
+class SyncClock:
+    """Host clock at the end of optimizer step ``warmup`` and of the last step, each read after synchronising the
+    device (the baselines queue their kernels asynchronously; no other synchronisation is added)."""
+
+    def __init__(self, device: Any, warmup: int, last: int) -> None:
+        self.device, self.warmup, self.last = device, warmup, last
+        self.t0 = self.t1 = 0.0
+
+    def step_end(self, step: int) -> None:
+        """``step``: optimizer steps finished so far (1-based)."""
+        if step not in (self.warmup, self.last):
+            return
+        if self.device.type == "cuda":
+            import torch
+
+            torch.cuda.synchronize(self.device)
+        if step == self.warmup:
+            self.t0 = time.perf_counter()
+        else:
+            self.t1 = time.perf_counter()
+
+
+def baseline_model(model_dir: str, device: Any) -> Any:
+    """The model in fp32 with SDPA, its random initialisation drawn on ``device`` (a 1.7B draw on the host alone
+    takes tens of seconds)."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    config = AutoConfig.from_pretrained(model_dir)
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = AutoModelForCausalLM.from_config(config, dtype=torch.float32, attn_implementation="sdpa")
+    return model.train()
+
+
+def fused_adamw(model: Any) -> Any:
+    import torch
+
+    return torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=0.0, fused=True)
+
+
+def plain_loop(model: Any, batches: list[Any], clock: SyncClock) -> dict[str, Any]:
+    """The loop a user writes: bf16 autocast, the model's own loss on ``labels=input_ids``, no clipping."""
+    import torch
+
+    optimizer = fused_adamw(model)
+    loss = None
+    for step, batch in enumerate(batches, start=1):
+        ids = batch.to(clock.device, non_blocking=True)
+        with torch.autocast(clock.device.type, dtype=torch.bfloat16):
+            loss = model(input_ids=ids, labels=ids).loss
+        loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.step_end(step)
+    return {"optimizer": describe_optimizer(optimizer), "last_loss": float(loss) if loss is not None else None}
+
+
+def hf_trainer_loop(model: Any, batches: list[Any], clock: SyncClock, args: argparse.Namespace) -> dict[str, Any]:
+    """``transformers.Trainer`` with the plain loop's settings, on the same rows (``labels`` = ``input_ids``)."""
+    from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
+
+    class Clock(TrainerCallback):
+        def on_step_end(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.step_end(state.global_step)
+
+    # In order (the Trainer's random sampler may reorder them: the same tokens either way).
+    rows = [{"input_ids": ids, "labels": ids} for batch in batches for ids in batch]
+    settings = TrainingArguments(
+        output_dir=str(Path(args.work) / "hf_trainer"),
+        per_device_train_batch_size=args.batch_size,
+        max_steps=len(batches),
+        learning_rate=LR,
+        weight_decay=0.0,
+        lr_scheduler_type="constant",
+        optim="adamw_torch_fused",
+        bf16=True,
+        max_grad_norm=0.0,  # no clipping, as the plain loop
+        logging_strategy="no",
+        save_strategy="no",
+        report_to="none",
+        disable_tqdm=True,
+        dataloader_num_workers=0,
+        use_cpu=args.cpu_smoke,
+        seed=0,
+    )
+    trainer = Trainer(
+        model=model, args=settings, train_dataset=rows, data_collator=default_data_collator, callbacks=[Clock()]
+    )
+    output = trainer.train()
+    outer = trainer.optimizer  # accelerate's wrapper around the torch AdamW
+    return {
+        "optimizer": describe_optimizer(getattr(outer, "optimizer", outer), outer),
+        "mean_loss": output.training_loss,
+    }
+
+
+def run_baseline(args: argparse.Namespace, strategy: str, vocab: int) -> dict[str, Any]:
+    """One baseline run; its throughput figures on the gym runs' conventions."""
+    import torch
+
+    device = torch.device("cpu" if args.cpu_smoke else "cuda")
+    batches = token_ids(args, vocab)
+    model = baseline_model(args.model, device)
+    clock = SyncClock(device, args.warmup, args.warmup + args.steps)
+    loop = plain_loop if strategy == "plain" else partial(hf_trainer_loop, args=args)
+    figures = loop(model, batches, clock)
+    tokens_per_sec = args.steps * args.batch_size * args.seq_len / (clock.t1 - clock.t0)
+    figures |= {"tokens_per_sec": tokens_per_sec, "clock_tokens_per_sec": tokens_per_sec}
+    return figures | model_flops(model, device, args.seq_len, tokens_per_sec)
+
+
+def model_flops(model: Any, device: Any, seq_len: int, tokens_per_sec: float) -> dict[str, Any]:
+    """MFU and TFLOP/s of a baseline by ThroughputCallback's convention (imported after the timed steps: gym_lightning
+    is not what the baselines run)."""
+    import torch
+
+    from gym_lightning.metrics.flops import transformer_flops
+    from gym_lightning.metrics.peak_flops import dense_peak_flops
+
+    flops = transformer_flops(model, model.config)
+    achieved = flops.per_token(seq_len) * tokens_per_sec
+    name = torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu"
+    peak = dense_peak_flops(name, "bf16") if device.type == "cuda" else None
+    return {
+        "mfu": achieved / peak if peak else None,
+        "device_tflops_per_sec": achieved / 1e12,
+        "device": name,
+        "flops": {"trainable_params": flops.trainable_params, "per_token": flops.per_token(seq_len)},
+    }
+
+
+# --------------------------------------------------------------------------------------------- records
+
+
+def run_one(args: argparse.Namespace, strategy: str, op_loads: list[dict[str, Any]]) -> dict[str, Any]:
+    """``strategy``'s figures, and the memory ones every run shares (its own peak, the planner's)."""
+    import torch
+
+    cuda = not args.cpu_smoke
+    if cuda and not torch.cuda.is_available():
+        raise RuntimeError("CUDA is not available (use --cpu-smoke for the CPU dry run)")
+    vocab = json.loads((Path(args.model) / "config.json").read_text())["vocab_size"]
+    gc.collect()
+    if cuda:  # a run after another in this process: its peak counts from here
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats()
+    left = torch.cuda.memory_allocated() if cuda else 0  # what an earlier run of this process left allocated
     start = time.perf_counter()
-    if args.cpu_smoke and args.strategy.startswith("lightning_"):
+    run = run_baseline if strategy in BASELINES else run_lightning
+    figures = run(args, strategy, vocab)
+    peak = torch.cuda.max_memory_allocated() if cuda else 0
+    figures |= {
+        "fit_seconds": time.perf_counter() - start,
+        # The run's own peak: what an earlier run left stays allocated throughout, so it is taken off (and shown).
+        "peak_memory_bytes": peak - left,
+        "allocated_at_start_bytes": left,
+        "peak_reserved_bytes": torch.cuda.max_memory_reserved() if cuda else 0,
+        "deepspeed_ops_loaded": list(op_loads),
+    }
+    return figures | predicted_peak(args.model, strategy, args.batch_size, args.seq_len)
+
+
+def skipped_on_cpu(args: argparse.Namespace, strategy: str) -> bool:
+    return args.cpu_smoke and strategy.startswith("lightning_")
+
+
+def run_recorded(args: argparse.Namespace, strategy: str, op_loads: list[dict[str, Any]]) -> dict[str, Any]:
+    """One run as one record: its figures, the skip on CPU of Lightning's CUDA-only strategies, or the error (one
+    line)."""
+    record: dict[str, Any] = {"strategy": strategy, "peer": PEERS.get(strategy), "round": args.round}
+    start = time.perf_counter()
+    if skipped_on_cpu(args, strategy):
         return record | {"ok": None, "skipped": "needs CUDA (Lightning's FSDPStrategy / DeepSpeedStrategy)"}
     try:
-        from gym_lightning.quiet import quiet_console
-
-        quiet_console()  # as `gym` does: before DeepSpeed is first imported
-
-        op_loads = refuse_jit_builds(CPU_ONLY_OPS if args.cpu_smoke else ())
-        record |= run(args, op_loads)
+        record |= run_one(args, strategy, op_loads)
         record["ok"] = bool(record["tokens_per_sec"]) and record["tokens_per_sec"] > 0
     except Exception as err:  # recorded, so that one failing strategy does not hide the others' figures
         traceback.print_exc()
-        record |= {"ok": False, "error": f"{type(err).__name__}: {err}"[:2000]}
+        record |= {"ok": False, "error": one_line(err)[:2000]}
+    finally:
+        gc.collect()  # the next run of this process starts from what is really left
     return record | {"seconds": round(time.perf_counter() - start, 2)}
 
 
@@ -241,49 +455,83 @@ def merge_runs(records: list[dict[str, Any]]) -> dict[str, Any]:
 
 
 def collect(checks: Path, bench: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """results.json from the two JSON-lines files: {"meta", "checks": [records], "runs": {strategy: merged}}."""
+    """results.json from the two JSON-lines files: {"meta", "checks": [records], "runs": {strategy: merged}}. A file
+    that does not exist is a part that did not run (``gpu.sh --part``): no checks, or no runs."""
     bench_records = read_records(bench)
-    payload = {"meta": meta, "checks": read_records(checks), "runs": merge_runs(bench_records)}
+    runs = merge_runs(bench_records) if bench.is_file() else {}
+    payload = {"meta": meta, "checks": read_records(checks), "runs": runs}
     payload["failed"] = [r["check"] for r in payload["checks"] if r.get("ok") is False]
     payload["failed"] += [f"bench/{r['strategy']}" for r in bench_records if r.get("ok") is False]
     out.write_text(json.dumps(payload, indent=2) + "\n")
     return payload
 
 
-def main() -> int:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     config = sub.add_parser("write-config", help="write the config-only Qwen3-1.7B folder")
     config.add_argument("--out", type=Path, required=True)
     config.add_argument("--cpu-smoke", action="store_true", help="a tiny model of the same architecture")
-    one = sub.add_parser("run", help="train one strategy and append its figures as one JSON line")
-    one.add_argument("--strategy", choices=STRATEGIES, required=True)
+    one = sub.add_parser("run", help="train each strategy in turn, appending its figures as one JSON line")
+    one.add_argument("--strategy", nargs="+", choices=STRATEGIES, required=True, help="one or more, in this order")
     one.add_argument("--model", help="config-only model folder (default: written into --work)")
-    one.add_argument("--jsonl", type=Path, required=True, help="the JSON-lines file to append this run's record to")
-    one.add_argument("--work", default="/tmp/gym_gpu_work", help="scratch folder (model config, Lightning logs)")
+    one.add_argument("--jsonl", type=Path, required=True, help="the JSON-lines file to append the records to")
+    one.add_argument("--work", default="/tmp/gym_gpu_work", help="scratch folder (model config, logs)")
     one.add_argument("--round", type=int, default=1, help="which round of the benchmark this run belongs to")
     one.add_argument("--batch-size", type=int, default=4)
     one.add_argument("--seq-len", type=int, default=2048)
     one.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
     one.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
     one.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the code path, no figures")
+    one.add_argument("--deadline", type=float, help="seconds since the epoch: no run starts that would end later")
+    one.add_argument("--min-run", type=float, default=0.0, help="a run's expected seconds before one was measured")
     gather = sub.add_parser("collect", help="merge the checks and the runs into one results file")
     gather.add_argument("--checks", type=Path, required=True, help="gpu_check.py's JSON lines")
     gather.add_argument("--bench", type=Path, required=True, help="the runs' JSON lines")
     gather.add_argument("--out", type=Path, required=True)
     gather.add_argument("--meta", default="{}", help="JSON object of facts to print above the tables")
-    args = parser.parse_args()
+    return parser.parse_args()
+
+
+def main() -> int:
+    args = parse_args()
     if args.command == "write-config":
         print(write_config(args.out, args.cpu_smoke))
         return 0
     if args.command == "collect":
         payload = collect(args.checks, args.bench, args.out, json.loads(args.meta))
-        print(f"collect: {len(payload['checks'])} checks, failed: {payload['failed'] or 'none'}")
+        failed = payload["failed"] or "none"
+        print(f"collect: {len(payload['checks'])} checks, {len(payload['runs'])} runs, failed: {failed}")
         return 1 if payload["failed"] else 0
-    record = run_recorded(args)
-    append_record(args.jsonl, record)
-    print(json.dumps(record)[:3000], flush=True)
-    return 1 if record["ok"] is False else 0
+    args.model = args.model or str(write_config(Path(args.work) / "model_config", smoke=args.cpu_smoke))
+    op_loads: list[dict[str, Any]] = []
+    lightning_runs = [s for s in args.strategy if s not in BASELINES and not skipped_on_cpu(args, s)]
+    if lightning_runs:  # the baselines import neither gym_lightning nor DeepSpeed to run, a skipped run nothing
+        from gym_lightning.quiet import quiet_console
+
+        quiet_console()  # as `gym` does: before DeepSpeed is first imported
+        op_loads = refuse_jit_builds(CPU_ONLY_OPS if args.cpu_smoke else ())
+    return 1 if run_all(args, op_loads) else 0
+
+
+def run_all(args: argparse.Namespace, op_loads: list[dict[str, Any]]) -> bool:
+    """Each ``--strategy`` in turn, one record each; none started that would likely end past ``--deadline`` (the
+    slowest run of this process so far, the first one's imports included). Whether a run failed."""
+    failed, slowest = False, args.min_run
+    for strategy in args.strategy:
+        left = math.inf if args.deadline is None else args.deadline - time.time()
+        if left < slowest:  # recorded as not run, rather than cut off by gpu.sh's kill
+            why = f"time budget: {left:.0f} s left, a run takes {slowest:.0f} s"
+            record = {"strategy": strategy, "peer": PEERS.get(strategy), "round": args.round, "ok": None}
+            record["skipped"] = why
+        else:
+            start = time.perf_counter()
+            record = run_recorded(args, strategy, op_loads)
+            slowest = max(slowest, time.perf_counter() - start)
+        append_record(args.jsonl, record)
+        print(json.dumps(record)[:3000], flush=True)
+        failed = failed or record["ok"] is False
+    return failed
 
 
 if __name__ == "__main__":

@@ -2,12 +2,14 @@
 
     python benchmarks/workers/gpu_check.py --out DIR/checks.jsonl               # on one CUDA device
     python benchmarks/workers/gpu_check.py --out /tmp/checks.jsonl --cpu-smoke  # the same checks on CPU
+    python benchmarks/workers/gpu_check.py --out /tmp/checks.jsonl --cpu-smoke --stages configs  # gym fit only
 
 One process (importing torch, DeepSpeed and transformers costs 10-20 s a process) holding one process group of
 world size 1 for every run ("cpu:gloo,cuda:nccl" on CUDA, so that runs keeping tensors on either side share it),
 a tiny Llama (2 layers, hidden 32, HF's own initialisation saved as a pretrained folder) and the variable-length,
 partly masked token rows of tests/helpers/strategy_worker.py (24 for training, 8 for validation). No DeepSpeed op
-is built (gpu_common.refuse_jit_builds): torch optimizers only, no ZeRO offload variant. Tolerances compare
+is built (gpu_common.refuse_jit_builds): torch optimizers only (configs/zero3_offload.yaml steps its torch AdamW
+on the host partitions; DeepSpeed's CPU Adam would be built). Tolerances compare
 ``|a - b| <= atol + rtol * |b|``, as ``torch.testing.assert_close`` does.
 
 Checks, in this order; each appends {"check", "ok", "figures" | "detail", "seconds"} and flushes:
@@ -29,15 +31,29 @@ Checks, in this order; each appends {"check", "ok", "figures" | "detail", "secon
    (after setup, before any forward or step) of gym_fsdp, zero1, zero2, zero3 equals gym_ddp's exactly.
 6. ``chunked_loss``: loss_chunking on vs off, the same summed loss and gradients (fp32 on the device: 1e-5 / 1e-4),
    and a gym_fsdp bf16-mixed run with the chunked loss within 2e-2 of check 1's unchunked one.
-7. ``qlora/gym_fsdp``: a 4-bit NF4 base (``model.quantization``, blocks of 32) with LoRA adapters on q/v under
-   gym_fsdp in bf16-mixed, its losses within 5e-2 of the same QLoRA run in fp32, and its merged export reloaded as
-   in check 4 (dequantised on the device: bitsandbytes' kernel where installed, plain torch otherwise).
+7. ``qlora/gym_fsdp`` (``qlora/zero3`` before torch 2.13, whose FSDP2 cannot shard a 4-bit base): a 4-bit NF4
+   base (``model.quantization``, blocks of 32) with LoRA adapters on q/v in bf16-mixed, its losses within 5e-2 of
+   the same QLoRA run in fp32, and its merged export reloaded as in check 4 (dequantised on the device:
+   bitsandbytes' kernel where installed, plain torch otherwise).
 8. ``ddp_hook/<fp16|bf16|powersgd>``: ``GymDDPStrategy(gradient_compression=...)`` registers its DDP hook and
    trains at world size 1, finite and within 5e-2 of check 1's gym_ddp.
+9. ``gym_fit/<config>``: the user's path, ``gym_lightning.cli.main(["fit", "--config", "configs/<config>.yaml",
+   ...])`` in this same process (one import for all), of every shipped config that runs on one GPU: ddp, fsdp,
+   zero1, zero2, zero3, zero3_offload and qlora (``model.model``: a random-weight Qwen3 folder saved here with the
+   shipped tokenizer, as tests/helpers/families.py makes them; the machine reaches no hub). Overridden: one device
+   (``gpu``, ``cpu`` under --cpu-smoke), bf16-mixed (the configs' own advice for GPUs), 3 optimizer steps (2 under
+   --cpu-smoke), logs and the export under --work. ok: the command ended with status 0 after that many steps with
+   finite losses (a probe callback appended to the config's callbacks writes them, as the training step returns
+   them: divided by accumulate_grad_batches), and its end-of-fit export loads with
+   ``AutoModelForCausalLM.from_pretrained`` without missing or unexpected keys and gives finite logits. On
+   torch < 2.13 gym_fsdp refuses a 4-bit base in one line (gym_lightning.strategies.fsdp): ``gym_fit/qlora`` then
+   passes when the command ends with status 2 and that line, and ``gym_fit/qlora@zero3`` trains the same config
+   with ``--trainer.strategy zero3``. With ``--deadline``, a config whose fit would likely end past it (the slowest
+   so far) is recorded as skipped instead of being cut off by gpu.sh's kill.
 
 Last, ``op_builds`` lists the DeepSpeed ops loaded: none may be built (on CPU only DeepSpeed's shared-memory
-collective loads); a refused build fails the check whose run asked for it, with the op's name. The benchmark
-round (check 8 of benchmarks/gpu.sh) is gpu_bench.py's, one process per run.
+collective loads); a refused build fails the check whose run asked for it, with the op's name. Every failure is
+one line (``detail``). The benchmark part of benchmarks/gpu.sh is gpu_bench.py's.
 
 On CUDA each training run also counts the synchronisations torch flags (``torch.cuda.set_sync_debug_mode``)
 between on_train_batch_start and on_train_batch_end (figures only).
@@ -46,7 +62,10 @@ between on_train_batch_start and on_train_batch_end (figures only).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import gc
+import io
+import json
 import logging
 import math
 import os
@@ -65,7 +84,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import CPU_ONLY_OPS, REPO_ROOT, append_record, refuse_jit_builds
+from gpu_common import CPU_ONLY_OPS, REPO_ROOT, append_record, one_line, refuse_jit_builds
 
 sys.path.insert(0, str(REPO_ROOT / "tests"))  # helpers.strategy_worker: the multi-rank tests' data and model
 
@@ -360,13 +379,23 @@ def check_offload(ctx: Context, runs: dict[str, Run]) -> dict[str, Any]:
 QLORA_LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
 
 
+def qlora_strategy() -> str:
+    """gym_fsdp where this torch's FSDP2 holds a 4-bit base; before torch 2.13 gym_fsdp refuses it in one line
+    (``gym_fit/qlora`` records that), and the check runs under zero3, which holds it."""
+    from gym_lightning.strategies.fsdp import fsdp2_holds_integer_parameters
+
+    return "gym_fsdp" if fsdp2_holds_integer_parameters() else "zero3"
+
+
 def check_qlora(ctx: Context, runs: dict[str, Run]) -> dict[str, Any]:
-    """QLoRA under gym_fsdp in bf16-mixed (the base dequantised to bf16 on the device, bitsandbytes' kernel where it
-    is installed, plain torch otherwise) against the same run in fp32, then its merged export reloaded."""
+    """QLoRA under gym_fsdp (zero3 before torch 2.13) in bf16-mixed (the base dequantised to bf16 on the device,
+    bitsandbytes' kernel where it is installed, plain torch otherwise) against the same run in fp32, then its merged
+    export reloaded."""
+    strategy = qlora_strategy()
     settings = {"lora": QLORA_LORA, "quantization": {"block_size": 32, "compute_dtype": "float32"}}
-    reference = fit(ctx, "qlora_fp32", "gym_fsdp", "32-true", settings)
+    reference = fit(ctx, "qlora_fp32", strategy, "32-true", settings)
     settings = {**settings, "quantization": {"block_size": 32, "compute_dtype": "bfloat16"}}
-    runs["qlora"] = fit(ctx, "qlora", "gym_fsdp", "bf16-mixed", settings, export=True)
+    runs["qlora"] = fit(ctx, "qlora", strategy, "bf16-mixed", settings, export=True)
     verdict = training_verdict(runs["qlora"], reference, TRAIN_TOL)
     exported = check_export(ctx, runs["qlora"])
     verdict["figures"]["export"] = exported["figures"]
@@ -539,6 +568,162 @@ def check_hook(ctx: Context, runs: dict[str, Run], hook: str) -> dict[str, Any]:
     return verdict
 
 
+# --------------------------------------------------------------------------------------------- gym fit of the configs
+
+# The shipped configs that run on one GPU (long_sequence needs 2 ranks to share a sequence; quickstart is CPU-only).
+CONFIGS = ("ddp", "fsdp", "zero1", "zero2", "zero3", "zero3_offload", "qlora")
+QLORA_REFUSAL = (
+    "gym_fsdp cannot shard the integer parameters"  # gym_lightning.strategies.fsdp.refuse_integer_parameters
+)
+PROBE_FILE = "gpu_check_fit_probe.json"
+MIN_CONFIG_SECONDS = 10.0  # a fit's least cost on the device (data, set-up, export) before any was measured
+
+
+@dataclass(frozen=True)
+class ConfigRun:
+    """One ``gym fit`` of configs/<config>.yaml; ``refusal``: the one line it must end with instead of training."""
+
+    name: str
+    config: str
+    overrides: tuple[str, ...] = ()
+    refusal: str | None = None
+
+
+def config_runs(torch_version: str | None = None) -> list[ConfigRun]:
+    """The config fits of this torch: qlora under gym_fsdp, or (before torch 2.13) its refusal, then under zero3."""
+    from gym_lightning.strategies.fsdp import fsdp2_holds_integer_parameters
+
+    runs = [ConfigRun(name, name) for name in CONFIGS if name != "qlora"]
+    if fsdp2_holds_integer_parameters(torch_version):
+        return [*runs, ConfigRun("qlora", "qlora")]
+    refused = ConfigRun("qlora", "qlora", refusal=QLORA_REFUSAL)
+    return [*runs, refused, ConfigRun("qlora@zero3", "qlora", ("--trainer.strategy", "zero3"))]
+
+
+class FitProbe(Callback):
+    """Appended to each config's callbacks (``--trainer.callbacks+=gpu_check.FitProbe``): writes the steps taken,
+    the losses and what ran to ``<default_root_dir>/gpu_check_fit_probe.json`` at the end of fit (the CLI returns
+    nothing the check could read)."""
+
+    def __init__(self) -> None:
+        self.losses: list[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, module: pl.LightningModule, outputs: Any, *args: Any) -> None:
+        loss = outputs["loss"] if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self.losses.append(float(loss.detach().float()))
+
+    def on_fit_end(self, trainer: pl.Trainer, module: pl.LightningModule) -> None:
+        facts = {"global_step": trainer.global_step, "losses": [round(v, 5) for v in self.losses]}
+        facts |= {"strategy": type(trainer.strategy).__name__, "precision": str(trainer.precision)}
+        facts["device"] = str(module.device)
+        if trainer.is_global_zero:
+            (Path(trainer.default_root_dir) / PROBE_FILE).write_text(json.dumps(facts))
+
+
+class ErrorLines(io.TextIOBase):
+    """stderr for the length of one ``gym fit``: passes everything on, keeps the CLI's one-line errors."""
+
+    def __init__(self, stream: Any) -> None:
+        self.stream, self.lines = stream, []
+
+    def write(self, text: str) -> int:
+        self.lines += [line for line in text.splitlines() if line.startswith("gym_lightning: error:")]
+        return self.stream.write(text)
+
+    def flush(self) -> None:
+        self.stream.flush()
+
+
+def fit_argv(ctx: Context, run: ConfigRun, root: Path, qlora_model: Path) -> list[str]:
+    """``gym fit`` of the shipped config as a user on one GPU runs it, briefly, writing under ``root``."""
+    argv = ["fit", "--config", str(REPO_ROOT / "configs" / f"{run.config}.yaml")]
+    argv += ["--trainer.devices", "1", "--trainer.accelerator", "gpu" if ctx.cuda else "cpu"]
+    argv += ["--trainer.precision", "bf16-mixed", "--trainer.max_steps", str(config_steps(ctx))]
+    argv += ["--trainer.default_root_dir", str(root), "--export.output_dir", str(root / "hf")]
+    argv += ["--trainer.callbacks+=gpu_check.FitProbe"]
+    if run.config == "qlora":  # its model.model is a hub name, which the device machine cannot reach
+        argv += ["--model.model", str(qlora_model)]
+    return argv + list(run.overrides)
+
+
+def config_steps(ctx: Context) -> int:
+    return 3 if ctx.cuda else 2
+
+
+def gym_fit(argv: list[str]) -> tuple[int, list[str]]:
+    """``gym fit`` through the command line's own entry point: its exit status and the one-line errors it printed."""
+    from gym_lightning.cli import main as gym
+
+    errors = ErrorLines(sys.stderr)
+    with contextlib.redirect_stderr(errors):
+        try:
+            gym(argv)
+            code = 0
+        except SystemExit as done:
+            code = done.code if isinstance(done.code, int) else (0 if done.code is None else 1)
+    return code, errors.lines
+
+
+def check_config(ctx: Context, run: ConfigRun, qlora_model: Path) -> dict[str, Any]:
+    root = ctx.work / "configs" / run.name.replace("@", "_")
+    argv = fit_argv(ctx, run, root, qlora_model)
+    start = time.perf_counter()
+    code, errors = gym_fit(argv)
+    figures: dict[str, Any] = {"command": "gym " + " ".join(argv), "exit_status": code}
+    figures["fit_seconds"] = round(time.perf_counter() - start, 2)
+    if run.refusal is not None:  # this torch cannot hold the config's strategy: the refusal is the outcome
+        refused = code == 2 and any(run.refusal in line for line in errors)
+        figures["expected_refusal"] = errors[-1] if errors else None
+        detail = f"expected gym_fsdp's one-line refusal, got exit status {code}: {errors[-1] if errors else 'no error'}"
+        return {"ok": refused, "figures": figures} | ({} if refused else {"detail": detail})
+    if code != 0:
+        return {"ok": False, "figures": figures, "detail": errors[-1] if errors else f"gym fit exited with {code}"}
+    probe = json.loads((root / PROBE_FILE).read_text())
+    exported = check_config_export(ctx, root / "hf")
+    figures |= probe | {"export": exported}
+    trained = probe["global_step"] == config_steps(ctx) and all_finite(probe["losses"])
+    return {"ok": trained and exported["loads"] and exported["finite_logits"], "figures": figures}
+
+
+def check_config_export(ctx: Context, folder: Path) -> dict[str, Any]:
+    """The end-of-fit export loaded by plain transformers (in the dtype it was saved in): its logits on the probe."""
+    from transformers import AutoModelForCausalLM
+
+    model, info = AutoModelForCausalLM.from_pretrained(folder, dtype="auto", output_loading_info=True)
+    ids = torch.tensor(PROBE) % model.config.vocab_size
+    model.to(ctx.device).eval()
+    with torch.no_grad():
+        logits = model(input_ids=ids.to(ctx.device)).logits.float()
+    problems = {k: sorted(v)[:8] for k, v in info.items() if k in ("missing_keys", "unexpected_keys") and v}
+    finite = bool(torch.isfinite(logits).all())
+    dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
+    del model
+    return {"loads": not problems, "load_problems": problems, "dtype": dtype, "finite_logits": finite}
+
+
+def run_configs(ctx: Context, recorder: Recorder, deadline: float | None) -> None:
+    """Every config fit, one after the other in this process; none started that would likely end past ``deadline``
+    (seconds since the epoch)."""
+    from helpers.families import make_family_folder
+
+    qlora_model = make_family_folder("qwen3", ctx.work / "qwen3_random")  # random bf16 weights + the tokenizer
+    slowest = MIN_CONFIG_SECONDS
+    for run in config_runs():
+        left = math.inf if deadline is None else deadline - time.time()
+        if left < slowest:
+            recorder.skip(
+                f"gym_fit/{run.name}", f"time budget: {left:.0f} s left, the slowest fit took {slowest:.0f} s"
+            )
+            continue
+        start = time.perf_counter()
+        recorder.check(f"gym_fit/{run.name}", partial(check_config, ctx, run, qlora_model))
+        slowest = max(slowest, time.perf_counter() - start)
+        gc.collect()
+        if ctx.cuda:
+            torch.cuda.empty_cache()
+
+
 # --------------------------------------------------------------------------------------------- driver
 
 
@@ -554,12 +739,18 @@ class Recorder:
             verdict = body()
         except Exception as err:  # recorded; the next check still runs
             traceback.print_exc()
-            verdict = {"ok": False, "detail": f"{type(err).__name__}: {err}"[:2000]}
+            verdict = {"ok": False, "detail": one_line(err)[:2000]}
         record = {"check": name, "ok": bool(verdict["ok"]), "seconds": round(time.perf_counter() - start, 2)}
         record |= {key: verdict[key] for key in ("figures", "detail") if key in verdict}
+        if "detail" in record:
+            record["detail"] = one_line(str(record["detail"]))
         append_record(self.out, record)
         self.failed += not record["ok"]
         print(f"check {name}: {'ok' if record['ok'] else 'FAILED'} in {record['seconds']:.1f}s", flush=True)
+
+    def skip(self, name: str, why: str) -> None:
+        append_record(self.out, {"check": name, "ok": None, "skipped": why, "seconds": 0.0})
+        print(f"check {name}: skipped ({why})", flush=True)
 
 
 def init_process_group(cuda: bool) -> str:
@@ -576,11 +767,19 @@ def init_process_group(cuda: bool) -> str:
     return backend
 
 
-def check_names() -> list[str]:
+STAGES = ("checks", "configs")
+
+
+def check_names(stages: tuple[str, ...] = STAGES) -> list[str]:
     """Every record this worker writes, in order (tests/gpu and tests/test_benchmarks.py expect each one)."""
-    names = [f"train/{name}" for name, _, _ in TRAIN_RUNS] + ["offload/gym_fsdp", "val_metrics"]
-    names += [f"export/{name}" for name, _, _ in TRAIN_RUNS] + ["init_weights", "chunked_loss", "qlora/gym_fsdp"]
-    return [*names, *(f"ddp_hook/{hook}" for hook in HOOKS), "op_builds"]
+    names = []
+    if "checks" in stages:
+        names += [f"train/{name}" for name, _, _ in TRAIN_RUNS] + ["offload/gym_fsdp", "val_metrics"]
+        names += [f"export/{name}" for name, _, _ in TRAIN_RUNS] + ["init_weights", "chunked_loss"]
+        names += [f"qlora/{qlora_strategy()}", *(f"ddp_hook/{hook}" for hook in HOOKS)]
+    if "configs" in stages:
+        names += [f"gym_fit/{run.name}" for run in config_runs()]
+    return [*names, "op_builds"]
 
 
 def run_checks(ctx: Context, recorder: Recorder) -> None:
@@ -593,7 +792,7 @@ def run_checks(ctx: Context, recorder: Recorder) -> None:
         recorder.check(f"export/{name}", partial(check_export, ctx, runs.get(name)))
     recorder.check("init_weights", partial(check_init, ctx))
     recorder.check("chunked_loss", partial(check_chunked, ctx, runs))
-    recorder.check("qlora/gym_fsdp", partial(check_qlora, ctx, runs))
+    recorder.check(f"qlora/{qlora_strategy()}", partial(check_qlora, ctx, runs))
     for hook in HOOKS:
         recorder.check(f"ddp_hook/{hook}", partial(check_hook, ctx, runs, hook))
 
@@ -603,6 +802,10 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True, help="the JSON-lines file to append the records to")
     parser.add_argument("--work", type=Path, help="scratch folder (model, exports; default: a temporary one)")
     parser.add_argument("--cpu-smoke", action="store_true", help="run every check on the CPU instead of CUDA")
+    parser.add_argument("--stages", nargs="+", choices=STAGES, default=list(STAGES), help="which checks to run")
+    parser.add_argument(
+        "--deadline", type=float, help="seconds since the epoch: no config fit starts that would end later"
+    )
     args = parser.parse_args()
     import transformers
     from helpers.strategy_worker import save_tiny_pretrained
@@ -624,7 +827,10 @@ def main() -> int:
     recorder = Recorder(args.out)
     print(f"gpu_check: process group {init_process_group(device.type == 'cuda')}, scratch {work}", flush=True)
     ctx = Context(device=device, work=work, model_dir=save_tiny_pretrained(work / "pretrained"))
-    run_checks(ctx, recorder)
+    if "checks" in args.stages:
+        run_checks(ctx, recorder)
+    if "configs" in args.stages:
+        run_configs(ctx, recorder, args.deadline)
     recorder.check("op_builds", lambda: {"ok": True, "figures": {"loaded": op_loads}})
     torch.distributed.destroy_process_group()
     return 1 if recorder.failed else 0

@@ -46,6 +46,12 @@ def read_records(path: Path) -> list[dict[str, Any]]:
     return records
 
 
+def one_line(err: BaseException | str) -> str:
+    """``err`` as ``Type: message`` (or the text) on one line: a record's failure is one line, whatever the message."""
+    text = err if isinstance(err, str) else f"{type(err).__name__}: {err}"
+    return " ".join(text.split())
+
+
 def finite_json(value: Any) -> Any:
     """``value`` with NaN / infinity as strings: JSON has no such numbers, and a non-finite loss must still show."""
     if isinstance(value, float) and not math.isfinite(value):
