@@ -1,11 +1,11 @@
 """The device check's correctness part on one CUDA GPU, one test per check (skipped without CUDA).
 
-Run on a GPU machine: ``python -m pytest tests/gpu -q`` (at most 4 minutes: the checks and the shipped configs' fits). It runs benchmarks/workers/gpu_check.py, the
-worker benchmarks/gpu.sh runs before its benchmark round: one process, every strategy (gym_ddp, gym_fsdp, zero1-3)
-in bf16-mixed against an fp32 run of the same batches, gym_fsdp's CPU offload, validation metrics, the HF export,
-equal initial weights, the chunked loss and the DDP compression hooks (the worker's docstring says how each check
-decides). No DeepSpeed op is built (tests/gpu/conftest.py); the ZeRO offload variants, which need DeepSpeed's CPU
-Adam, are not run.
+Run on a GPU machine: ``python -m pytest tests/gpu -q`` (at most 4 minutes: the checks and the shipped configs'
+fits). It runs benchmarks/workers/gpu_check.py, the worker benchmarks/gpu.sh runs before its benchmark round: one
+process, every strategy (gym_ddp, gym_fsdp, zero1-3) in bf16-mixed against an fp32 run of the same batches,
+gym_fsdp's CPU offload, validation metrics, the HF export, equal initial weights, the chunked loss and the DDP
+compression hooks (the worker's docstring says how each check decides). No DeepSpeed op is built
+(tests/gpu/conftest.py); the ZeRO offload variants, which need DeepSpeed's CPU Adam, are not run.
 """
 
 from __future__ import annotations
