@@ -138,7 +138,7 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
         return_freed_host_memory(self.root_device)
         destroy_process_group_at_exit()
         super().setup_environment()
-        self._rank_watch = watch_collectives(self.collective_timeout)
+        self._rank_watch = watch_collectives(self.collective_timeout, module=self.lightning_module)
 
     @override
     def on_exception(self, exception: BaseException) -> None:

@@ -201,7 +201,7 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
         set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
         super().setup_environment()
         self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
-        self._rank_watch = watch_collectives(self.collective_timeout, self._shard_mesh.get_all_groups())
+        self._rank_watch = watch_collectives(self.collective_timeout, self._shard_mesh.get_all_groups(), self.model)
 
     @override
     def on_exception(self, exception: BaseException) -> None:

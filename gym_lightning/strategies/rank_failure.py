@@ -19,6 +19,20 @@ on its own node, nothing stops a rank on another node. ``RankWatch`` runs beside
   (the traceback with ``GYM_DEBUG=1``), and bound the exit (``exit_within``): a process group whose peer vanished can
   block in its destructor.
 
+NCCL raises nothing in Python when a collective times out: its watchdog thread aborts the process (SIGABRT) at the
+timeout, so no ``on_exception`` runs. Hence also, on every rank, two daemon threads that need no main thread:
+
+- a responder (``Responder``, plain TCP) that answers a roll call's ping whatever the main thread does: a slow
+  rank always answers, only a stopped or dead process stays silent;
+- a watchdog (``StallWatch``), armed from the start to the end of each training batch (``BatchWatch``, a callback
+  the strategy adds; disarmed during validation, checkpoint saves, data loading and teardown). A batch not over
+  after ``stall`` seconds (a third of the collective timeout, at most 60 s) gets a roll call (answers awaited a
+  third of it, at most 30 s). Every rank answered: nothing happens (a slow step). Some did not, and the batch is
+  still the same (a rank that finished the run and left while this one was still in its last batch is no
+  failure): the missing ranks are killed as above, the other live ranks are told (they exit too), the lowest live
+  rank prints the one line, and every live rank exits with status 1, well before NCCL's abort. One diagnosis per
+  process, whichever path comes first.
+
 Why not ``torch.distributed.monitored_barrier``: it names the ranks that did not reach it only while they are alive;
 for a rank that died it raises gloo's "Connection closed by peer [127.0.0.1]:6534", naming an address (measured
 here, torch 2.13). The roll call is point-to-point sends and receives on the same gloo transport, a rank each.
@@ -26,22 +40,28 @@ here, torch 2.13). The roll call is point-to-point sends and receives on the sam
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 import re
+import secrets
 import signal
 import socket
 import sys
 import threading
+import time
 import traceback
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 import torch
 import torch.distributed as dist
+from lightning.pytorch.callbacks import Callback
 
-from gym_lightning._compat import set_collective_timeout
+from gym_lightning._compat import rank_zero_info, set_collective_timeout
 from gym_lightning.strategies._common import leave_process_group_at_exit
 
 ROLL_CALL_SECONDS = 30.0  # longest wait for the other live ranks (they time out at about the same moment)
@@ -54,6 +74,15 @@ _FAILURE_PATTERNS = re.compile(
     r"Watchdog caught collective operation timeout"
 )
 _C10D_FILES = ("torch/distributed/distributed_c10d.py",)
+STALL_SECONDS = 60.0  # a training batch not over after this long gets a roll call (a third of the timeout if less)
+PING_SECONDS = 30.0  # longest wait for a rank's answer to that roll call (a third of the timeout if less)
+_ASSUMED_TIMEOUT = timedelta(minutes=10)  # a strategy without ``timeout``: NCCL's default, the shorter of torch's
+ERROR_PREFIX = "gym_lightning: error: "  # how the command line prints a failure (gym_lightning.cli.main)
+_STOP_HINT = (
+    "The job stops; checkpoints already written are intact: fix or replace the node, then resume with --ckpt_path "
+    "last. A rank that needs longer (a slow first data preparation or checkpoint save) needs a larger "
+    "strategy timeout (trainer.strategy.init_args.timeout; gym train: --ddp_timeout)."
+)
 
 
 @dataclass(frozen=True)
@@ -82,7 +111,11 @@ def failed_collective(exception: BaseException) -> str:
     """Where ``exception`` was raised: the innermost ``torch.distributed`` function (else the innermost frame) and
     the nearest line outside torch that led there (``all_reduce, called from gym_lightning/module.py:232 in
     _start_step_token_count``)."""
-    frames = traceback.extract_tb(exception.__traceback__)
+    return _collective_in(traceback.extract_tb(exception.__traceback__))
+
+
+def _collective_in(frames: traceback.StackSummary) -> str:
+    """The collective a stack (outermost frame first) waits in, named as ``failed_collective`` does."""
     if not frames:
         return "a collective"
     c10d = [i for i, frame in enumerate(frames) if _path(frame).endswith(_C10D_FILES[0])]
@@ -145,9 +178,39 @@ class RankWatch:
         self.roll_call_seconds = max(1.0, wait)
         self.group = dist.new_group(backend="gloo", timeout=timedelta(seconds=self.roll_call_seconds))
         self.rank, self.world_size = dist.get_rank(), dist.get_world_size()
-        self.processes: list[RankProcess] = [None] * self.world_size  # type: ignore[list-item]
-        dist.all_gather_object(self.processes, this_process())
         self.timeout = timeout
+        self.stall_seconds, self.ping_seconds = watch_periods(timeout)
+        self._verdict_lock = threading.Lock()
+        self._concluded = False  # one diagnosis per process, whichever thread gets there first
+        self.responder = Responder(self._on_verdict)
+        gathered: list[tuple[RankProcess, str]] = [None] * self.world_size  # type: ignore[list-item]
+        dist.all_gather_object(gathered, (this_process(), self.responder.address))
+        self.processes = [process for process, _ in gathered]
+        self.addresses = [address for _, address in gathered]
+        self.stall_watch = StallWatch(self.stall_seconds, self._on_stall)
+        if len({process.host for process in self.processes}) > 1 and any(a.startswith("127.") for a in self.addresses):
+            # A rank found no route to MASTER_ADDR and advertised loopback: the other hosts cannot ping it, and a
+            # slow batch would name it. Every rank sees the same gathered list and decides alike: the watchdog is
+            # off, and a hung rank is found by the collective's own error (gloo) as before.
+            self.stall_watch.close()
+            rank_zero_info("gym_lightning: the hung-rank watchdog is off: a rank found no route to MASTER_ADDR.")
+
+    def arm(self) -> None:
+        """The main thread starts a training batch: if it has not ended ``stall_seconds`` from now, roll call."""
+        self.stall_watch.arm()
+
+    def disarm(self) -> None:
+        """The main thread is outside training batches (validation, checkpoint saves, teardown): no roll call."""
+        self.stall_watch.disarm()
+
+    def close(self) -> None:
+        """Stop the watchdog and the responder (the end of a run); no collective, nothing that can wait."""
+        self.stall_watch.close()
+        self.responder.close()
+
+    def attach(self, trainer: Any) -> None:
+        """Arm during ``trainer``'s training batches (``BatchWatch``, first among its callbacks)."""
+        trainer.callbacks.insert(0, BatchWatch(self))
 
     def diagnose(self, exception: BaseException) -> str | None:
         """After a failed collective: the roll call, the kills, and the note for ``exception`` (``None`` when it is
@@ -155,14 +218,65 @@ class RankWatch:
         (nothing to add), unless rank 0 itself did not answer: then the lowest rank of each host says so."""
         if not is_collective_failure(exception):
             return None
+        self.disarm()  # this thread gives the diagnosis now: the watchdog must not start another
         answer = self._roll_call()
         arrived = answer if answer is not None else [rank != 0 for rank in range(self.world_size)]
         missing = [rank for rank, present in enumerate(arrived) if not present]
+        if not self._conclude_once():  # another rank's verdict came first: its thread ends this process
+            time.sleep(self.ping_seconds)
+            return f"{QUIET_PREFIX}rank {self.rank}: another rank said which ranks did not arrive."
         states = {rank: process_state(self.processes[rank]) for rank in missing if self._is_local(rank)}
         killed = self._end_missing_local_ranks(arrived)
         if self.rank == 0 or (answer is None and self._lowest_arrived_on_host(arrived)):
             return self._message(exception, missing, states, killed)
         return f"{QUIET_PREFIX}rank {self.rank}: a collective failed; rank 0 says which ranks did not arrive."
+
+    def _conclude_once(self) -> bool:
+        """True for the first diagnosis of this process (main thread, watchdog or a received verdict), else False."""
+        with self._verdict_lock:
+            concluded, self._concluded = self._concluded, True
+        return not concluded
+
+    def _on_stall(self, began: float) -> bool:
+        """The watchdog (its thread): a training batch began ``began`` and has not ended. Roll call; ranks that do
+        not answer are named and ended, and this process exits with status 1 (with NCCL the main thread waits in a
+        collective that never returns: the process group's watchdog would abort it at the timeout). Returns True
+        (watch on) when every rank answered or the batch ended meanwhile (a slow step; a rank that finished the run
+        and left is not a failure either)."""
+        arrived = roll_call(self.addresses, self.rank, self.ping_seconds)
+        if all(arrived) or self.stall_watch.armed_since() != began:
+            return True
+        waited = time.monotonic() - began
+        verdict = {"arrived": arrived, "rank": self.rank, "waited": waited, "where": _main_thread_collective()}
+        self._act_on(verdict, tell_others=True)
+        return False
+
+    def _on_verdict(self, verdict: dict[str, Any]) -> None:
+        """The responder (its thread): another rank's watchdog named the ranks that did not arrive."""
+        self._act_on(verdict, tell_others=False)
+
+    def _act_on(self, verdict: dict[str, Any], tell_others: bool) -> None:
+        """Kill this host's missing ranks (the lowest arrived rank here), tell the other live ranks, print the one
+        line (the lowest live rank), exit with status 1. Once per process."""
+        if not self._conclude_once():
+            return
+        self.disarm()
+        arrived = [bool(present) for present in verdict["arrived"]]
+        missing = [rank for rank, present in enumerate(arrived) if not present]
+        states = {rank: process_state(self.processes[rank]) for rank in missing if self._is_local(rank)}
+        killed = self._end_missing_local_ranks(arrived)
+        if tell_others:
+            live = [self.addresses[rank] for rank, present in enumerate(arrived) if present and rank != self.rank]
+            _for_each(live, lambda address: send_verdict(address, verdict))
+        if self.rank == arrived.index(True):
+            waited = timedelta(seconds=round(verdict["waited"]))
+            limit = f" (the collective timeout is {self.timeout})" if self.timeout is not None else ""
+            because = f"rank {verdict['rank']} waited {waited} in {verdict['where']}{limit}"
+            described = ", ".join(f"rank {rank} ({self._describe(rank, states, killed)})" for rank in missing)
+            print(f"{ERROR_PREFIX}{described} did not arrive: {because}. {_STOP_HINT}", file=sys.stderr)
+        sys.stderr.flush()
+        sys.stdout.flush()
+        os._exit(1)  # the main thread may wait in a collective that never returns
 
     def _roll_call(self) -> list[bool] | None:
         """Rank 0: which ranks reported within the wait (and tell each of them); other ranks: rank 0's answer,
@@ -223,12 +337,7 @@ class RankWatch:
                 f"call afterwards: {_first_line(exception)}"
             )
         described = [f"rank {rank} ({self._describe(rank, states, killed)})" for rank in missing]
-        return (
-            f"{NOTE_PREFIX}{', '.join(described)} did not arrive: {waited}. The job "
-            "stops; checkpoints already written are intact: fix or replace the node, then resume with --ckpt_path "
-            "last. A rank that needs longer (a slow first data preparation or checkpoint save) needs a larger "
-            "strategy timeout (trainer.strategy.init_args.timeout; gym train: --ddp_timeout)."
-        )
+        return f"{NOTE_PREFIX}{', '.join(described)} did not arrive: {waited}. {_STOP_HINT}"
 
     def _describe(self, rank: int, states: dict[int, str], killed: list[int]) -> str:
         process = self.processes[rank]
@@ -236,6 +345,187 @@ class RankWatch:
         if rank not in states:
             return f"{place}, another host: end it there if it is still running"
         return f"{place}, {states[rank]}{', killed' if rank in killed else ''}"
+
+
+def watch_periods(timeout: timedelta | None) -> tuple[float, float]:
+    """(stall, ping) seconds: a training batch not over after ``stall`` gets a roll call whose answers are awaited
+    ``ping``. Together at most two thirds of the collective timeout: the diagnosis is over before NCCL's watchdog
+    aborts the process at the timeout (it raises nothing in Python: no ``on_exception`` would run)."""
+    third = (timeout or _ASSUMED_TIMEOUT).total_seconds() / 3
+    return max(1.0, min(STALL_SECONDS, third)), max(1.0, min(PING_SECONDS, third))
+
+
+class StallWatch:
+    """A rank's watchdog thread. Armed (``arm``, at each training batch's start) and not disarmed ``stall``
+    seconds later, it calls ``check(began)`` (the roll call), which returns whether to keep watching; then the
+    batch gets another ``stall`` seconds. Disarmed, it never calls anything."""
+
+    def __init__(self, stall: float, check: Callable[[float], bool]) -> None:
+        self.stall, self.check = stall, check
+        self._lock = threading.Lock()
+        self._began: float | None = None  # time.monotonic() at the current batch's start; None: disarmed
+        self._closed = threading.Event()
+        self.thread = threading.Thread(target=self._run, name="gym-stall-watch", daemon=True)
+        self.thread.start()
+
+    def arm(self) -> None:
+        with self._lock:
+            self._began = time.monotonic()
+
+    def disarm(self) -> None:
+        with self._lock:
+            self._began = None
+
+    def armed_since(self) -> float | None:
+        with self._lock:
+            return self._began
+
+    def close(self) -> None:
+        self.disarm()
+        self._closed.set()
+
+    def _run(self) -> None:
+        while not self._closed.wait(min(1.0, self.stall / 10)):
+            began = self.armed_since()
+            if began is None or time.monotonic() - began < self.stall:
+                continue
+            if not self.check(began):
+                return
+            with self._lock:
+                if self._began == began:  # every rank answered and the batch goes on: watch it as a new one
+                    self._began = time.monotonic()
+
+
+class Responder:
+    """A rank's answering thread: answers a roll call's ping at once, whatever the main thread is doing (a slow
+    rank is never named: only a stopped or dead process stays silent), and hands a verdict another rank sends to
+    ``on_verdict``. Plain TCP rather than a process group: nothing to build collectively, a timeout on every
+    wait, nothing shared with the main thread's collectives, and a stopped process's kernel still accepts the
+    connection (the ping then times out) while a dead one's refuses it (at once). Its ``address``
+    (``host:port/token``) carries a random token every message must repeat: a verdict makes a rank exit, and only
+    the job's ranks (which gathered the addresses) may send one."""
+
+    def __init__(self, on_verdict: Callable[[dict[str, Any]], None]) -> None:
+        self.on_verdict = on_verdict
+        self.server = socket.create_server(("", 0), backlog=64)
+        self.token = secrets.token_hex(16).encode()
+        self.address = f"{_reachable_ip()}:{self.server.getsockname()[1]}/{self.token.decode()}"
+        self.thread = threading.Thread(target=self._serve, name="gym-rank-responder", daemon=True)
+        self.thread.start()
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):  # shutdown wakes the thread's accept() (close alone does not, on Linux)
+            self.server.shutdown(socket.SHUT_RDWR)
+        self.server.close()
+
+    def _serve(self) -> None:
+        while True:
+            try:
+                connection, _ = self.server.accept()
+            except OSError:  # closed
+                return
+            try:
+                with connection:
+                    connection.settimeout(PING_SECONDS)
+                    kind, token, body = [*connection.makefile("rb").readline().strip().split(b" ", 2), b"", b""][:3]
+                    if token != self.token:
+                        continue
+                    if kind != b"V":
+                        connection.sendall(b"here\n")
+                        continue
+                verdict = json.loads(body)
+            except (OSError, ValueError):
+                continue
+            self.on_verdict(verdict)
+
+
+def roll_call(addresses: list[str], me: int, wait: float) -> list[bool]:
+    """Which ranks' responders (at ``addresses``, ``host:port``) answered a ping within ``wait`` seconds, all
+    pinged at once; rank ``me`` (the caller) counts as arrived."""
+    others = [rank for rank in range(len(addresses)) if rank != me]
+    answered = _for_each([addresses[rank] for rank in others], lambda address: _ping(address, wait))
+    answers = dict(zip(others, answered, strict=True))
+    return [rank == me or answers[rank] for rank in range(len(addresses))]
+
+
+def send_verdict(address: str, verdict: dict[str, Any]) -> None:
+    """Tell the rank at ``address`` what the roll call found (it acts on it and exits); never raises."""
+    host, port, token = _parse(address)
+    try:
+        with socket.create_connection((host, port), timeout=5.0) as connection:
+            connection.sendall(b"V " + token + b" " + json.dumps(verdict).encode() + b"\n")
+    except OSError:
+        pass
+
+
+def _ping(address: str, wait: float) -> bool:
+    deadline = time.monotonic() + wait
+    host, port, token = _parse(address)
+    try:
+        with socket.create_connection((host, port), timeout=wait) as connection:
+            connection.settimeout(max(0.01, deadline - time.monotonic()))
+            connection.sendall(b"P " + token + b"\n")
+            return connection.makefile("rb").readline().startswith(b"here")
+    except OSError:
+        return False
+
+
+def _parse(address: str) -> tuple[str, int, bytes]:
+    """``host:port/token`` (a ``Responder.address``) as (host, port, token)."""
+    place, _, token = address.partition("/")
+    host, port = place.rsplit(":", 1)
+    return host, int(port), token.encode()
+
+
+def _for_each(items: list[Any], call: Callable[[Any], Any]) -> list[Any]:
+    """``call`` on every item at once (threads): a roll call waits for its slowest answer, not for their sum."""
+    if not items:
+        return []
+    with ThreadPoolExecutor(max_workers=min(len(items), 256), thread_name_prefix="gym-roll-call") as pool:
+        return list(pool.map(call, items))
+
+
+def _reachable_ip() -> str:
+    """This host's address on its route to the job's master (``MASTER_ADDR``, set by Lightning's launcher and
+    torchrun): the address the other hosts reach this one by. UDP ``connect`` sends nothing, it picks the route."""
+    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
+        try:
+            probe.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))
+            return probe.getsockname()[0]
+        except OSError:
+            return "127.0.0.1"
+
+
+def _main_thread_collective() -> str:
+    """What the main thread waits in, read from its stack (it is blocked: it cannot say so itself)."""
+    frame = sys._current_frames().get(threading.main_thread().ident or 0)
+    return _collective_in(traceback.extract_stack(frame)) if frame is not None else "a collective"
+
+
+class BatchWatch(Callback):
+    """Arms a rank's watchdog (``RankWatch.arm``) from the start to the end of each training batch, on every rank.
+    First in the callback list: its disarm comes before the checkpoint saves of ``on_train_batch_end``."""
+
+    def __init__(self, watch: RankWatch) -> None:
+        self.watch = watch
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        self.watch.arm()
+
+    def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:
+        self.watch.disarm()
+
+    def on_validation_start(self, trainer: Any, pl_module: Any) -> None:
+        self.watch.disarm()
+
+    def on_train_end(self, trainer: Any, pl_module: Any) -> None:
+        self.watch.disarm()
+
+    def on_exception(self, trainer: Any, pl_module: Any, exception: BaseException) -> None:
+        self.watch.disarm()
+
+    def teardown(self, trainer: Any, pl_module: Any, stage: str) -> None:
+        self.watch.close()
 
 
 def _first_line(exception: BaseException) -> str:
@@ -285,28 +575,44 @@ def exit_within(seconds: float, status: int) -> None:
     timer.start()
 
 
-def watch_collectives(timeout: timedelta | None, groups: Iterable[Any] = ()) -> RankWatch | None:
+def watch_collectives(timeout: timedelta | None, groups: Iterable[Any] = (), module: Any = None) -> RankWatch | None:
     """Right after a strategy's process group is up: its collectives (and ``groups``') time out after ``timeout``,
-    and a multi-rank job gets its ``RankWatch`` (a collective); ``None`` for one process, where no peer can stop
-    answering."""
+    and a multi-rank job gets its ``RankWatch`` (a collective), armed during the training batches of ``module``'s
+    Trainer (the strategy's ``lightning_module``); ``None`` for one process, where no peer can stop answering."""
     if not (torch.distributed.is_available() and torch.distributed.is_initialized()):
         return None
     if timeout is not None:
         for group in (None, *groups):
             set_collective_timeout(timeout, group)
-    return RankWatch(timeout) if torch.distributed.get_world_size() > 1 else None
+    if torch.distributed.get_world_size() == 1:
+        return None
+    watch = RankWatch(timeout)
+    if module is not None:
+        # A module without a Trainer (a LightningModule's ``trainer`` raises) has no training batches to watch.
+        with contextlib.suppress(RuntimeError, AttributeError):
+            watch.attach(module.trainer)
+    return watch
 
 
 __all__ = [
+    "ERROR_PREFIX",
     "NOTE_PREFIX",
+    "PING_SECONDS",
     "QUIET_PREFIX",
     "ROLL_CALL_SECONDS",
+    "STALL_SECONDS",
+    "BatchWatch",
     "RankProcess",
     "RankWatch",
+    "Responder",
+    "StallWatch",
     "exit_within",
     "failed_collective",
     "is_collective_failure",
     "process_state",
     "rank_failure_line",
     "report_rank_failure",
+    "roll_call",
+    "send_verdict",
+    "watch_periods",
 ]

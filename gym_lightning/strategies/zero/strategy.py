@@ -375,7 +375,7 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
                 )
             # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
             DDPStrategy.setup_environment(self)
-        self._rank_watch = watch_collectives(self.collective_timeout)
+        self._rank_watch = watch_collectives(self.collective_timeout, module=self.lightning_module)
 
     @override
     def on_exception(self, exception: BaseException) -> None:
