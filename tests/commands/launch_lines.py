@@ -218,7 +218,7 @@ DEEPSPEED_JSONS: dict[str, tuple[str, str]] = {
 
 # LLaMA-Factory's three example YAMLs share everything below `### method`'s own keys; kept verbatim per file anyway
 # (a reader compares each with its source).
-_LF_LORA_SFT = """\
+LLAMA_FACTORY_LORA_SFT = """\
 ### model
 model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
 trust_remote_code: true
@@ -611,7 +611,7 @@ accelerate launch --config_file "configs/fsdp_config_qlora.yaml"  train.py \\
         name="llamafactory_lora_sft",
         source=LLAMA_FACTORY + "README.md (Quickstart) and examples/train_lora/llama3_lora_sft.yaml",
         original="llamafactory-cli train examples/train_lora/llama3_lora_sft.yaml",
-        config=_LF_LORA_SFT,
+        config=LLAMA_FACTORY_LORA_SFT,
         replace=_LF_CHANGES,
         add={"max_steps": 2},
         adapter_only=True,

@@ -13,6 +13,7 @@ import pytest
 import torch
 import yaml
 from helpers.dist import REPO_ROOT, rank_env, run_python
+from launch_lines import LLAMA_FACTORY_LORA_SFT
 
 from gym_lightning import cli
 from gym_lightning.commands.train import flag_notes, flags_for_settings, main, parse_train_args, to_cli_args
@@ -794,53 +795,12 @@ def test_config_file_with_overriding_flags(tmp_path: Path, monkeypatch: pytest.M
     assert "--use_dora True is not supported" in lines[3]
 
 
-LLAMA_FACTORY_SFT = """\
-### model
-model_name_or_path: {model}
-trust_remote_code: true
-
-### method
-stage: sft
-do_train: true
-finetuning_type: lora
-lora_rank: 8
-lora_target: all
-
-### dataset
-dataset: {data}
-template: llama3
-cutoff_len: 2048
-max_samples: 1000
-overwrite_cache: true
-preprocessing_num_workers: 16
-dataloader_num_workers: 4
-
-### output
-output_dir: saves/llama3-8b/lora/sft
-logging_steps: 10
-save_steps: 500
-plot_loss: true
-overwrite_output_dir: true
-save_only_model: false
-report_to: none
-
-### train
-per_device_train_batch_size: 1
-gradient_accumulation_steps: 8
-learning_rate: 1.0e-4
-num_train_epochs: 3.0
-lr_scheduler_type: cosine
-warmup_ratio: 0.1
-bf16: true
-ddp_timeout: 180000000
-resume_from_checkpoint: null
-
-### eval
-val_size: 0.1
-per_device_eval_batch_size: 1
-eval_strategy: steps
-eval_steps: 500
-"""
+def llama_factory_sft(model: Path, dataset: str) -> str:
+    """LLaMA-Factory's examples/train_lora/llama3_lora_sft.yaml (quoted in launch_lines.py) with the model and
+    dataset changed and its commented-out eval block switched on, as YAML text."""
+    config = yaml.safe_load(LLAMA_FACTORY_LORA_SFT) | {"model_name_or_path": str(model), "dataset": dataset}
+    config |= {"val_size": 0.1, "per_device_eval_batch_size": 1, "eval_strategy": "steps", "eval_steps": 500}
+    return yaml.safe_dump(config, sort_keys=False)
 
 
 @pytest.fixture(scope="module")
@@ -863,7 +823,7 @@ def test_llama_factory_lora_sft_yaml_maps(tmp_path: Path, llama3_tokenizer: Path
     first = _jsonl(tmp_path / "identity.jsonl", [{"instruction": "who", "output": "me"}])
     second = _jsonl(tmp_path / "alpaca.jsonl", [{"instruction": "1+1", "input": "", "output": "2"}])
     config = tmp_path / "llama3_lora_sft.yaml"
-    config.write_text(LLAMA_FACTORY_SFT.format(model=llama3_tokenizer, data=f"{first},{second}"))
+    config.write_text(llama_factory_sft(llama3_tokenizer, f"{first},{second}"))
     args = parse_train_args([str(config)])
     values = dict(arg[2:].split("=", 1) for arg in to_cli_args(args, env={})[1:])
     assert json.loads(values["model.lora"]) == {"r": 8, "alpha": 16, "target_modules": ["all-linear"]}
@@ -903,7 +863,7 @@ def test_llama_factory_qlora_and_dataset_info(tmp_path: Path, llama3_tokenizer: 
         "pairs": {"file_name": "qa.jsonl", "ranking": True},
     }
     (tmp_path / "data" / "dataset_info.json").write_text(json.dumps(info))
-    text = LLAMA_FACTORY_SFT.format(model=llama3_tokenizer, data="qa,chats")
+    text = llama_factory_sft(llama3_tokenizer, "qa,chats")
     text += f"quantization_bit: 4\nquantization_method: bitsandbytes\ndataset_dir: {tmp_path / 'data'}\n"
     (tmp_path / "qlora.yaml").write_text(text)
     values = dict(arg[2:].split("=", 1) for arg in to_cli_args(parse_train_args([str(tmp_path / "qlora.yaml")]))[1:])
