@@ -30,7 +30,7 @@ from gym_lightning.strategies._common import (
     return_freed_host_memory,
 )
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
-from gym_lightning.strategies.placement import metric_dtypes, place_unmanaged_state
+from gym_lightning.strategies.placement import placed_after
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
 from gym_lightning.strategies.sequence import SequenceParallel, size_problems
 
@@ -150,10 +150,8 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
         if self.model is not None:  # fp32 master weights under bf16-mixed, whatever dtype the checkpoint had
             fp32_master_weights(self.model, self.precision_plugin)
         self.setup_sequence_parallel()
-        dtypes = metric_dtypes(self.lightning_module) if self.lightning_module is not None else {}
-        super().setup(trainer)
-        if self.lightning_module is not None:  # metrics keep their dtype under bf16-true (strategies.placement)
-            place_unmanaged_state(self.lightning_module, self.root_device, dtypes)
+        with placed_after(self.lightning_module, self.root_device):  # metrics keep their dtype under bf16-true
+            super().setup(trainer)
 
     @override
     def _register_ddp_hooks(self) -> None:

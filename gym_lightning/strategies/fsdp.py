@@ -40,7 +40,7 @@ from gym_lightning.strategies._common import (
     return_freed_host_memory,
 )
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
-from gym_lightning.strategies.placement import metric_dtypes, place_unmanaged_state
+from gym_lightning.strategies.placement import placed_after
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
 from gym_lightning.strategies.sequence import SequenceParallel, size_problems
 
@@ -224,19 +224,18 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
             raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
         self.accelerator.setup(trainer)
         self.setup_sequence_parallel()
-        dtypes = metric_dtypes(self.model)
-        self.model = self.precision_plugin.convert_module(self.model)
-        fp32_master_weights(self.model, self.precision_plugin)
-        storage = shard_storage_device(self.root_device, self.cpu_offload)
-        if storage == self.root_device and not has_meta_tensors(self.model):
-            # Under cpu_offload the model stays where it was built: fully_shard moves one unit at a time to the device
-            # and its shards to the host, so a whole model never lands on the GPU. A meta model gets its storage
-            # after sharding, below.
-            self.model_to_device()
-        self.shard_module(self.model)
-        materialize(self.model, storage, self._build_plan.take())
         # What no engine manages (metric states, buffers) computes on the device, whatever the shards' storage.
-        place_unmanaged_state(self.model, self.root_device, dtypes)
+        with placed_after(self.model, self.root_device):
+            self.model = self.precision_plugin.convert_module(self.model)
+            fp32_master_weights(self.model, self.precision_plugin)
+            storage = shard_storage_device(self.root_device, self.cpu_offload)
+            if storage == self.root_device and not has_meta_tensors(self.model):
+                # Under cpu_offload the model stays where it was built: fully_shard moves one unit at a time to the
+                # device and its shards to the host, so a whole model never lands on the GPU. A meta model gets its
+                # storage after sharding, below.
+                self.model_to_device()
+            self.shard_module(self.model)
+            materialize(self.model, storage, self._build_plan.take())
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)

@@ -13,10 +13,14 @@ A strategy decides where the *parameters* live: DDP on the device, FSDP2 in shar
 - ``bf16-true``: the precision's ``convert_module`` (``module.to(torch.bfloat16)``) casts torchmetrics' float states
   too (``Metric._apply`` only guards ``.half()``/``.float()``/...), so running means accumulated in bf16.
 
-:func:`metric_dtypes` is read before the set-up, :func:`place_unmanaged_state` applied after it.
+:func:`placed_after` wraps a strategy's set-up: :func:`metric_dtypes` is read before it, :func:`place_unmanaged_state`
+applied after it.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 from torch import nn
@@ -46,6 +50,16 @@ def place_unmanaged_state(module: nn.Module, device: torch.device, dtypes: dict[
                 setattr(sub, name, buffer.to(device))  # a registered name: stays a (non-)persistent buffer
 
 
+@contextmanager
+def placed_after(module: nn.Module | None, device: torch.device) -> Iterator[None]:
+    """Around a strategy's set-up of ``module`` (the LightningModule; ``None``: nothing to do): afterwards, what no
+    engine manages is on ``device`` and every metric in the dtype it had before (:func:`place_unmanaged_state`)."""
+    dtypes = metric_dtypes(module) if module is not None else {}
+    yield
+    if module is not None:
+        place_unmanaged_state(module, device, dtypes)
+
+
 def _place_metric(metric: Metric, device: torch.device, dtype: torch.dtype) -> None:
     def place(tensor: torch.Tensor) -> torch.Tensor:
         return tensor.to(device=device, dtype=dtype if tensor.is_floating_point() else None)
@@ -70,4 +84,4 @@ def unmanaged_state_devices(module: nn.Module) -> dict[str, tuple[str, str]]:
     return found
 
 
-__all__ = ["metric_dtypes", "place_unmanaged_state", "unmanaged_state_devices"]
+__all__ = ["metric_dtypes", "place_unmanaged_state", "placed_after", "unmanaged_state_devices"]

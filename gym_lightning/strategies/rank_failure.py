@@ -272,8 +272,7 @@ class RankWatch:
             waited = timedelta(seconds=round(verdict["waited"]))
             limit = f" (the collective timeout is {self.timeout})" if self.timeout is not None else ""
             because = f"rank {verdict['rank']} waited {waited} in {verdict['where']}{limit}"
-            described = ", ".join(f"rank {rank} ({self._describe(rank, states, killed)})" for rank in missing)
-            print(f"{ERROR_PREFIX}{described} did not arrive: {because}. {_STOP_HINT}", file=sys.stderr)
+            print(ERROR_PREFIX + self._missing_line(missing, states, killed, because), file=sys.stderr)
         sys.stderr.flush()
         sys.stdout.flush()
         os._exit(1)  # the main thread may wait in a collective that never returns
@@ -336,8 +335,12 @@ class RankWatch:
                 f"{NOTE_PREFIX}a collective failed on rank {self.rank} ({where}) but every rank answered the roll "
                 f"call afterwards: {_first_line(exception)}"
             )
-        described = [f"rank {rank} ({self._describe(rank, states, killed)})" for rank in missing]
-        return f"{NOTE_PREFIX}{', '.join(described)} did not arrive: {waited}. {_STOP_HINT}"
+        return NOTE_PREFIX + self._missing_line(missing, states, killed, waited)
+
+    def _missing_line(self, missing: list[int], states: dict[int, str], killed: list[int], because: str) -> str:
+        """The line naming the ranks that did not arrive, why this rank knows (``because``), and what to do."""
+        described = ", ".join(f"rank {rank} ({self._describe(rank, states, killed)})" for rank in missing)
+        return f"{described} did not arrive: {because}. {_STOP_HINT}"
 
     def _describe(self, rank: int, states: dict[int, str], killed: list[int]) -> str:
         process = self.processes[rank]

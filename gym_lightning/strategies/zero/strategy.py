@@ -84,7 +84,7 @@ from gym_lightning.strategies._common import (
     rendezvous_timeout,
     return_freed_host_memory,
 )
-from gym_lightning.strategies.placement import metric_dtypes, place_unmanaged_state
+from gym_lightning.strategies.placement import placed_after
 from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
 from gym_lightning.strategies.sequence import SequenceParallel, size_problems
 from gym_lightning.strategies.zero.config import (
@@ -385,12 +385,10 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
     @override
     def setup(self, trainer: Trainer) -> None:
         self.setup_sequence_parallel()
-        dtypes = metric_dtypes(self.lightning_module) if self.lightning_module is not None else {}
-        super().setup(trainer)
         # DeepSpeed never moves a zero.Init model (nor does Lightning), and its bf16 convert_module casts metric
         # states: what the engine does not manage goes to the device in its own dtype (strategies.placement).
-        if self.lightning_module is not None:
-            place_unmanaged_state(self.lightning_module, self.root_device, dtypes)
+        with placed_after(self.lightning_module, self.root_device):
+            super().setup(trainer)
 
     @override
     def setup_distributed(self) -> None:
