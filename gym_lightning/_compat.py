@@ -123,7 +123,7 @@ DEEPSPEED_MEMBERS: tuple[DeepSpeedMember, ...] = (
     DeepSpeedMember(_COORDINATOR, "trace_prologue"),
     # The full shape of a partitioned ZeRO-3 parameter (whose .data is empty), read by the exporter.
     DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_shape"),
-    # Where a ZeRO-3 parameter's partition lies in its flattened tensor (strategies/zero/stage3.read_partitions):
+    # Where a ZeRO-3 parameter's partition lies in its flattened tensor (strategies/zero/stage3.Partitions):
     # partition i of a parameter's process group holds elements i * ds_tensor.ds_numel onwards, up to ds_numel.
     DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_numel"),
     DeepSpeedMember("deepspeed.runtime.zero.partition_parameters", "ds_process_group"),

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import uuid
@@ -34,6 +35,24 @@ def atomic_directory(target: str | os.PathLike[str]) -> Iterator[Path]:
         os.replace(target, backup)
     os.replace(staging, target)
     shutil.rmtree(backup, ignore_errors=True)
+
+
+def remove_path(path: str | os.PathLike[str], missing_ok: bool = False) -> None:
+    """Delete a file, link or folder; a folder is first renamed to a hidden name so no half of it stays listed.
+
+    ``missing_ok``: another rank may remove the same path at the same time (cleaning up after a failed save).
+    """
+    path = Path(path)
+    if missing_ok:
+        with contextlib.suppress(FileNotFoundError):
+            remove_path(path)
+        return
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        trash = path.parent / f".{path.name}.trash-{uuid.uuid4().hex[:8]}"
+        os.replace(path, trash)
+        shutil.rmtree(trash, ignore_errors=True)
 
 
 PARTIAL_SUFFIX = ".partial"

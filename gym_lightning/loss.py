@@ -11,13 +11,28 @@ https://huggingface.co/blog/gradient_accumulation).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
+from typing import Any
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.checkpoint import checkpoint
 
+from gym_lightning.protocols import SHIFT_LABELS_KEY, AgreesCallCounts
+
 IGNORE_INDEX = -100
+
+
+def labels_of(batch: Mapping[str, Any]) -> tuple[torch.Tensor, bool]:
+    """A batch's targets and whether they are already shifted (the ``shifted`` argument of the functions below).
+
+    A sequence-parallel rank's slice of the sequence carries each position's next-token target already shifted
+    (``protocols.SHIFT_LABELS_KEY``, ``strategies.sequence``); every other batch its aligned ``labels``.
+    """
+    if SHIFT_LABELS_KEY in batch:
+        return batch[SHIFT_LABELS_KEY], True
+    return batch["labels"], False
 
 
 def count_target_tokens(labels: torch.Tensor, shifted: bool = False) -> torch.Tensor:
@@ -66,9 +81,62 @@ def num_loss_chunks(labels: torch.Tensor, chunk_tokens: int, shifted: bool = Fal
     return max(1, math.ceil(positions / chunk_tokens))
 
 
-def has_cpu_backend() -> bool:
-    """Whether the default process group can reduce host tensors (gloo, or a ``cpu:gloo,cuda:nccl`` pair)."""
-    return "cpu:" in torch.distributed.get_backend_config()
+def has_cpu_backend(group: Any = None) -> bool:
+    """Whether ``group`` (the default process group when ``None``) can reduce host tensors (gloo, or a
+    ``cpu:gloo,cuda:nccl`` pair)."""
+    return "cpu:" in torch.distributed.get_backend_config(group)
+
+
+class AgreedCounts:
+    """Call counts every rank agrees on, readable once the collective that agrees them (if any) has finished.
+
+    Args:
+        counts: The counts: host integers, or a tensor an all-reduce is reducing in place.
+        pending: That all-reduce's work handle; ``None`` when nothing is in flight.
+    """
+
+    def __init__(self, counts: list[int] | torch.Tensor, pending: Any = None) -> None:
+        self._counts = counts
+        self._pending = pending
+
+    def __getitem__(self, index: int) -> int:
+        """Count ``index``, once the all-reduce has finished (a device sync only on NCCL-only groups)."""
+        if self._pending is not None:
+            self._pending.wait()
+            self._pending = None
+        return int(self._counts[index])
+
+
+def start_max_counts(local: list[int], device: torch.device | None = None, group: Any = None) -> AgreedCounts:
+    """The largest of each of ``local``'s counts over the ranks of ``group`` (the default process group when
+    ``None``), the all-reduce started but not waited for so that it overlaps the forward pass.
+
+    The counts come from the batch's shape, so they are host integers on one rank. Over ranks they are all-reduced
+    as a host tensor where the group has a CPU backend (gloo, ``cpu:gloo,cuda:nccl``): reading a device tensor back
+    would stop the host until the GPU has finished the forward. ``device`` holds them on NCCL-only groups.
+    """
+    if not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) <= 1:
+        return AgreedCounts(local)
+    counts = torch.tensor(local, device=torch.device("cpu") if has_cpu_backend(group) else device)
+    pending = torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
+    return AgreedCounts(counts, pending)
+
+
+def agreed_counts_of(strategy: object, local: list[int], device: torch.device | None = None) -> AgreedCounts:
+    """The call counts of ``local`` every rank makes: the strategy's (``protocols.AgreesCallCounts``), else the
+    largest over the default process group (safe for any strategy that gathers weights on each call, such as
+    Lightning's ``DeepSpeedStrategy`` at stage 3; ``device`` as for ``start_max_counts``)."""
+    if isinstance(strategy, AgreesCallCounts):
+        return strategy.start_agreed_counts(local)
+    return start_max_counts(local, device)
+
+
+def start_rank_sum(value: torch.Tensor, world_size: int) -> Any:
+    """Start summing ``value`` in place over the ``world_size`` ranks; returns the pending all-reduce (``None`` on
+    one rank, or without a process group), to wait for once the sum is needed."""
+    if world_size > 1 and torch.distributed.is_initialized():
+        return torch.distributed.all_reduce(value, op=torch.distributed.ReduceOp.SUM, async_op=True)
+    return None
 
 
 def _head_cross_entropy(hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:

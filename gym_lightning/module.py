@@ -14,15 +14,18 @@ from torchmetrics import MeanMetric
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_warn
-from gym_lightning.checkpointing.loader_state import load_pending_loader_states
+from gym_lightning.checkpointing.loader_state import ResumeLoaderPositions
 from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import (
+    AgreedCounts,
+    agreed_counts_of,
     chunked_summed_cross_entropy,
     count_target_tokens,
-    has_cpu_backend,
+    labels_of,
     num_loss_chunks,
+    start_rank_sum,
     step_loss_scale,
     summed_cross_entropy,
     use_chunked_loss,
@@ -52,7 +55,7 @@ from gym_lightning.optim import (
 )
 from gym_lightning.patches import apply_patches
 from gym_lightning.precision import fp32_master_weights
-from gym_lightning.protocols import SHIFT_LABELS_KEY, STEP_TOKENS_KEY, OptimizerFacts
+from gym_lightning.protocols import STEP_TOKENS_KEY, OptimizerFacts
 from gym_lightning.quant.config import QuantizationArgs, check_strategy
 from gym_lightning.tokenizer import load_tokenizer
 
@@ -241,13 +244,11 @@ class CausalLMModule(pl.LightningModule):
             "position_ids": batch.get("position_ids"),
             "use_cache": False,
         }
-        # A sequence-parallel rank's slice carries its targets already shifted (strategies.sequence).
-        shifted = SHIFT_LABELS_KEY in batch
-        labels = batch[SHIFT_LABELS_KEY] if shifted else batch["labels"]
+        labels, shifted = labels_of(batch)
         chunked, tiled = self._loss_is_chunked(), self.hparams.mlp_tile_tokens is not None and torch.is_grad_enabled()
-        counts, pending = self._start_counts(labels, shifted, chunked, tiled)
+        counts = self._start_counts(labels, shifted, chunked, tiled)
         if tiled:
-            self._mlp_tiles.value = _agreed(counts, pending, 1)
+            self._mlp_tiles.value = counts[1]
         if not chunked:
             outputs = self.model(**inputs)
             loss = summed_cross_entropy(outputs.logits, labels, shifted)
@@ -257,7 +258,7 @@ class CausalLMModule(pl.LightningModule):
         keep_none = torch.empty(0, dtype=torch.long, device=labels.device)
         outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=True)
         head = self._base_model().get_output_embeddings()
-        chunks = _agreed(counts, pending, 0)  # a device sync only on NCCL-only groups
+        chunks = counts[0]  # a device sync only on NCCL-only groups
         hidden = outputs.hidden_states[-1]
         loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks, shifted)
         return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
@@ -280,28 +281,20 @@ class CausalLMModule(pl.LightningModule):
             self._chunked_loss = supported and use_chunked_loss(self.hparams.loss_chunking, vocab)
         return self._chunked_loss
 
-    def _start_counts(
-        self, labels: torch.Tensor, shifted: bool, chunked: bool, tiled: bool
-    ) -> tuple[list[int] | torch.Tensor, Any]:
+    def _start_counts(self, labels: torch.Tensor, shifted: bool, chunked: bool, tiled: bool) -> AgreedCounts:
         """The number of LM-head chunks (see ``chunked_summed_cross_entropy``) and of MLP tiles (``models.tiling``)
-        every rank runs, the largest over ranks, and the pending all-reduce (``None`` on one rank or when neither
-        applies). Under ZeRO-3 each LM-head or MLP call gathers weights, so every rank must make as many.
-
-        The counts come from the labels' shape, so they are host integers on one rank. Over ranks they are
-        all-reduced as a host tensor where the process group has a CPU backend (gloo, ``cpu:gloo,cuda:nccl``):
-        reading a device tensor back with ``.item()`` would stop the host until the GPU has finished the forward.
-        The reduction is launched before the forward so that, for the loss chunks, it overlaps it.
+        this micro-batch runs, ``[chunks, tiles]``, as every rank agrees on them: the strategy decides how
+        (``protocols.AgreesCallCounts``; ZeRO-3 gathers weights on each call, so every rank must make as many). The
+        agreement starts before the forward so that, for the loss chunks, it overlaps it.
         """
         local = [
             num_loss_chunks(labels, self.hparams.loss_chunk_tokens, shifted) if chunked else 1,
             num_mlp_tiles(labels.numel(), self.hparams.mlp_tile_tokens) if tiled else 1,
         ]
-        distributed = torch.distributed.is_initialized() and torch.distributed.get_world_size() > 1
-        if not (chunked or tiled) or not distributed:
-            return local, None
-        device = torch.device("cpu") if has_cpu_backend() else self.device
-        counts = torch.tensor(local, device=device)
-        return counts, torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, async_op=True)
+        if not (chunked or tiled):
+            return AgreedCounts(local)  # no call that may be a collective depends on them
+        trainer = self._attached_trainer()
+        return agreed_counts_of(trainer.strategy if trainer is not None else None, local, self.device)
 
     def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
         """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the
@@ -323,10 +316,7 @@ class CausalLMModule(pl.LightningModule):
                 self._warned_no_step_tokens = True
             local, undo = count_target_tokens(batch["labels"]), 1
         tokens = local.to(self.device, torch.float32).reshape(1).clone()
-        pending = None
-        if self.trainer.world_size > 1 and torch.distributed.is_initialized():
-            pending = torch.distributed.all_reduce(tokens, op=torch.distributed.ReduceOp.SUM, async_op=True)
-        return tokens, undo, pending
+        return tokens, undo, start_rank_sum(tokens, self.trainer.world_size)
 
     @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
@@ -348,9 +338,10 @@ class CausalLMModule(pl.LightningModule):
 
     # ----------------------------------------------------------------------------------------------- resume
     @override
-    def on_train_start(self) -> None:
-        # Resume at the saved mid-epoch data position even though configure_optimizers set up the data early.
-        load_pending_loader_states(self.trainer)
+    def configure_callbacks(self) -> list[pl.Callback]:
+        # configure_optimizers reads estimated_stepping_batches, which sets up the training data before Lightning
+        # restores a checkpoint: the callback hands the loaders their saved position then (checkpointing.loader_state).
+        return [ResumeLoaderPositions()]
 
     # ----------------------------------------------------------------------------------------------- evaluation
     @override
@@ -426,13 +417,6 @@ class CausalLMModule(pl.LightningModule):
             return self.model.config
         hp = self.hparams
         return load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code)
-
-
-def _agreed(counts: list[int] | torch.Tensor, pending: Any, index: int) -> int:
-    """Entry ``index`` of ``_start_counts``' counts, once its all-reduce (if any) has finished."""
-    if pending is not None:
-        pending.wait()
-    return int(counts[index])
 
 
 def _validate(args: dict[str, Any]) -> None:

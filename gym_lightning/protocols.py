@@ -12,10 +12,14 @@ Module and data module -> strategy (DeepSpeed's ``"auto"`` values, ``strategies.
   layer size, known before the model is built (ZeRO-3 sizes its buffers before ``configure_model``).
 - ``ProvidesMicroBatchSize`` (data module, or a module that builds its own DataLoader): ``micro_batch_size``.
 
-Strategy -> module (``models.plan``):
+Strategy -> module (``models.plan``, ``loss``):
 
 - ``ProvidesBuildPlan``: ``build_plan() -> models.plan.BuildPlan``, how the strategy wants models built in
   ``configure_model``; the default plan otherwise.
+- ``AgreesCallCounts``: ``start_agreed_counts(local) -> loss.AgreedCounts``, how many times every rank calls the
+  modules whose calls may be collectives (ZeRO-3 gathers the LM head's and each MLP's weights on every call): the
+  module's loss chunks and MLP tiles. Otherwise the largest count over the default process group
+  (``loss.agreed_counts_of``).
 
 Strategy -> callbacks:
 
@@ -44,6 +48,7 @@ if TYPE_CHECKING:
     from torch import nn
 
     from gym_lightning.lazy import LazyTensor
+    from gym_lightning.loss import AgreedCounts
     from gym_lightning.models.facts import ModelFacts
     from gym_lightning.models.plan import BuildPlan
 
@@ -99,6 +104,14 @@ class ProvidesBuildPlan(Protocol):
 
 
 @runtime_checkable
+class AgreesCallCounts(Protocol):
+    """A strategy that agrees, over the ranks that must make the same calls, on how many times each rank calls a
+    module: ``local`` holds this rank's counts, the answer every rank's same counts (started, not waited for)."""
+
+    def start_agreed_counts(self, local: list[int]) -> AgreedCounts: ...
+
+
+@runtime_checkable
 class ProvidesFullTensors(Protocol):
     """A strategy that shards parameters and can gather them one full tensor at a time."""
 
@@ -136,6 +149,7 @@ SHIFT_LABELS_KEY = "shift_labels"
 __all__ = [
     "SHIFT_LABELS_KEY",
     "STEP_TOKENS_KEY",
+    "AgreesCallCounts",
     "OptimizerFacts",
     "ProvidesBuildPlan",
     "ProvidesFullTensors",

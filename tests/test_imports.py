@@ -38,6 +38,7 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
             "quiet",
             "settings",
             "tokenizer",
+            "vocabulary",
         )
     },
     {"models": ("models",), "data": ("data",), "metrics": ("metrics",)},
@@ -219,3 +220,53 @@ def test_the_checks_catch_a_back_edge_a_lazy_circle_and_a_sibling_edge(tmp_path:
 def test_relative_imports_are_read(tmp_path: Path, text: str) -> None:
     root = _package(tmp_path, {"__init__.py": "", "data/__init__.py": "", "data/a.py": text, "data/sibling.py": ""})
     assert "gym_lightning.data.sibling" in import_graph(root)["gym_lightning.data.a"]
+
+
+# Reading a checkpoint's safetensors files is the model loader's job (models.fill); a strategy only says what each
+# rank holds of a tensor (an adapter, models.holdings), so no module under strategies reads such a file itself.
+CHECKPOINT_READERS = ("safetensors", "SafetensorsReader", "HuggingFaceStorageReader")
+
+
+def checkpoint_readers_used(path: Path) -> set[str]:
+    """The safetensors modules ``path`` imports and the checkpoint readers it names (at run time)."""
+    found: set[str] = set()
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Import | ast.ImportFrom):
+            modules = [node.module or ""] if isinstance(node, ast.ImportFrom) else [a.name for a in node.names]
+            found.update(m for m in modules if m.split(".")[0] == "safetensors")
+            found.update(a.name for a in node.names if a.name in CHECKPOINT_READERS)
+        elif isinstance(node, ast.Name | ast.Attribute):
+            name = node.id if isinstance(node, ast.Name) else node.attr
+            found.update({name} & set(CHECKPOINT_READERS))
+    return found
+
+
+def checkpoint_reads(root: Path) -> list[str]:
+    """``module: names`` for every module under ``root/strategies`` that reads a safetensors file itself."""
+    return [
+        f"{module_name(path, root)}: {', '.join(sorted(used))}"
+        for path in sorted((root / "strategies").rglob("*.py"))
+        if (used := checkpoint_readers_used(path))
+    ]
+
+
+def test_no_strategy_reads_a_safetensors_file_itself() -> None:
+    assert checkpoint_reads(SOURCE) == [], "read checkpoints through the model loader (models.fill)"
+
+
+# A module's text -> what the rule names in it (nothing: a module that reads through the loader).
+READER_USES = {
+    "a": ("from safetensors.torch import load_file\n", "safetensors.torch"),
+    "b": ("from gym_lightning.models import conversion\nr = conversion.SafetensorsReader('x')\n", "SafetensorsReader"),
+    "c": (
+        "def f():\n    from torch.distributed.checkpoint import HuggingFaceStorageReader as R\n",
+        "HuggingFaceStorageReader",
+    ),
+    "d": ("from gym_lightning.models.fill import fill_weights\n", ""),
+}
+
+
+def test_the_reader_rule_catches_imports_and_uses(tmp_path: Path) -> None:
+    root = _package(tmp_path, {f"strategies/{name}.py": text for name, (text, _) in READER_USES.items()})
+    expected = [f"{PACKAGE}.strategies.{name}: {used}" for name, (_, used) in READER_USES.items() if used]
+    assert checkpoint_reads(root) == expected

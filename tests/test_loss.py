@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import multiprocessing
+import socket
+from types import SimpleNamespace
+
 import pytest
 import torch
 
@@ -10,11 +14,16 @@ from gym_lightning.lora import LoRAArgs
 from gym_lightning.loss import (
     CHUNKED_LOSS_MIN_VOCAB,
     IGNORE_INDEX,
+    AgreedCounts,
     chunked_summed_cross_entropy,
+    labels_of,
     num_loss_chunks,
+    start_max_counts,
     summed_cross_entropy,
     use_chunked_loss,
 )
+from gym_lightning.protocols import SHIFT_LABELS_KEY, AgreesCallCounts
+from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeRO3Strategy
 
 # A vocabulary large enough that a chunk is a small part of it; tiny layers keep the test under a few seconds.
 VOCAB_SHAPE = {"vocab_size": 8192, "hidden_size": 32, "intermediate_size": 64, "num_hidden_layers": 2}
@@ -104,3 +113,69 @@ def test_auto_chunks_large_vocabularies_only() -> None:
     assert [m._loss_is_chunked() for m in (small, large, off)] == [False, True, False]
     boundary = [use_chunked_loss("auto", CHUNKED_LOSS_MIN_VOCAB - 1), use_chunked_loss("auto", CHUNKED_LOSS_MIN_VOCAB)]
     assert boundary == [False, True] and use_chunked_loss("on", 10) and not use_chunked_loss("off", 10**6)
+
+
+def test_labels_of_takes_a_sequence_parallel_slice_s_shifted_targets() -> None:
+    labels, shifted = torch.zeros(1, 4), torch.ones(1, 4)
+    assert labels_of({"labels": labels}) == (labels, False)
+    got, is_shifted = labels_of({"labels": labels, SHIFT_LABELS_KEY: shifted})
+    assert got is shifted and is_shifted
+
+
+class FixedCounts:
+    """A strategy that agrees on fixed counts (``protocols.AgreesCallCounts``), recording what it was asked."""
+
+    def __init__(self, counts: list[int]) -> None:
+        self.counts, self.asked = counts, []
+
+    def start_agreed_counts(self, local: list[int]) -> AgreedCounts:
+        self.asked.append(local)
+        return AgreedCounts(self.counts)
+
+
+def test_the_strategy_s_agreed_counts_set_the_lm_head_calls_and_mlp_tiles() -> None:
+    """Another rank's longer batch: the counts the strategy answers, not this rank's, decide the calls (ZeRO-3)."""
+    module = CausalLMModule(
+        "tiny-qwen3", config_overrides=VOCAB_SHAPE, loss_chunking="on", loss_chunk_tokens=13, mlp_tile_tokens=16
+    )
+    module.configure_model()
+    strategy = FixedCounts([7, 5])
+    module._trainer = SimpleNamespace(strategy=strategy)  # the one thing the loss asks of the Trainer
+    head_calls: list[int] = []
+    module.model.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
+    batch = {"input_ids": torch.randint(0, 8192, (2, 24)), "labels": _labels(2, 24, 8192)}
+    loss, _, _ = module._summed_loss(batch)
+    assert strategy.asked == [[4, 3]] and module._mlp_tiles.value == 5  # 2 x 23 positions / 13; 48 / 16
+    assert len(head_calls) == 1 + 7 and torch.isfinite(loss)  # the model's own call on no position, then 7 chunks
+
+
+@pytest.mark.parametrize("cls", [GymDDPStrategy, GymFSDPStrategy, ZeRO3Strategy])
+def test_the_gym_strategies_provide_the_protocol_and_keep_one_rank_s_counts(cls: type) -> None:
+    strategy = cls()
+    strategy.parallel_devices = [torch.device("cpu")]  # one rank, no process group: the counts are its own
+    counts = strategy.start_agreed_counts([3, 4])
+    assert isinstance(strategy, AgreesCallCounts) and (counts[0], counts[1]) == (3, 4)
+
+
+def _max_counts_on_rank(rank: int, port: int, results: multiprocessing.Queue) -> None:
+    torch.distributed.init_process_group("gloo", f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    try:
+        counts = start_max_counts([1 + rank, 5 - 3 * rank])
+        results.put((rank, counts[1], counts[0], counts[1]))  # read twice: the all-reduce is waited for once
+    finally:
+        torch.distributed.destroy_process_group()
+
+
+def test_two_ranks_agree_on_the_largest_counts_over_a_host_tensor() -> None:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    context = multiprocessing.get_context("fork")
+    results = context.Queue()
+    ranks = [context.Process(target=_max_counts_on_rank, args=(rank, port, results)) for rank in (0, 1)]
+    for process in ranks:
+        process.start()
+    got = sorted(results.get(timeout=60) for _ in ranks)
+    for process in ranks:
+        process.join(timeout=60)
+    assert got == [(0, 5, 2, 5), (1, 5, 2, 5)]

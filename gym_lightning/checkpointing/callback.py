@@ -19,7 +19,6 @@ does not store them), so dropout and other random draws continue as in an uninte
 
 from __future__ import annotations
 
-import contextlib
 import errno
 import os
 import shutil
@@ -32,7 +31,8 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_warn, record_checkpoint_saved, save_topk_and_last_checkpoint
-from gym_lightning.checkpointing.loader_state import load_pending_loader_states
+from gym_lightning.atomic import remove_path
+from gym_lightning.checkpointing.loader_state import ResumeLoaderPositions
 from gym_lightning.checkpointing.manifest import all_gather, hash_owned_files, manifest_path, write_manifest
 from gym_lightning.checkpointing.rng import capture_rng_state, restore_rng_state
 from gym_lightning.errors import GymUserError
@@ -47,24 +47,6 @@ def staging_path(target: str | os.PathLike[str]) -> Path:
     """The hidden name a checkpoint is written under before it is renamed to ``target``."""
     target = Path(target)
     return target.parent / f".{target.name}{STAGING_SUFFIX}"
-
-
-def remove_path(path: str | os.PathLike[str], missing_ok: bool = False) -> None:
-    """Delete a file, link or folder; a folder is first renamed to a hidden name so no half of it stays listed.
-
-    ``missing_ok``: another rank may remove the same path at the same time (cleaning up after a failed save).
-    """
-    path = Path(path)
-    if missing_ok:
-        with contextlib.suppress(FileNotFoundError):
-            remove_path(path)
-        return
-    if path.is_symlink() or path.is_file():
-        path.unlink()
-    elif path.is_dir():
-        trash = path.parent / f".{path.name}.trash-{uuid.uuid4().hex[:8]}"
-        os.replace(path, trash)
-        shutil.rmtree(trash, ignore_errors=True)
 
 
 def _disk_full(filepath: str, err: OSError) -> GymUserError:
@@ -95,7 +77,7 @@ def link_atomically(target: str | os.PathLike[str], link: str | os.PathLike[str]
     os.replace(temporary, link)
 
 
-class StepCheckpoint(ModelCheckpoint):
+class StepCheckpoint(ResumeLoaderPositions, ModelCheckpoint):
     """Checkpoint every ``every_n_steps`` optimizer steps, keep the newest ``keep_last``, link ``last.ckpt``.
 
     Files are named ``step-00000012.ckpt`` (a file for DDP and single-device runs, a folder for FSDP and DeepSpeed).
@@ -197,11 +179,6 @@ class StepCheckpoint(ModelCheckpoint):
         if trainer.is_global_zero:
             remove_path(filepath)
             remove_path(manifest_path(filepath), missing_ok=True)  # a single file's manifest lies beside it
-
-    @override
-    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        super().on_train_start(trainer, pl_module)
-        load_pending_loader_states(trainer)  # the mid-epoch data position (see loader_state.py)
 
     @override
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:

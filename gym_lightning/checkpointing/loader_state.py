@@ -1,12 +1,18 @@
 """Hand a resumed run's saved DataLoader positions to the loaders, also when Lightning would not.
 
+The position is saved and restored by the loader itself (``data.loader.StepTokenDataLoader``'s ``state_dict`` and
+``load_state_dict``), which Lightning's fit loop calls: it stores every training DataLoader's state in the
+checkpoint's loop state. This module is the one place that makes sure the restore happens
+(``ResumeLoaderPositions``, which ``CausalLMModule`` brings along and ``StepCheckpoint`` is).
+
 Lightning restores the training DataLoader's ``state_dict`` in ``FitLoop.setup_data`` only when the loop is already
 restarting. But ``configure_optimizers`` that reads ``trainer.estimated_stepping_batches`` (as ``CausalLMModule``'s
 learning-rate schedule does) makes Lightning set up the training data *before* the checkpoint is restored, and
 ``setup_data`` does not run again: the saved position would be dropped and the interrupted epoch restarted from
 its first batch (Lightning 2.6, ``fit_loop.py``: ``setup_data`` returns early once a combined loader exists).
 Calling the loop's own loader-restoring step again from ``on_train_start`` (after the restore, before the first
-batch is drawn) fixes that; it is a no-op when Lightning already did it or when there is nothing to restore.
+batch is drawn) fixes that; it is a no-op when Lightning already did it or when there is nothing to restore, so
+running it twice (the module's callback and ``StepCheckpoint``) does it once.
 
 A run resumed on another number of ranks (or per-rank batch) also needs the fit loop's count of the interrupted
 epoch's batches in the new layout: Lightning saved it per rank (6 batches of 2 on each of 2 ranks is 12 batches
@@ -17,9 +23,20 @@ shifts every counter by the same amount, so the relations Lightning's restart lo
 from __future__ import annotations
 
 import lightning.pytorch as pl
+from typing_extensions import override
 
 from gym_lightning._compat import load_combined_loader_states
 from gym_lightning.data.loader import StepTokenDataLoader
+
+
+class ResumeLoaderPositions(pl.Callback):
+    """Resume the training DataLoaders at the checkpoint's mid-epoch position, also when the module's
+    ``configure_optimizers`` set up the data before the checkpoint was restored (see the module docstring)."""
+
+    @override
+    def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        super().on_train_start(trainer, pl_module)
+        load_pending_loader_states(trainer)
 
 
 def load_pending_loader_states(trainer: pl.Trainer) -> None:

@@ -9,6 +9,11 @@ prints the same as JSON. ``--quantization nf4`` (or ``--load_in_4bit``) with ``-
 4-bit NF4 base. Long sequences: ``--sequence_parallel_size N`` (Ulysses: N GPUs share each sequence) and
 ``--mlp_tile_tokens T`` (tiled MLP); ``--longest_sequence`` adds a column with the longest sequence that fits each
 strategy at micro-batch 1 (always in ``--json``). Bad flags end with one line on stderr and exit status 2.
+
+``--config run.yaml`` plans the run a ``gym fit --config run.yaml`` launches: its model, strategy (a line of its
+own under the table), micro-batch, sequence length, precision, LoRA, quantisation, sequence parallelism, GPUs
+(``planner.run_config`` lists what is read). Flags given beside it override the file; what the planner cannot
+model is left out with a note on stderr.
 """
 
 from __future__ import annotations
@@ -16,18 +21,26 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import get_args
+from pathlib import Path
+from typing import Any, get_args
+
+import yaml
 
 from gym_lightning.commands import CommandParser
+from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import LoraTargets
 from gym_lightning.planner.catalog import BUNDLED
 from gym_lightning.planner.estimate import Accelerator, Attention, LossChunking, Optimizer, Precision, Quantization
 from gym_lightning.planner.report import plan
+from gym_lightning.planner.run_config import run_settings
+from gym_lightning.vocabulary import STRATEGY_NAMES
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = CommandParser(prog="gym plan", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--model", required=True, help=f"bundled name ({', '.join(BUNDLED)}), preset or config.json")
+    parser.add_argument("--config", help="a gym fit YAML: plan that run (the other flags given override it)")
+    parser.add_argument("--model", help=f"bundled name ({', '.join(BUNDLED)}), preset or config.json")
+    parser.add_argument("--strategy", help=f"the run's strategy, on a line of its own: {', '.join(STRATEGY_NAMES)}")
     parser.add_argument("--gpus_per_node", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)
     parser.add_argument("--gpu_memory", default="80GB", help="memory per GPU, e.g. 24GB, 80GB (binary units)")
@@ -70,9 +83,38 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def plan_arguments(argv: list[str] | None = None) -> dict[str, Any]:
+    """``plan(...)``'s arguments from the command line: the flags, over ``--config``'s run where one is given."""
+    parser = build_parser()
+    args = vars(parser.parse_args(argv))
+    config = args.pop("config")
+    if config is None:
+        if args["model"] is None:
+            parser.error("the following arguments are required: --model (or --config)")
+        return args
+    # Parsed again with every default suppressed: what remains was given on the command line.
+    for action in parser._actions:
+        action.default = argparse.SUPPRESS
+    explicit = vars(parser.parse_args(argv))
+    explicit.pop("config")
+    run = run_settings(_read_yaml(config), source=config)
+    for note in run.notes:
+        print(f"gym plan: {config}: {note}.", file=sys.stderr)
+    return {**args, **run.settings, **explicit}
+
+
+def _read_yaml(path: str) -> Any:
+    try:
+        return yaml.safe_load(Path(path).read_text())
+    except OSError as err:
+        raise GymUserError(f"Cannot read --config {path}: {err.strerror or err}.") from None
+    except yaml.YAMLError as err:
+        raise GymUserError(f"--config {path} is not YAML: {' '.join(str(err).split())}.") from None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Entry point (``COMMANDS["plan"]`` in ``gym_lightning.cli``); ValueErrors become one line, exit 2, there."""
-    args = vars(build_parser().parse_args(argv))
+    args = plan_arguments(argv)
     as_json = args.pop("json")
     report = plan(**args)
     print(json.dumps(report.to_dict(), indent=2) if as_json else report.table())

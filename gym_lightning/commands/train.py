@@ -120,6 +120,7 @@ from gym_lightning.optim import HFSchedulerName, OptimizerName
 from gym_lightning.quant.config import COMPUTE_DTYPES, QUANT_STORAGES, QUANT_TYPES
 from gym_lightning.strategies.zero.config import load_deepspeed_json
 from gym_lightning.strategies.zero.hf_auto import adopted_value
+from gym_lightning.vocabulary import SETTING_FLAGS  # `gym fit` setting -> the flags here that set it
 
 # The HF schedules and optimizers the module builds (transformers.get_scheduler; optim.build_optimizer).
 SCHEDULERS: tuple[str, ...] = get_args(HFSchedulerName)
@@ -231,8 +232,11 @@ MAPPED_FIELDS = frozenset(
 # Why a field is refused, where there is more to say than that gym train has no equivalent.
 REFUSAL_REASONS = {
     "push_to_hub": "gym train does not upload; upload <output_dir>/hf with `huggingface-cli upload`",
-    "fsdp": "use --strategy fsdp (Lightning's FSDP) instead",
-    "fsdp_config": "use --strategy fsdp (Lightning's FSDP) instead",
+    # gym's FSDP is gym_fsdp (FSDP2, CPU and GPU): Lightning's own "fsdp" refuses CPU ranks.
+    "fsdp": "use --strategy gym_fsdp (full_shard, one unit per decoder layer); shard_grad_op, hybrid_shard and offload "
+    "are GymFSDPStrategy's init_args sharding and cpu_offload (gym fit's trainer.strategy)",
+    "fsdp_config": "use --strategy gym_fsdp: it wraps each decoder layer itself, --gradient_checkpointing checkpoints "
+    "activations; its other settings are GymFSDPStrategy's init_args (gym fit's trainer.strategy)",
     "torch_compile": "torch.compile is not wired into gym train",
     "optim_args": "the optimizers take --learning_rate, --weight_decay and (AdamW) --adam_beta1/2, --adam_epsilon",
     "average_tokens_across_devices": "gym_lightning always normalises the loss by the tokens of the whole step",
@@ -302,26 +306,6 @@ EXTRA_REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "compute_accuracy": ("validation reports eval_loss (and exact match with gym fit's model.val_exact_match)", ()),
     "quantization_device_map": ("the strategy places the 4-bit base", ()),
     "print_param_status": ("the model summary lists trainable parameters", ()),
-}
-# The `gym fit` settings that errors name -> the flags that set them here (see flags_for_settings).
-SETTING_FLAGS: dict[str, str] = {
-    "data.batch_size": "--per_device_train_batch_size",
-    "trainer.accumulate_grad_batches": "--gradient_accumulation_steps",
-    "trainer.gradient_clip_val": "--max_grad_norm",
-    "trainer.precision": "--bf16/--fp16",
-    "trainer.max_steps": "--max_steps",
-    "trainer.max_epochs": "--num_train_epochs",
-    "trainer.devices": "--devices",
-    "trainer.num_nodes": "--num_nodes",
-    "model.lr": "--learning_rate",
-    "model.betas": "--adam_beta1/--adam_beta2",
-    "model.eps": "--adam_epsilon",
-    "model.weight_decay": "--weight_decay",
-    "model.warmup_steps": "--warmup_steps",
-    "model.warmup_ratio": "--warmup_steps",
-    "model.optim": "--optim",
-    "model.hf_scheduler": "--lr_scheduler_type",
-    "model.scheduler_kwargs": "--lr_scheduler_kwargs",
 }
 _SETTING_PATTERN = re.compile(r"(?<![\w.])(" + "|".join(re.escape(name) for name in SETTING_FLAGS) + r")(?![\w.])")
 

@@ -27,6 +27,7 @@ import copy
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -191,12 +192,28 @@ def flat_range(
 ) -> torch.Tensor:
     """Elements ``span`` of the model tensor ``source`` describes (of shape ``shape``), flattened, reading only the
     checkpoint rows that hold them: what one ZeRO-3 partition needs."""
+    rows = partial(read_rows, source, reader, model)
+    return flat_span(shape, span, rows, partial(convert, source, reader.load, model))
+
+
+def flat_span(
+    shape: tuple[int, ...], span: range, rows: Callable[[int, int], torch.Tensor], whole: Callable[[], torch.Tensor]
+) -> torch.Tensor:
+    """Elements ``span`` of the flattening of a tensor of shape ``shape``, from its rows ``rows(first, last)`` that
+    hold them (a 0-dim tensor from ``whole()``): only those rows are read or made.
+
+    Args:
+        shape: The full tensor's shape.
+        span: The elements wanted, indices into the flattened full tensor.
+        rows: Rows ``first:last`` (dim 0) of the full tensor.
+        whole: The whole tensor (for a tensor without rows).
+    """
     if not span:
         return torch.empty(0)
     if not shape:
-        return convert(source, reader.load, model).reshape(-1)[span.start : span.stop]
+        return whole().reshape(-1)[span.start : span.stop]
     first, last, offset = rows_of_span(shape, span)
-    return read_rows(source, reader, model, first, last).reshape(-1)[offset : offset + len(span)]
+    return rows(first, last).reshape(-1)[offset : offset + len(span)]
 
 
 def rows_of_span(shape: tuple[int, ...], span: range) -> tuple[int, int, int]:
@@ -333,6 +350,7 @@ __all__ = [
     "checkpoint_sources",
     "convert",
     "flat_range",
+    "flat_span",
     "read_rows",
     "refuse_missing",
     "rows_of_span",

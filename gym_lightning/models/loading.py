@@ -19,7 +19,7 @@ from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig, Pre
 from gym_lightning._compat import zero3_init_open
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.conversion import safetensors_files
-from gym_lightning.models.plan import META, BuildPlan, WeightsSource
+from gym_lightning.models.plan import META, BuildPlan, WeightsSource, draw_on_cpu
 from gym_lightning.models.presets import PRESETS, is_preset, preset_config
 from gym_lightning.quant.config import QuantizationArgs
 
@@ -208,7 +208,8 @@ def _build_quantized(
     """The model with its linear layers in NF4, never built in 16 bits: on the meta device and filled here, one
     tensor at a time (the default plan), or left to the strategy as its plan asks (sharded: each rank quantises
     the rows it holds)."""
-    from gym_lightning.models.quantized import fill_quantized, nf4_linears, restore_skipped
+    from gym_lightning.models.fill import fill_on_cpu
+    from gym_lightning.models.quantized import nf4_linears, restore_skipped
 
     folder = None if random_init or not _has_weights(source) else safetensors_folder(source)
     if folder is None:
@@ -226,7 +227,7 @@ def _build_quantized(
     if deferred:
         plan.record(model, record)
         return model
-    fill_quantized(model, folder)
+    fill_on_cpu(model, record)
     target = torch.get_default_device()
     return model if target.type == "cpu" else model.to(target)
 
@@ -242,12 +243,11 @@ def _random_init(config: PretrainedConfig, options: dict[str, Any], plan: BuildP
     """
     record = WeightsSource(folder=None, config=config, options=options, rng_state=torch.get_rng_state())
     target = torch.get_default_device()
-    if plan.record_random_init or target.type in ("cpu", "meta"):  # meta: no values to draw
+    if plan.record_random_init or target.type == "meta":  # meta: no values to draw
         model = AutoModelForCausalLM.from_config(config, **options)
     else:
-        with torch.device("cpu"):
-            model = AutoModelForCausalLM.from_config(config, **options)
-        model = model.to(target)
+        model = draw_on_cpu(config, options)
+        model = model if target.type == "cpu" else model.to(target)
     if plan.record_random_init:
         plan.record(model, record)
     return model

@@ -98,10 +98,21 @@ def reference_state_dict(source: WeightsSource) -> dict[str, torch.Tensor]:
 
     Holds the whole model: strategies call it on one rank and scatter or copy from there.
     """
-    # On the CPU whatever the caller's default device: the recorded state is the CPU generator's (models.loading).
-    with torch.random.fork_rng(devices=[]), torch.device("cpu"):
+    with torch.random.fork_rng(devices=[]):
         torch.set_rng_state(source.rng_state)
-        return AutoModelForCausalLM.from_config(source.config, **source.options).state_dict()
+        return draw_on_cpu(source.config, source.options).state_dict()
+
+
+def draw_on_cpu(config: PretrainedConfig, options: dict[str, Any]) -> PreTrainedModel:
+    """One process's random initialisation of the model ``config`` describes: built on the CPU whatever the caller's
+    default device, drawn by the CPU generator from its current state (the state ``WeightsSource`` records).
+
+    Args:
+        config: The model config.
+        options: The ``from_config`` keyword arguments (dtype, attention implementation, ...).
+    """
+    with torch.device("cpu"):
+        return AutoModelForCausalLM.from_config(config, **options)
 
 
 def reference_buffers(source: WeightsSource) -> dict[str, torch.Tensor]:
@@ -137,6 +148,7 @@ __all__ = [
     "META",
     "BuildPlan",
     "WeightsSource",
+    "draw_on_cpu",
     "initialize_unsaved",
     "plan_of",
     "reference_buffers",

@@ -22,13 +22,9 @@ from gym_lightning.models.conversion import (
     SafetensorsReader,
     TensorSource,
     checkpoint_sources,
-    convert,
     read_rows,
-    refuse_missing,
-    rows_of_span,
     tied_groups,
 )
-from gym_lightning.models.plan import initialize_unsaved
 from gym_lightning.quant import nf4
 from gym_lightning.quant.config import QuantizationArgs
 from gym_lightning.quant.linear import COMPONENTS, NF4Linear, linears_built_as
@@ -121,17 +117,14 @@ class RowQuantizer:
         self._last = ((key, first, last), parts)
         return parts
 
+    def component(self, key: str, name: str, first: int, last: int) -> torch.Tensor:
+        """Rows ``first:last`` of the component ``name`` (e.g. ``weight_scales``) of layer ``key``: every component
+        keeps its state per row, so these are those rows of the whole weight's quantisation."""
+        return self.rows(key, first, last)[COMPONENTS[name]]
+
     def whole(self, key: str, name: str) -> torch.Tensor:
         """The whole component ``name`` (e.g. ``weight_scales``) of layer ``key``."""
-        return self.rows(key, 0, self.layers[key].out_features)[COMPONENTS[name]]
-
-    def span(self, key: str, name: str, shape: tuple[int, ...], span: range) -> torch.Tensor:
-        """Elements ``span`` of the flattened component ``name`` (e.g. ``weight_scales``) of layer ``key``, of
-        shape ``shape``, from the rows that hold them: what one ZeRO-3 partition needs."""
-        if not span:
-            return torch.empty(0)
-        first, last, offset = rows_of_span(shape, span)
-        return self.rows(key, first, last)[COMPONENTS[name]].reshape(-1)[offset : offset + len(span)]
+        return self.component(key, name, 0, self.layers[key].out_features)
 
 
 def sources_of(
@@ -143,25 +136,6 @@ def sources_of(
     groups = {checkpoint_key(group[0]): group for group in tied_groups(targets)}
     groups = {key: groups[key] for key in without_quant_state(groups, layers)}
     return groups, checkpoint_sources(model, stored, groups), layers
-
-
-@torch.no_grad()
-def fill_quantized(model: PreTrainedModel, folder: str) -> None:
-    """Give a meta-built model storage on the CPU and its weights from ``folder``, one tensor at a time, the NF4
-    layers quantised as they are read: one process never holds more than the 4-bit model and one 16-bit tensor."""
-    model.to_empty(device="cpu")
-    model.tie_weights()
-    state = model.state_dict(keep_vars=True)
-    reader = SafetensorsReader(folder)
-    groups, sources, layers = sources_of(model, reader.where, state)
-    refuse_missing(folder, [key for key in groups if key not in sources])
-    quantizer = RowQuantizer(model, reader, sources, layers)
-    for key, source in sources.items():
-        if key in layers:
-            layers[key].load_quantized(quantizer.rows(key, 0, layers[key].out_features))
-        else:
-            state[groups[key][0]].copy_(convert(source, reader.load, model))
-    initialize_unsaved(model, state)
 
 
 def dequantized_tensors(tensors: dict[str, LazyTensor]) -> dict[str, LazyTensor]:
@@ -194,7 +168,6 @@ def _dequantized(parts: dict[str, LazyTensor]) -> LazyTensor:
 __all__ = [
     "RowQuantizer",
     "dequantized_tensors",
-    "fill_quantized",
     "nf4_layers",
     "nf4_linears",
     "quantizable",

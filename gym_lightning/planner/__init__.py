@@ -2,7 +2,8 @@
 
 ``plan("llama-3-70b", gpu_memory="24GB", activation_checkpointing=True).table()``; on the command line
 ``python -m gym_lightning plan --model llama-3-70b ...``; ``longest_sequence(shape, strategy, setup)``: the longest
-sequence that fits. Formulas and sources: docs/planner.md.
+sequence that fits; ``run_settings(yaml.safe_load(...))``: ``plan``'s arguments for the run a ``gym fit`` YAML
+launches (``gym plan --config run.yaml``). Formulas and sources: docs/planner.md.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from gym_lightning.planner.estimate import STRATEGIES, Estimate, Setup, Strategy
 from gym_lightning.planner.long_sequence import longest_sequence
 from gym_lightning.planner.phases import qlora_peak
 from gym_lightning.planner.report import PlanReport, parse_bytes, plan
+from gym_lightning.planner.run_config import RunSettings, run_settings
 
 __all__ = [
     "BUNDLED",
@@ -20,6 +22,7 @@ __all__ = [
     "Estimate",
     "ModelShape",
     "PlanReport",
+    "RunSettings",
     "Setup",
     "Strategy",
     "estimate",
@@ -29,4 +32,5 @@ __all__ = [
     "plan",
     "qlora_peak",
     "resolve_shape",
+    "run_settings",
 ]

@@ -4,7 +4,9 @@ local ``config.json`` files, resolved into ``models.shapes.ModelShape``."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from pathlib import Path
+from typing import Any
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.presets import is_preset, preset_config
@@ -68,17 +70,31 @@ PUBLISHED_PARAMS: dict[str, float] = {
 PUBLISHED_ACTIVE_PARAMS: dict[str, float] = {"qwen3-30b-a3b": 3.3, "qwen3-235b-a22b": 22.0}
 
 
-def resolve_shape(model: str) -> ModelShape:
-    """The shape named by ``model``: a bundled name, a gym_lightning preset, or a ``config.json`` / model folder."""
-    if model.lower() in BUNDLED:
-        return BUNDLED[model.lower()]
+def resolve_shape(model: str, config_overrides: Mapping[str, Any] | None = None) -> ModelShape:
+    """The shape named by ``model``: a bundled name, a gym_lightning preset, a ``config.json`` / model folder, or a
+    hub name whose last part is a bundled name (``Qwen/Qwen3-0.6B``: no download).
+
+    Args:
+        model: What ``gym plan --model`` and a run's ``model.model`` take.
+        config_overrides: ``config.json`` keys to change first, as ``CausalLMModule(config_overrides=...)`` does; a
+            bundled name has no ``config.json`` and refuses them.
+    """
+    overrides = dict(config_overrides or {})
+    path = Path(model) / "config.json" if Path(model).is_dir() else Path(model)
+    bundled = BUNDLED.get(model.lower())
+    if bundled is None and not is_preset(model) and not path.is_file():
+        bundled = BUNDLED.get(model.lower().rsplit("/", 1)[-1])  # a hub name (its config.json is not fetched)
+    if bundled is not None and overrides:
+        raise GymUserError(
+            f"config_overrides {sorted(overrides)} need the model's config.json; {model!r} is planned from the "
+            "planner's bundled shape: pass a local config.json or model folder instead."
+        )
+    if bundled is not None:
+        return bundled
     if is_preset(model):
-        return shape_from_config(preset_config(model).to_dict(), model)
-    path = Path(model)
-    if path.is_dir():
-        path = path / "config.json"
+        return shape_from_config({**preset_config(model).to_dict(), **overrides}, model)
     if path.is_file():
-        return shape_from_config(json.loads(path.read_text()), model)
+        return shape_from_config({**json.loads(path.read_text()), **overrides}, model)
     raise GymUserError(
         f"Unknown model {model!r}: pass a bundled name ({', '.join(BUNDLED)}), a gym_lightning preset "
         f"(tiny-llama, tiny-qwen3), or a local Hugging Face config.json / model folder."

@@ -28,11 +28,13 @@ for at most T tokens at a time (:func:`mlp_tile_bytes`).
 from __future__ import annotations
 
 import math
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import LoraTargets, ModelShape
+from gym_lightning.vocabulary import STRATEGY_CLASSES, STRATEGY_PRESET_BY_NAME, StrategyClass
 
 Precision = Literal["bf16-mixed", "32-true"]
 Optimizer = Literal["adamw", "sgd", "adafactor"]
@@ -75,26 +77,53 @@ class Strategy:
     keep_gathered: bool = False  # FSDP grad_op: gathered parameters live from forward to backward
 
 
-# Ordered by expected speed, fastest first (docs/planner.md, "Recommendation", says why).
+def planner_strategy(
+    key: str, label: str, strategy_class: StrategyClass, init_args: Mapping[str, Any], name: str | None = None
+) -> Strategy:
+    """How gym_lightning's ``strategy_class`` with ``init_args`` shards and offloads, as the planner models it.
+
+    Args:
+        key: The planner's key of the row.
+        label: Its label in the table.
+        strategy_class: ``"ddp"``, ``"fsdp"`` or ``"zero"`` (``vocabulary.STRATEGY_CLASSES``).
+        init_args: The strategy's arguments: FSDP's ``sharding`` (``grad_op`` keeps gathered parameters from forward
+            to backward; ``none`` replicates) and ``cpu_offload``; ZeRO's ``stage`` and ``offload_*``.
+        name: The registered name that selects it, if any; else it is shown as the class with its arguments.
+    """
+    arguments = ", ".join(f"{k}={v!r}" for k, v in init_args.items())
+    shown = name or f"{STRATEGY_CLASSES[strategy_class].rsplit('.', 1)[-1]}({arguments})"
+    if strategy_class == "ddp":
+        return Strategy(key, label, shown, "torch", 0)
+    if strategy_class == "fsdp":
+        sharding, offload = init_args.get("sharding", "full"), "cpu" if init_args.get("cpu_offload") else "none"
+        stage = 0 if sharding == "none" else 3
+        return Strategy(key, label, shown, "torch", stage, offload, offload, keep_gathered=sharding == "grad_op")
+    offloads = (init_args.get("offload_optimizer", "none"), init_args.get("offload_parameters", "none"))
+    return Strategy(key, label, shown, "deepspeed", int(init_args["stage"]), *offloads)
+
+
+def _planned(key: str, label: str, preset: str | tuple[StrategyClass, dict[str, Any]]) -> Strategy:
+    """A row of the planner's list: a registered preset (by name) or a strategy class with its arguments."""
+    if isinstance(preset, str):
+        found = STRATEGY_PRESET_BY_NAME[preset]
+        return planner_strategy(key, label, found.strategy_class, found.init_args, name=found.name)
+    return planner_strategy(key, label, *preset)
+
+
+# Ordered by expected speed, fastest first (docs/planner.md, "Recommendation", says why). Every registered name
+# (gym_lightning.vocabulary.STRATEGY_PRESETS) is a row, with the shape the name stands for (tests check both).
 STRATEGIES: tuple[Strategy, ...] = (
-    Strategy("ddp", "DDP", "gym_ddp", "torch", 0),
-    Strategy("zero1", "ZeRO-1", "zero1", "deepspeed", 1),
-    Strategy("zero2", "ZeRO-2", "zero2", "deepspeed", 2),
-    Strategy("fsdp_grad_op", "FSDP grad_op", "GymFSDPStrategy(sharding='grad_op')", "torch", 3, keep_gathered=True),
-    Strategy("fsdp_full", "FSDP full", "gym_fsdp", "torch", 3),
-    Strategy("zero3", "ZeRO-3", "zero3", "deepspeed", 3),
-    Strategy("zero2_offload", "ZeRO-2 + CPU optimizer", "zero2_offload", "deepspeed", 2, "cpu"),
-    Strategy(
-        "zero3_offload_optimizer",
-        "ZeRO-3 + CPU optimizer",
-        "ZeROStrategy(stage=3, offload_optimizer='cpu')",
-        "deepspeed",
-        3,
-        "cpu",
-    ),
-    Strategy("fsdp_offload", "FSDP full + CPU offload", "GymFSDPStrategy(cpu_offload=True)", "torch", 3, "cpu", "cpu"),
-    Strategy("zero3_offload", "ZeRO-3 + CPU optimizer + params", "zero3_offload", "deepspeed", 3, "cpu", "cpu"),
-    Strategy("zero_infinity", "ZeRO-Infinity (NVMe)", "zero_infinity", "deepspeed", 3, "nvme", "nvme"),
+    _planned("ddp", "DDP", "gym_ddp"),
+    _planned("zero1", "ZeRO-1", "zero1"),
+    _planned("zero2", "ZeRO-2", "zero2"),
+    _planned("fsdp_grad_op", "FSDP grad_op", ("fsdp", {"sharding": "grad_op"})),
+    _planned("fsdp_full", "FSDP full", "gym_fsdp"),
+    _planned("zero3", "ZeRO-3", "zero3"),
+    _planned("zero2_offload", "ZeRO-2 + CPU optimizer", "zero2_offload"),
+    _planned("zero3_offload_optimizer", "ZeRO-3 + CPU optimizer", ("zero", {"stage": 3, "offload_optimizer": "cpu"})),
+    _planned("fsdp_offload", "FSDP full + CPU offload", ("fsdp", {"cpu_offload": True})),
+    _planned("zero3_offload", "ZeRO-3 + CPU optimizer + params", "zero3_offload"),
+    _planned("zero_infinity", "ZeRO-Infinity (NVMe)", "zero_infinity"),
 )
 STRATEGY_KEYS: tuple[str, ...] = tuple(s.key for s in STRATEGIES)
 STRATEGY_BY_KEY: dict[str, Strategy] = {s.key: s for s in STRATEGIES}
@@ -570,18 +599,18 @@ def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, sta
 
     Loading: strategies that replicate parameters (DDP, ZeRO-1/2) materialise the full checkpoint in every process;
     ZeRO-3 builds under ``zero.Init`` and loads it once per node (DeepSpeed's estimator makes the same distinction,
-    ``zero_init``); gym_fsdp builds on the meta device and each rank reads only its slices of one file at a time
-    (``strategies/materialize.py``), so its load costs the node one file (``phases.read_slice_bytes``).
+    ``zero_init``); gym_fsdp builds on the meta device and each rank reads only its rows of one tensor at a time
+    (``models.fill``), so its load costs the node those rows per process (``phases.read_slice_bytes``).
     ZeRO-Infinity also keeps pinned swap buffers (DeepSpeed's default ``buffer_count`` 5 x ``buffer_size`` 1e8
     elements per rank). A QLoRA base is quantised as it is read: gym_fsdp and ZeRO-3 ranks read their rows of one
     file, every other process fills its whole 4-bit model on the host before moving it to its GPU
-    (``models.quantized.fill_quantized``)."""
+    (``models.fill.fill_on_cpu``)."""
     counts = param_counts(shape, setup)
     load_dtype = 2 if setup.precision == "bf16-mixed" else 4
     copies = setup.gpus_per_node if strategy.stage < 3 else 1
     load = copies * load_dtype * counts.total_with_adapters
     if strategy.framework == "torch" and strategy.stage == 3:
-        load = float(setup.checkpoint_file_bytes)
+        load = setup.gpus_per_node * setup.checkpoint_dtype_bytes * shape.largest_tensor() / setup.world_size
     if setup.quantization != "none":
         filled = frozen_bytes(shape, setup, load_dtype) + quant_read_bytes(shape, setup, 1)
         load = setup.checkpoint_file_bytes if strategy.stage == 3 else copies * filled

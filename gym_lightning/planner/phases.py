@@ -84,18 +84,13 @@ def _place(setup: Setup, tensors: float, host_only: float = 0.0) -> PhasePeak:
     return PhasePeak(host, tensors)
 
 
-def read_slice_bytes(setup: Setup, sharded: bool, shape: ModelShape | None = None) -> float:
-    """Checkpoint bytes in flight while loading. Each file is memory-mapped and its tensors are copied out one at a
-    time; the mapped pages that were read stay resident until the file is closed: one file, or a rank's 1/N of it
-    when the rank reads only its own slices (gym_fsdp's ``HuggingFaceStorageReader``). A mixture of experts' expert
-    tensors are read one checkpoint tensor at a time from a file opened for it (``models.conversion``), so only
-    the rest of a file stays mapped: measured at 0.4B (moe-400m of benchmarks/scale.py), the whole-file term put
-    the load 15 % above the measured peak."""
-    in_flight = setup.checkpoint_file_bytes / (setup.world_size if sharded else 1)
-    if sharded and shape is not None and shape.is_moe:
-        experts = sum(n for k, n in shape.expert_numels().items() if k.startswith("experts.")) * shape.num_layers
-        in_flight *= 1 - experts / shape.num_params()
-    return in_flight
+def read_slice_bytes(setup: Setup, shape: ModelShape) -> float:
+    """Checkpoint bytes in flight while a rank of gym_fsdp loads: the rows of one checkpoint tensor that its shard
+    holds, in the checkpoint dtype. The one loader (``models.fill``) reads each tensor's rows through a file opened
+    for that tensor (safetensors' slice), so no file pages stay mapped from one tensor to the next. Measured at 250M
+    on 2 ranks (benchmarks/scale.py): 981 / 976 MiB at the load peak, where the term it replaced (the rank's 1/N of
+    one whole file, from when DCP's reader kept a file mapped) put the plan at 1,203 MiB."""
+    return setup.checkpoint_dtype_bytes * shape.largest_tensor() / setup.world_size
 
 
 def resident_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
@@ -121,8 +116,8 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
         # Meta build -> fully_shard -> to_empty -> slices read into the fp32 shards (fp32 masters under bf16-mixed).
         shard = (4 * t + frozen * f) / n
         if strategy.offload_parameters != "none":  # cpu_offload: the shards live on the host
-            return _place(setup, 0.0, shard + read_slice_bytes(setup, sharded=True, shape=shape))
-        return _place(setup, shard, read_slice_bytes(setup, sharded=True, shape=shape))
+            return _place(setup, 0.0, shard + read_slice_bytes(setup, shape))
+        return _place(setup, shard, read_slice_bytes(setup, shape))
     if strategy.framework == "torch":
         # from_pretrained on every rank in the checkpoint dtype, then the trainables cast to fp32: the loaded copy is
         # held until the last tensor is cast (measured at 250M: +6.0 bytes per parameter above the process with a
@@ -154,7 +149,7 @@ def qlora_load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> Phas
     (``frozen_bytes``) and the adapters (fp32 under torch, bf16 + fp32 masters under DeepSpeed) while it reads one
     checkpoint tensor and quantises it (``quant_read_bytes``; counted on the device, the larger side if the
     quantisation runs on the host). gym_fsdp and ZeRO-3 ranks read only their rows; DDP and ZeRO-1/2 fill the whole
-    model on the host and then move it to the GPU (``models.quantized.fill_quantized``), so on GPUs the host holds the
+    model on the host and then move it to the GPU (``models.fill.fill_on_cpu``), so on GPUs the host holds the
     4-bit model once per process too."""
     counts, n = param_counts(shape, setup), setup.world_size
     t = counts.trainable

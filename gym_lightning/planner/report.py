@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any, get_args
 
@@ -10,6 +11,8 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import LoraTargets, ModelShape
 from gym_lightning.planner.catalog import resolve_shape
 from gym_lightning.planner.estimate import (
+    STRATEGIES,
+    STRATEGY_BY_KEY,
     Accelerator,
     Attention,
     Estimate,
@@ -18,16 +21,20 @@ from gym_lightning.planner.estimate import (
     Precision,
     Quantization,
     Setup,
+    Strategy,
+    estimate,
     estimate_all,
     local_tokens,
     mlp_tiles,
     param_counts,
+    planner_strategy,
     quantized_base,
     recommend,
     sequence_parallel_problems,
 )
 from gym_lightning.planner.long_sequence import SEQUENCE_GRID, longest_sequence, sequence_step
 from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
+from gym_lightning.vocabulary import STRATEGY_NAMES, STRATEGY_PRESET_BY_NAME
 
 GiB = 1024**3
 _UNITS = {
@@ -67,6 +74,7 @@ class PlanReport:
     setup: Setup
     estimates: list[Estimate]
     show_longest_sequence: bool = False  # table(): add the "longest seq" column (to_dict() always has it)
+    selected: str | None = None  # the key of the run's own strategy (plan(strategy=...)): a line of its own
 
     @property
     def recommendation(self) -> Estimate | None:
@@ -102,6 +110,7 @@ class PlanReport:
                 for e, n, p in zip(self.estimates, self.longest_sequences(), self.phases(), strict=True)
             ],
             "recommendation": None if best is None else best.strategy.key,
+            "selected": self.selected,
         }
 
     def _active(self) -> str:
@@ -151,8 +160,22 @@ class PlanReport:
             for row, e, n in zip(rows, self.estimates, self.longest_sequences(), strict=True):
                 row.append(f"{n:,}" if e.modelled else "—")
         lines += _aligned([header, *rows])
-        lines += ["", *self.phase_table(), "", self.recommendation_line()]
+        lines += ["", *self.phase_table(), "", self.recommendation_line(), *self.selected_lines()]
         return "\n".join(lines)
+
+    def selected_lines(self) -> list[str]:
+        """One line on the run's own strategy (``plan(strategy=...)``), none without one."""
+        chosen = next((e for e in self.estimates if e.strategy.key == self.selected), None)
+        if chosen is None:
+            return []
+        name = f"Your run: {chosen.strategy.label} (strategy: {chosen.strategy.trainer_strategy})"
+        if not chosen.modelled:
+            return [f"{name}: not modelled with these settings."]
+        verdict = "fits" if chosen.fits else f"does not fit ({_fits(chosen).removeprefix('no (').rstrip(')')})"
+        return [
+            f"{name} {verdict}: {_gib(chosen.gpu_total)} per GPU, micro-batch up to {chosen.max_micro_batch}, "
+            f"host {_gib(chosen.host_per_node)} per node."
+        ]
 
     def _long_sequence_lines(self) -> list[str]:
         """The header's lines on sequence parallelism, the tiled MLP and the "longest seq" column, when in use."""
@@ -291,6 +314,8 @@ def plan(
     sequence_parallel_size: int = 1,
     mlp_tile_tokens: int | None = 0,
     longest_sequence: bool = False,
+    strategy: str | Strategy | None = None,
+    config_overrides: Mapping[str, Any] | None = None,
 ) -> PlanReport:
     """Memory per GPU and per node of finetuning ``model`` with every strategy, and the fastest one that fits.
 
@@ -317,6 +342,10 @@ def plan(
             each sequence, ``seq_length / sp`` tokens each; must divide the GPUs and the attention heads; sdpa only.
         mlp_tile_tokens: As ``CausalLMModule(mlp_tile_tokens=...)``: tokens per tiled-MLP step; 0 or None = off.
         longest_sequence: Add the "longest seq" column to ``table()`` (``to_dict()`` always has it).
+        strategy: The run's own strategy, reported on a line of its own (``selected`` in ``to_dict()``): a
+            registered name (``zero3``), a planner key (``fsdp_grad_op``) or a :class:`Strategy`; one the list
+            lacks is added as a row.
+        config_overrides: ``config.json`` keys changed first, as ``CausalLMModule(config_overrides=...)``.
     """
     problems = _problems(
         gpus_per_node, nodes, precision, micro_batch_size, seq_length, lora_r, lora_targets, optimizer, attention
@@ -324,7 +353,8 @@ def plan(
     gpu_bytes, host_bytes = _memory(gpu_memory, "gpu_memory", problems), _memory(host_memory, "host_memory", problems)
     file_bytes = _memory(checkpoint_file_size, "checkpoint_file_size", problems)
     problems += _loss_and_quant_problems(loss_chunk_tokens, accelerator, loss_chunking, quantization, lora_r)
-    shape, unknown = _resolve(model)
+    shape, unknown = _resolve(model, config_overrides)
+    chosen = run_strategy(strategy, problems)
     setup = Setup(
         gpus_per_node=gpus_per_node,
         nodes=nodes,
@@ -347,7 +377,38 @@ def plan(
         mlp_tile_tokens=0 if mlp_tile_tokens is None else mlp_tile_tokens,
     )
     shape = _refuse(problems + sequence_parallel_problems(shape, setup), shape, unknown)
-    return PlanReport(shape, setup, estimate_all(shape, setup), show_longest_sequence=longest_sequence)
+    estimates = estimate_all(shape, setup)
+    if chosen is not None and not any(e.strategy.key == chosen.key for e in estimates):
+        estimates.append(estimate(shape, chosen, setup))
+    return PlanReport(
+        shape, setup, estimates, show_longest_sequence=longest_sequence, selected=None if chosen is None else chosen.key
+    )
+
+
+def run_strategy(strategy: str | Strategy | None, problems: list[str]) -> Strategy | None:
+    """The planner's row for the run's ``strategy`` (a row of the list that shards and offloads alike, else the
+    strategy itself); an unknown name is added to ``problems``."""
+    if strategy is None or isinstance(strategy, Strategy):
+        found = strategy
+    elif strategy in STRATEGY_BY_KEY:
+        found = STRATEGY_BY_KEY[strategy]
+    elif strategy in STRATEGY_PRESET_BY_NAME:
+        preset = STRATEGY_PRESET_BY_NAME[strategy]
+        found = planner_strategy("run", strategy, preset.strategy_class, preset.init_args, name=strategy)
+    else:
+        problems.append(
+            f"strategy must be one of gym_lightning's ({', '.join(STRATEGY_NAMES)}) or a planner key "
+            f"({', '.join(STRATEGY_BY_KEY)}), got {strategy!r}"
+        )
+        return None
+    same = [s for s in STRATEGIES if found is not None and _memory_layout(s) == _memory_layout(found)]
+    return same[0] if same else found
+
+
+def _memory_layout(strategy: Strategy) -> tuple[object, ...]:
+    """What the planner's memory model reads of a strategy: everything but its names."""
+    s = strategy
+    return (s.framework, s.stage, s.offload_optimizer, s.offload_parameters, s.keep_gathered)
 
 
 def _refuse(problems: list[str], shape: ModelShape | None, unknown: GymUserError | None) -> ModelShape:
@@ -380,13 +441,15 @@ def _loss_and_quant_problems(
     return problems
 
 
-def _resolve(model: str | ModelShape) -> tuple[ModelShape | None, GymUserError | None]:
+def _resolve(
+    model: str | ModelShape, config_overrides: Mapping[str, Any] | None = None
+) -> tuple[ModelShape | None, GymUserError | None]:
     """The shape of ``model``, or the error naming it unknown: kept, so that one message lists it with the other
     problems (the sequence-parallel ones need the shape's heads)."""
     if isinstance(model, ModelShape):
         return model, None
     try:
-        return resolve_shape(model), None
+        return resolve_shape(model, config_overrides), None
     except GymUserError as err:
         return None, err
 

@@ -1,7 +1,8 @@
 """Strategies that run the same configuration on CPU ranks (gloo) and on GPUs (nccl).
 
 ``import gym_lightning`` registers their names with Lightning (``gym_lightning.registration``), so
-``Trainer(strategy="zero3")`` works:
+``Trainer(strategy="zero3")`` works. The names and what each stands for are held once, in
+``gym_lightning.vocabulary.STRATEGY_PRESETS`` (tests check this table against it):
 
 ==================  ==============================================================
 ``gym_ddp``         :class:`GymDDPStrategy`
@@ -21,21 +22,13 @@ import difflib
 
 from lightning.pytorch.strategies import StrategyRegistry
 
+from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
 from gym_lightning.strategies.ddp import GymDDPStrategy
 from gym_lightning.strategies.fsdp import GymFSDPStrategy
+from gym_lightning.strategies.parallel_dims import ParallelDims
 from gym_lightning.strategies.zero import ZeRO1Strategy, ZeRO2Strategy, ZeRO3Strategy, ZeROStrategy
-
-STRATEGY_NAMES: tuple[str, ...] = (
-    "gym_ddp",
-    "gym_fsdp",
-    "zero1",
-    "zero2",
-    "zero3",
-    "zero2_offload",
-    "zero3_offload",
-    "zero_infinity",
-)
+from gym_lightning.vocabulary import STRATEGY_NAMES
 
 
 def strategy_name_problem(name: str) -> str | None:
@@ -60,6 +53,8 @@ __all__ = [
     "STRATEGY_NAMES",
     "GymDDPStrategy",
     "GymFSDPStrategy",
+    "GymStrategy",
+    "ParallelDims",
     "ZeRO1Strategy",
     "ZeRO2Strategy",
     "ZeRO3Strategy",

@@ -13,7 +13,7 @@ import torch
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 
 from gym_lightning._compat import rank_zero_info
-from gym_lightning.errors import raise_if_problems as _raise_if_problems
+from gym_lightning.errors import raise_if_problems
 
 # The standard OpenMP variable: a user who sets it chose the per-rank thread count, so torch's setting is left alone.
 THREADS_ENV_VAR = "OMP_NUM_THREADS"
@@ -124,6 +124,7 @@ def rendezvous_timeout(collective: timedelta | None) -> timedelta:
     return max(collective, default_pg_timeout) if collective is not None else default_pg_timeout
 
 
-def raise_if_problems(strategy_name: str, problems: Iterable[str]) -> None:
-    """Raise one ``GymUserError`` listing every configuration problem of a strategy (each with its fix)."""
-    _raise_if_problems(f"Invalid {strategy_name} configuration", problems)
+def raise_strategy_problems(strategy_name: str, problems: Iterable[str]) -> None:
+    """Raise one ``GymUserError`` listing every configuration problem of a strategy (each with its fix):
+    ``errors.raise_if_problems`` about "Invalid <strategy_name> configuration"."""
+    raise_if_problems(f"Invalid {strategy_name} configuration", problems)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from datetime import timedelta
-from typing import Any, Literal
+from typing import Literal
 
 import torch
 from lightning.fabric.plugins import CheckpointIO, ClusterEnvironment
@@ -19,20 +19,12 @@ from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
-from gym_lightning.checkpointing.manifest import verify_checkpoint
-from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
-from gym_lightning.strategies._common import (
-    configure_cpu_threads,
-    destroy_process_group_at_exit,
-    raise_if_problems,
-    rendezvous_timeout,
-    return_freed_host_memory,
-)
+from gym_lightning.strategies._common import raise_strategy_problems
+from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
-from gym_lightning.strategies.placement import placed_after
-from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
-from gym_lightning.strategies.sequence import SequenceParallel, size_problems
+from gym_lightning.strategies.parallel_dims import size_problems
+from gym_lightning.vocabulary import register_presets
 
 GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
 GRADIENT_COMPRESSIONS: tuple[str, ...] = ("none", "fp16", "bf16", "powersgd")
@@ -54,7 +46,7 @@ def comm_hook_for(
     return None, None
 
 
-class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
+class GymDDPStrategy(ClipsWithAnyOptimizer, GymStrategy, DDPStrategy):
     """Lightning's ``DDPStrategy`` plus gradient compression that also runs on CPU ranks.
 
     Gradients are not all-reduced on gradient-accumulation micro-batches (Lightning runs them under ``no_sync``);
@@ -81,13 +73,11 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
         find_unused_parameters: Let DDP handle parameters that get no gradient in a step (slower; needed for
             models with conditional branches).
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
-        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
-            (``strategies.rank_failure``); it must cover the longest wait of a healthy run (the first data
-            preparation, a checkpoint save). gym train: ``--ddp_timeout`` (seconds).
+        timeout: Timeout of collective operations, as for :class:`~gym_lightning.strategies.base.GymStrategy`.
         start_method: How Lightning starts the other local ranks: ``"popen"`` (default), ``"spawn"``, ``"fork"``,
             ``"forkserver"``.
-        sequence_parallel_size: Ranks that share each training sequence (Ulysses; ``strategies.sequence``): each
-            holds 1/N of its tokens and the data-parallel degree is world size / N. 1: off.
+        sequence_parallel_size: Ranks that share each training sequence, as for
+            :class:`~gym_lightning.strategies.base.GymStrategy`. 1: off.
     """
 
     strategy_name = "gym_ddp"
@@ -110,7 +100,7 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
         sequence_parallel_size: int = 1,
     ) -> None:
         problems = _ddp_problems(gradient_compression, powersgd_rank, powersgd_start_iter)
-        raise_if_problems(type(self).__name__, problems + size_problems(sequence_parallel_size))
+        raise_strategy_problems(type(self).__name__, problems + size_problems(sequence_parallel_size))
         super().__init__(
             accelerator=accelerator,
             parallel_devices=parallel_devices,
@@ -119,39 +109,21 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
             checkpoint_io=checkpoint_io if checkpoint_io is not None else PartialFileCheckpointIO(),
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
+            timeout=timeout,
+            sequence_parallel_size=sequence_parallel_size,
             start_method=start_method,
             static_graph=static_graph,
             find_unused_parameters=find_unused_parameters,
         )
-        self.gradient_compression = gradient_compression
-        self.collective_timeout = timeout
-        self._rank_watch: RankWatch | None = None
         self.powersgd_rank = powersgd_rank or 1
         self.powersgd_start_iter = powersgd_start_iter or 10
-        self.sequence_parallel_size = sequence_parallel_size
-
-    @override
-    def setup_environment(self) -> None:
-        self.check_sequence_parallel_world()  # before the process group starts: nothing to tear down
-        configure_cpu_threads(self.root_device, self.num_processes)
-        return_freed_host_memory(self.root_device)
-        destroy_process_group_at_exit()
-        super().setup_environment()
-        self._rank_watch = watch_collectives(self.collective_timeout, module=self.lightning_module)
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
-        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
+        self.gradient_compression = gradient_compression
 
     @override
     def setup(self, trainer: Trainer) -> None:
         if self.model is not None:  # fp32 master weights under bf16-mixed, whatever dtype the checkpoint had
             fp32_master_weights(self.model, self.precision_plugin)
-        self.setup_sequence_parallel()
-        with placed_after(self.lightning_module, self.root_device):  # metrics keep their dtype under bf16-true
-            super().setup(trainer)
+        super().setup(trainer)
 
     @override
     def _register_ddp_hooks(self) -> None:
@@ -165,19 +137,10 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, DDPStrategy):
         """This rank's gradients of ``module`` (for ``NonFiniteGuard``): every rank holds them all, as ``.grad``."""
         return [p.grad for p in module.parameters() if p.grad is not None]
 
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
-        # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects.
-        with refuse_unsafe_pickles(checkpoint_path):
-            return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
-
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        strategy_registry.register(
-            "gym_ddp", cls, description="gym_lightning DDP (CPU and CUDA, optional gradient compression)", override=True
-        )
+        register_presets(strategy_registry.register, cls, "ddp")  # gym_lightning.vocabulary: gym_ddp
 
 
 def _ddp_problems(compression: str, powersgd_rank: int | None, powersgd_start_iter: int | None) -> list[str]:

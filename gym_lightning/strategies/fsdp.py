@@ -25,24 +25,17 @@ from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
-from gym_lightning.checkpointing.manifest import verify_checkpoint
-from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
 from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
-from gym_lightning.strategies._common import (
-    configure_cpu_threads,
-    destroy_process_group_at_exit,
-    raise_if_problems,
-    rendezvous_timeout,
-    return_freed_host_memory,
-)
+from gym_lightning.strategies._common import raise_strategy_problems
+from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
+from gym_lightning.strategies.parallel_dims import ParallelDims, size_problems
 from gym_lightning.strategies.placement import placed_after
-from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
-from gym_lightning.strategies.sequence import SequenceParallel, size_problems
+from gym_lightning.vocabulary import register_presets
 
 Sharding = Literal["full", "grad_op", "hybrid", "none"]
 SHARDINGS: tuple[str, ...] = ("full", "grad_op", "hybrid", "none")
@@ -64,14 +57,18 @@ def find_layer_classes(model: nn.Module, override_names: Iterable[str] | None = 
     return names
 
 
-def build_shard_mesh(sharding: str, num_nodes: int, num_processes: int, device_type: str) -> DeviceMesh:
-    """The mesh ``fully_shard`` shards over: 1-D for full/grad_op, 2-D (replicate, shard) for hybrid/none."""
-    world_size = num_nodes * num_processes
+def shard_replicas(sharding: str, num_nodes: int, num_processes: int) -> int | None:
+    """The replicate degree of ``sharding`` (``ParallelDims.replicate``): ``None`` (a 1-D mesh over all ranks) for
+    full/grad_op; HSDP replicates across nodes and shards within a node; "none" replicates everywhere (shard groups
+    of 1 = DDP)."""
     if sharding in ("full", "grad_op"):
-        return init_device_mesh(device_type, (world_size,), mesh_dim_names=("shard",))
-    # HSDP: replicate across nodes, shard within a node; "none" replicates everywhere (shard groups of 1 = DDP).
-    shape = (num_nodes, num_processes) if sharding == "hybrid" else (world_size, 1)
-    return init_device_mesh(device_type, shape, mesh_dim_names=("replicate", "shard"))
+        return None
+    return num_nodes if sharding == "hybrid" else num_nodes * num_processes
+
+
+def build_shard_mesh(dims: ParallelDims, device_type: str) -> DeviceMesh:
+    """The mesh ``fully_shard`` shards over: 1-D (shard), or 2-D (replicate, shard) for hybrid/none."""
+    return init_device_mesh(device_type, dims.mesh_shape, mesh_dim_names=dims.mesh_dim_names)
 
 
 def mixed_precision_policy(precision: str, gradient_compression: str) -> MixedPrecisionPolicy:
@@ -119,7 +116,7 @@ def unsharded_parameter_names(model: nn.Module) -> list[str]:
     return [name for name, param in model.named_parameters() if not isinstance(param, DTensor)]
 
 
-class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStrategy):
+class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy):
     """FSDP2 over all ranks, one shard unit per decoder layer, for any LightningModule on CPU or CUDA.
 
     Shard units: every module whose class name is in ``layer_classes`` (default: the decoder-layer classes that the
@@ -141,14 +138,14 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
         gradient_compression: ``"none"``, or ``"fp16"`` / ``"bf16"`` to reduce-scatter gradients in half precision.
             PowerSGD is a DDP communication hook and does not exist for FSDP.
         save_distributed_checkpoint: ``True``: each rank writes its shard (a checkpoint folder, torch distributed
-            checkpoint format). ``False``: rank 0 gathers a single full file.
+            checkpoint format; it reshards on load, so it may be resumed on another number of ranks). ``False``: rank 0
+            gathers a single full file.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU, and
             ``"cpu:gloo,cuda:nccl"`` on CUDA with ``cpu_offload``, whose host shards need a CPU backend).
-        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
-            (``strategies.rank_failure``).
-        sequence_parallel_size: Ranks that share each training sequence (Ulysses; ``strategies.sequence``): each
-            holds 1/N of its tokens, parameters stay sharded over all ranks, and the data-parallel degree (the
-            sampler's) is world size / N. 1: off.
+        timeout: Timeout of collective operations (also on the shard mesh's groups), as for
+            :class:`~gym_lightning.strategies.base.GymStrategy`.
+        sequence_parallel_size: Ranks that share each training sequence, as for
+            :class:`~gym_lightning.strategies.base.GymStrategy`; parameters stay sharded over all ranks. 1: off.
 
     The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
     gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
@@ -171,11 +168,12 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
         sequence_parallel_size: int = 1,
     ) -> None:
         problems = _fsdp_problems(sharding, layer_classes, gradient_compression) + size_problems(sequence_parallel_size)
-        raise_if_problems(type(self).__name__, problems)
+        raise_strategy_problems(type(self).__name__, problems)
         super().__init__(
             save_distributed_checkpoint=save_distributed_checkpoint,
             process_group_backend=process_group_backend,
-            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
+            timeout=timeout,
+            sequence_parallel_size=sequence_parallel_size,
         )
         # save_distributed_checkpoint=False writes one file through the CheckpointIO: in place, not via TMPDIR.
         self.checkpoint_io = PartialFileCheckpointIO()
@@ -184,29 +182,28 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
         self.activation_checkpointing = activation_checkpointing
         self.cpu_offload = cpu_offload
         self.gradient_compression = gradient_compression
-        self.collective_timeout = timeout
-        self._rank_watch: RankWatch | None = None
         self._shard_mesh: DeviceMesh | None = None
         self._build_plan = BuildPlan(device=META)
-        self.sequence_parallel_size = sequence_parallel_size
+
+    @property
+    @override
+    def parallel_dims(self) -> ParallelDims:
+        nodes, processes = self.num_nodes, self.num_processes
+        replicate = shard_replicas(self.sharding, nodes, processes)
+        return ParallelDims(nodes * processes, sequence=self.sequence_parallel_size, replicate=replicate)
 
     @override
-    def setup_environment(self) -> None:
-        self.check_sequence_parallel_world()  # before the process group starts: nothing to tear down
-        configure_cpu_threads(self.root_device, self.num_processes)
-        return_freed_host_memory(self.root_device)
-        destroy_process_group_at_exit()
-        # Lightning's mesh (data_parallel x tensor_parallel) becomes pure data parallel; it stays available to
-        # the module's configure_model and drives the distributed sampler.
-        set_model_parallel_sizes(self, data_parallel=self.num_nodes * self.num_processes, tensor_parallel=1)
-        super().setup_environment()
-        self._shard_mesh = build_shard_mesh(self.sharding, self.num_nodes, self.num_processes, self.root_device.type)
-        self._rank_watch = watch_collectives(self.collective_timeout, self._shard_mesh.get_all_groups(), self.model)
+    def _start_process_group(self) -> None:
+        dims = self.parallel_dims
+        # Lightning's mesh (data_parallel x tensor_parallel) spans every rank: the module's configure_model may use
+        # it; the sampler reads the data-parallel degree from ParallelDims.
+        set_model_parallel_sizes(self, data_parallel=dims.world_size // dims.tensor, tensor_parallel=dims.tensor)
+        super()._start_process_group()
+        self._shard_mesh = build_shard_mesh(dims, self.root_device.type)
 
     @override
-    def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
-        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
+    def _watched_groups(self) -> Iterable[Any]:
+        return self._shard_mesh.get_all_groups() if self._shard_mesh is not None else ()
 
     @override
     def _get_process_group_backend(self) -> str:
@@ -301,20 +298,10 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, SequenceParallel, ModelParallelStra
         parameter is all-gathered on its own when loaded (a collective: every rank loads in the same order)."""
         return {key: _full_tensor(value) for key, value in model.state_dict(keep_vars=True).items()}
 
-    @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
-        # Checkpoints hold tensors and plain containers only: never unpickle arbitrary objects. A sharded folder
-        # reshards on load (torch distributed checkpoint), so it may be resumed on a different number of ranks.
-        with refuse_unsafe_pickles(checkpoint_path):
-            return super().load_checkpoint(checkpoint_path, weights_only=True if weights_only is None else weights_only)
-
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        strategy_registry.register(
-            "gym_fsdp", cls, description="gym_lightning FSDP2, one shard unit per decoder layer", override=True
-        )
+        register_presets(strategy_registry.register, cls, "fsdp")  # gym_lightning.vocabulary: gym_fsdp
 
 
 # The first torch whose FSDP2 keeps a parameter's requires_grad when it makes the shard (pytorch PR 177948): before,

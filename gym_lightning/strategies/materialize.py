@@ -3,10 +3,11 @@
 The torchtitan recipe (meta device -> ``fully_shard`` -> ``to_empty`` -> initialise or load) for Hugging Face
 models built on a meta-device ``models.plan.BuildPlan`` (which records each model's ``WeightsSource``):
 
-- pretrained weights are read with torch distributed checkpoint's ``HuggingFaceStorageReader``: every rank reads
-  only the slices of the ``*.safetensors`` tensors that its shards hold (safetensors slices are memory-mapped), so no
-  rank ever holds more than its shards plus one tensor slice, and the file's dtype is cast to the parameter's;
-- a random initialisation is drawn on global rank 0 by an ordinary CPU build from the random state recorded at build
+- the weights are filled by the one loader every strategy uses (``models.fill``), through :class:`RowShards`, the
+  adapter that says what this rank holds of each tensor: the dim-0 rows of its ``DTensor`` shard. Pretrained
+  weights: every rank reads only the checkpoint rows its shards hold (safetensors slices are memory-mapped), so no
+  rank ever holds more than its shards plus one tensor slice, and the file's dtype is cast to the parameter's. A
+  random initialisation: drawn on global rank 0 by an ordinary CPU build from the random state recorded at build
   time (the numbers one process would draw with the same seed) and scattered one tensor at a time
   (``distribute_tensor``): rank 0 holds the full model once, the other ranks their shards plus one tensor;
 - tensors that already had storage before sharding (e.g. LoRA adapters, see ``lora.draw_adapters``) keep
@@ -23,26 +24,16 @@ from contextlib import contextmanager
 
 import torch
 from torch import nn
-from torch.distributed.checkpoint import HuggingFaceStorageReader
-from torch.distributed.checkpoint import load as dcp_load
 from torch.distributed.tensor import DTensor, Replicate, Shard, distribute_tensor
 from torchmetrics import Metric
 from transformers import PreTrainedModel
+from typing_extensions import override
 
 from gym_lightning._compat import metric_state_defaults
 from gym_lightning.errors import GymUserError
-from gym_lightning.lora import checkpoint_key
-from gym_lightning.models.conversion import (
-    Loader,
-    SafetensorsReader,
-    TensorSource,
-    convert,
-    refuse_missing,
-    tied_groups,
-)
-from gym_lightning.models.plan import WeightsSource, initialize_unsaved, reference_state_dict
-from gym_lightning.models.quantized import RowQuantizer, sources_of
-from gym_lightning.quant.linear import COMPONENTS
+from gym_lightning.models.fill import fill_weights
+from gym_lightning.models.holdings import Part, Rows, Value, Whole, WholeTensors
+from gym_lightning.models.plan import WeightsSource, initialize_unsaved
 
 
 def local_tensor(tensor: torch.Tensor) -> torch.Tensor:
@@ -133,66 +124,41 @@ def _meta_state_keys(model: nn.Module) -> list[str]:
 
 def _fill(model: PreTrainedModel, record: WeightsSource, keys: list[str]) -> None:
     state = model.state_dict(keep_vars=True)
-    if record.folder is not None:
-        _read_checkpoint(model, record.folder, {key: state[key] for key in keys})
-    else:
-        _scatter_random_init(record, {key: state[key] for key in keys})
+    fill_weights(model, record, {key: state[key] for key in keys}, RowShards())
     initialize_unsaved(model, state)
 
 
-def _read_checkpoint(model: PreTrainedModel, folder: str, targets: dict[str, torch.Tensor]) -> None:
-    """Each rank reads the slices of the safetensors tensors that its shards of ``targets`` hold, mapped as
-    ``from_pretrained`` maps them (``models.conversion``): renamed tensors through DCP's slice reads, converted ones
-    (fused experts) from the checkpoint tensors of this rank's rows only."""
-    reader = HuggingFaceStorageReader(folder)
-    stored = reader.read_metadata().state_dict_metadata
-    groups, sources, layers = sources_of(model, stored, targets)
-    refuse_missing(folder, [key for key in groups if key not in sources])
-    plain = {key: s for key, s in sources.items() if key not in layers}
-    renamed = {s.keys[0]: targets[groups[key][0]] for key, s in plain.items() if s.converter is None}
-    # In place: DCP copies each slice into the local shard of the (DTensor) parameter, casting to its dtype.
-    dcp_load(renamed, storage_reader=reader)
-    converted = [(s, targets[groups[key][0]]) for key, s in plain.items() if s.converter is not None]
-    if converted or layers:
-        reader = SafetensorsReader(folder)
-        for source, target in converted:
-            _read_converted(model, source, target, reader.load)
-        _read_quantized(RowQuantizer(model, reader, sources, layers))
+class RowShards(WholeTensors):
+    """gym_fsdp's holdings (``models.holdings``): each rank holds the local shard of every ``DTensor``, a range of
+    dim-0 rows wherever its placements make one (``Shard(0)`` and ``Replicate``); a tensor that is not a
+    ``DTensor`` is held whole on every rank."""
+
+    @override
+    def part(self, tensor: torch.Tensor) -> Part:
+        rows = _local_rows(tensor) if isinstance(tensor, DTensor) and tensor.dim() > 0 else None
+        return Whole() if rows is None else Rows(*rows)
+
+    @override
+    def write(self, tensor: torch.Tensor, part: Part, value: Value) -> None:
+        if not isinstance(tensor, DTensor):
+            super().write(tensor, part, value)
+            return
+        held = value()
+        if isinstance(part, Whole):  # not a row range: this rank's slice of the whole tensor (no communication)
+            held = distribute_tensor(held, tensor.device_mesh, tensor.placements, src_data_rank=None).to_local()
+        tensor.to_local().copy_(held)
+
+    @override
+    def send(self, full: torch.Tensor, target: torch.Tensor) -> None:
+        if not isinstance(target, DTensor):
+            super().send(full, target)
+            return
+        shard = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=0)
+        target.to_local().copy_(shard.to_local())
 
 
-def _read_quantized(quantizer: RowQuantizer) -> None:
-    """Each NF4 layer's shards (its codes and scales, all sharded by output rows) from the quantisation of the
-    checkpoint rows this rank holds: no rank reads or quantises another rank's rows."""
-    for key, layer in quantizer.layers.items():
-        rows = _local_rows(layer.weight)
-        if rows is None:
-            raise ValueError(f"{key}: an NF4 layer must be sharded by output rows (Shard(0)), not {layer.weight}")
-        if rows[1] == rows[0]:
-            continue
-        parts = quantizer.rows(key, *rows)
-        for name, part in COMPONENTS.items():
-            if hasattr(layer, name):
-                local_tensor(getattr(layer, name)).copy_(parts[part])
-
-
-def _read_converted(model: PreTrainedModel, source: TensorSource, target: torch.Tensor, load: Loader) -> None:
-    """Fill this rank's part of ``target`` from the checkpoint tensors ``source`` converts; where the conversion
-    works row by row (one expert per row), only the rows this rank holds are read and converted."""
-    rows = _local_rows(target) if source.by_rows else None
-    if rows is not None:
-        if rows[1] > rows[0]:
-            local_tensor(target).copy_(convert(source, load, model, rows))
-        return
-    full = convert(source, load, model)  # one whole tensor, then this rank's slice of it (no communication)
-    if isinstance(target, DTensor):
-        full = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=None).to_local()
-    local_tensor(target).copy_(full)
-
-
-def _local_rows(target: torch.Tensor) -> tuple[int, int] | None:
+def _local_rows(target: DTensor) -> tuple[int, int] | None:
     """The range of dim-0 rows of ``target`` this rank holds, or ``None`` when its shard is not a row range."""
-    if not isinstance(target, DTensor):
-        return 0, target.shape[0]
     if any(not (isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim == 0)) for p in target.placements):
         return None
     # Where the rows of a sharded tensor go, asked of DTensor itself (uneven shards included): shard the row indices
@@ -203,27 +169,3 @@ def _local_rows(target: torch.Tensor) -> tuple[int, int] | None:
         return 0, 0
     first, last = int(rows[0]), int(rows[-1]) + 1
     return (first, last) if torch.equal(rows, torch.arange(first, last)) else None
-
-
-def _scatter_random_init(record: WeightsSource, targets: dict[str, torch.Tensor]) -> None:
-    """Rank 0 draws the model as one process would (same random state), then scatters it tensor by tensor."""
-    rank = torch.distributed.get_rank() if torch.distributed.is_initialized() else 0
-    reference: dict[str, torch.Tensor] = {}
-    if rank == 0:
-        reference = reference_state_dict(record)
-    for group in tied_groups(targets):
-        target = targets[group[0]]
-        full = reference.pop(checkpoint_key(group[0])) if rank == 0 else torch.empty(target.shape)
-        _copy_from_rank0(full.to(device=local_tensor(target).device, dtype=target.dtype), target)
-        for key in group[1:]:
-            reference.pop(checkpoint_key(key), None)
-
-
-def _copy_from_rank0(full: torch.Tensor, target: torch.Tensor) -> None:
-    if isinstance(target, DTensor):
-        shard = distribute_tensor(full, target.device_mesh, target.placements, src_data_rank=0)
-        target.to_local().copy_(shard.to_local())
-        return
-    if torch.distributed.is_initialized():
-        torch.distributed.broadcast(full, src=0)
-    target.copy_(full)

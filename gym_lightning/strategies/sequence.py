@@ -1,7 +1,7 @@
 """Ulysses sequence parallelism: ``sequence_parallel_size`` ranks share each training sequence.
 
 The W ranks form W/N groups of N consecutive ranks (N = ``sequence_parallel_size``). The data-parallel sampler deals
-batches to the W/N groups, so the N ranks of a group receive the same batch (``distributed_sampler_kwargs``); each
+batches to the W/N groups, so the N ranks of a group receive the same batch (``strategies.parallel_dims``); each
 rank then trains on its N-th of every sequence (``shard_batch``): rank ``r`` of the group keeps positions
 ``[r L/N, (r+1) L/N)`` of the rows padded to a multiple of N. Everything outside attention works on tokens one by
 one, so it runs on the local slice unchanged; attention needs the whole sequence and gets it as DeepSpeed Ulysses
@@ -36,12 +36,12 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
-from typing_extensions import override
 
-from gym_lightning._compat import attention_implementation, set_attention_implementation
+from gym_lightning._compat import attention_implementation
 from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.protocols import SHIFT_LABELS_KEY, STEP_TOKENS_KEY
+from gym_lightning.strategies.parallel_dims import ParallelDims, world_problems
 
 # The attention implementation name the exchange is registered under (transformers' AttentionInterface).
 ULYSSES_ATTENTION = "gym_ulysses"
@@ -74,23 +74,6 @@ _ACTIVE: SequenceShard | None = None  # one model trains per process; set by the
 
 
 # ----------------------------------------------------------------------------------------------- settings
-def size_problems(size: object) -> list[str]:
-    """Why ``sequence_parallel_size=size`` is not a group size (empty when it is)."""
-    if isinstance(size, bool) or not isinstance(size, int) or size < 1:
-        return [f"sequence_parallel_size must be an integer >= 1 (1: off), got {size!r}."]
-    return []
-
-
-def world_problems(size: int, world_size: int) -> list[str]:
-    """Why ``sequence_parallel_size=size`` cannot run on ``world_size`` ranks (empty when it can)."""
-    if world_size % size:
-        return [
-            f"sequence_parallel_size={size} does not divide the {world_size} rank(s) (devices x num_nodes): each "
-            f"group of {size} ranks shares a sequence. Use a size that divides {world_size}, or change the devices."
-        ]
-    return []
-
-
 def model_problems(config: Any, size: int) -> list[str]:
     """Why the model of ``config`` cannot split its sequences over ``size`` ranks (empty when it can)."""
     text = config.get_text_config() if hasattr(config, "get_text_config") else config
@@ -148,16 +131,19 @@ def raise_if_unsplittable(config: Any, size: int, world_size: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- groups
-def new_sequence_group(size: int) -> tuple[Any, int]:
-    """This rank's group of ``size`` consecutive ranks and its place in it. Every rank creates every group, in the
-    same order, as ``torch.distributed.new_group`` requires."""
-    world, rank = torch.distributed.get_world_size(), torch.distributed.get_rank()
+def new_sequence_group(dims: ParallelDims | int) -> tuple[Any, int]:
+    """This rank's sequence group (``dims.sequence_groups()``; an ``int``: groups of that size over the whole default
+    group) and its place in it. Every rank creates every group, in the same order, as ``torch.distributed.new_group``
+    requires."""
+    if isinstance(dims, int):
+        dims = ParallelDims(torch.distributed.get_world_size(), sequence=dims)
+    rank = torch.distributed.get_rank()
     mine = None
-    for first in range(0, world, size):
-        group = torch.distributed.new_group(list(range(first, first + size)))
-        if first <= rank < first + size:
+    for ranks in dims.sequence_groups():
+        group = torch.distributed.new_group(ranks)
+        if rank in ranks:
             mine = group
-    return mine, rank % size
+    return mine, dims.sequence_rank(rank)
 
 
 # ----------------------------------------------------------------------------------------------- data
@@ -323,7 +309,6 @@ def activate(shard: SequenceShard | None) -> None:
     _ACTIVE = shard
 
 
-# ----------------------------------------------------------------------------------------------- strategy
 def hf_config(root: nn.Module) -> Any:
     """The config of the first Hugging Face model inside ``root`` (a LightningModule), or ``None``."""
     for module in root.modules():
@@ -331,80 +316,3 @@ def hf_config(root: nn.Module) -> Any:
         if config is not None and attention_implementation(config) is not None:
             return config
     return None
-
-
-class SequenceParallel:
-    """What a data-parallel strategy (gym_ddp, gym_fsdp, ZeRO) adds for ``sequence_parallel_size`` > 1: the
-    sampler deals batches to groups instead of ranks, each training batch is cut to this rank's slice, and the
-    model's attention runs the exchange during training steps (the module docstring). Strategies list it before
-    their Lightning base and call ``setup_sequence_parallel`` once the model exists (in ``setup``)."""
-
-    sequence_parallel_size: int = 1
-    _sequence: SequenceShard | None = None
-    _sequence_config: Any = None
-
-    @property
-    @override
-    def distributed_sampler_kwargs(self) -> dict[str, Any]:
-        kwargs = super().distributed_sampler_kwargs  # type: ignore[misc]
-        size = self.sequence_parallel_size
-        return {"num_replicas": kwargs["num_replicas"] // size, "rank": kwargs["rank"] // size}
-
-    def check_sequence_parallel_world(self) -> None:
-        """Refuse a size that does not divide the ranks as soon as their number is known (``setup_environment``),
-        before data and model are prepared."""
-        world_size = self.num_nodes * self.num_processes  # type: ignore[attr-defined]  # before the group starts
-        problems = world_problems(self.sequence_parallel_size, world_size)
-        raise_if_problems("Invalid sequence parallelism", problems)
-
-    def setup_sequence_parallel(self) -> None:
-        """Check the model and the ranks, create the groups and register the exchange (no-op for size 1)."""
-        size = self.sequence_parallel_size
-        if size == 1:
-            return
-        config = hf_config(self.lightning_module)  # type: ignore[attr-defined]
-        if config is None:
-            raise_if_problems(
-                "Invalid sequence parallelism",
-                ["sequence_parallel_size > 1 needs a Hugging Face transformers model in the LightningModule."],
-            )
-        raise_if_unsplittable(config, size, self.world_size)  # type: ignore[attr-defined]
-        register_ulysses_attention()
-        group, rank = new_sequence_group(size)
-        self._sequence, self._sequence_config = SequenceShard(size, rank, group), config
-        activate(self._sequence)
-
-    def _attention(self, name: str) -> None:
-        if self._sequence_config is not None:
-            set_attention_implementation(self._sequence_config, name)
-
-    @override
-    def training_step(self, *args: Any, **kwargs: Any) -> Any:
-        if self._sequence is not None:
-            batch, self._sequence.spans = shard_batch(args[0], self._sequence.size, self._sequence.rank)
-            args = (batch, *args[1:])
-            self._attention(ULYSSES_ATTENTION)  # stays set through backward, whose recomputation attends again
-        return super().training_step(*args, **kwargs)  # type: ignore[misc]
-
-    @override
-    def validation_step(self, *args: Any, **kwargs: Any) -> Any:
-        self._attention(SUPPORTED_CORE_ATTENTION)
-        return super().validation_step(*args, **kwargs)  # type: ignore[misc]
-
-    @override
-    def test_step(self, *args: Any, **kwargs: Any) -> Any:
-        self._attention(SUPPORTED_CORE_ATTENTION)
-        return super().test_step(*args, **kwargs)  # type: ignore[misc]
-
-    @override
-    def predict_step(self, *args: Any, **kwargs: Any) -> Any:
-        self._attention(SUPPORTED_CORE_ATTENTION)
-        return super().predict_step(*args, **kwargs)  # type: ignore[misc]
-
-    @override
-    def teardown(self) -> None:
-        self._attention(SUPPORTED_CORE_ATTENTION)  # an exported or reused model attends as it was built
-        if self._sequence is not None:
-            activate(None)
-            self._sequence = None
-        super().teardown()  # type: ignore[misc]

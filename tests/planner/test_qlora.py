@@ -125,7 +125,7 @@ def test_fsdp_and_ddp_qlora_load_by_hand() -> None:
     # its shard of the fp32 adapters and the 4-bit base, and its rows of one tensor being read and quantised
     assert fsdp.device == pytest.approx((4 * t + base) / 2 + one_tensor / 2 + NF4_CHUNK_BYTES)
     ddp = phase_peaks(SMALL, STRATEGY_BY_KEY["ddp"], setup).load
-    # models.quantized.fill_quantized fills the whole 4-bit model on the host, then moves it to the GPU
+    # models.fill.fill_on_cpu fills the whole 4-bit model on the host, then moves it to the GPU
     assert ddp.device == pytest.approx(base + 4 * t)
     assert ddp.host == pytest.approx(setup.host_process_overhead + base + one_tensor + NF4_CHUNK_BYTES)
 

@@ -28,6 +28,7 @@ from gym_lightning.strategies import (
     ZeROStrategy,
 )
 from gym_lightning.strategies._common import threads_per_rank
+from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.fsdp import (
     OFFLOAD_BACKEND,
     find_layer_classes,
@@ -233,7 +234,7 @@ class _CleanupRegistered(Exception):
 def test_every_strategy_registers_the_exit_cleanup_before_the_group_starts(
     strategy_class: type, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    module = sys.modules[strategy_class.__module__]
+    module = sys.modules[GymStrategy.__module__]  # the shared lifecycle (strategies.base)
     # The thread and allocator settings would outlive this test in this process; they are not what is checked here.
     monkeypatch.setattr(module, "configure_cpu_threads", lambda *args: None)
     monkeypatch.setattr(module, "return_freed_host_memory", lambda *args: None)

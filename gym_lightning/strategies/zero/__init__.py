@@ -1,6 +1,7 @@
 """DeepSpeed ZeRO stages 0-3 (+ CPU/NVMe offload) on CUDA and on CPU ranks: the strategy (``strategy``) and its
 parts, one concept per module: ``config`` (the JSON gym_lightning writes, reading a user's, and their checks),
-``hf_auto`` (Hugging Face ``"auto"`` values), ``sizing`` (buffer sizes from the layer size), ``ops`` (DeepSpeed's
+``hf_auto`` (Hugging Face ``"auto"`` values), ``sizing`` (buffer sizes from the layer size), ``resolve`` (the run's
+config from those and the training facts, one call), ``ops`` (DeepSpeed's
 C++ ops, built once per machine), ``stage3`` (partitioned parameters one at a time), ``universal`` (resuming on
 another number of ranks), ``trace`` (ZeRO-3's module trace with torchmetrics)."""
 

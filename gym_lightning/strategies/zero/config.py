@@ -8,20 +8,16 @@ sizes from the model's layer size).
 from __future__ import annotations
 
 import json
-import os
-import tempfile
 from pathlib import Path
 from typing import Any, Literal
 
 from gym_lightning.errors import GymUserError
+from gym_lightning.vocabulary import DEFAULT_NVME_PATH  # the zero_infinity preset's swap folder
 
 AUTO = "auto"
 OffloadDevice = Literal["none", "cpu", "nvme"]
 OFFLOAD_DEVICES: tuple[str, ...] = ("none", "cpu", "nvme")
 CPU_OPTIMIZERS: tuple[str, ...] = ("torch", "deepspeed")
-# Swap folder of the registered "zero_infinity" name. For a fast local disk, pass the strategy as a class with
-# ``nvme_path`` instead (YAML: ``class_path: gym_lightning.strategies.ZeROStrategy`` + ``init_args.nvme_path``).
-DEFAULT_NVME_PATH = os.path.join(tempfile.gettempdir(), "gym_lightning_nvme")
 # The stage-3 limits gym_lightning's own configs leave "auto", derived from the module's layer size
 # (``sizing.stage3_limits``).
 STAGE3_DERIVED_KEYS: tuple[str, ...] = (
@@ -89,7 +85,9 @@ def offload_devices(config: dict[str, Any]) -> set[str]:
 
 
 def apply_gym_defaults(config: dict[str, Any]) -> dict[str, Any]:
-    """Settings every gym_lightning ZeRO run needs (``strategies.zero.strategy``'s docstring says why)."""
+    """``config`` with the settings every gym_lightning ZeRO run needs (``strategies.zero.strategy``'s docstring says
+    why); a new dict, the input is not modified."""
+    config = dict(config)  # top-level keys only: a shallow copy keeps the input intact
     config.setdefault("zero_allow_untested_optimizer", True)
     config.setdefault("zero_force_ds_cpu_optimizer", False)
     config["managed_gradient_accumulation"] = False

@@ -62,6 +62,7 @@ from typing import Any
 from gym_lightning.errors import raise_if_problems
 from gym_lightning.strategies.zero.config import AUTO, load_deepspeed_json
 from gym_lightning.strategies.zero.sizing import stage3_limits
+from gym_lightning.vocabulary import DEEPSPEED_SETTINGS
 
 # HF's ``trainer_config_finalize`` derives these from the model width: buckets of one hidden x hidden matrix keep
 # communication in large messages without holding much more than one layer's worth of memory.
@@ -76,24 +77,9 @@ LAYER_SIZE_KEYS: tuple[str, ...] = (
     "zero_optimization.stage3_max_reuse_distance",
 )
 SCHEDULER_STEP_KEYS: tuple[str, ...] = ("scheduler.params.total_num_steps", "scheduler.params.warmup_num_steps")
-# JSON key -> the Lightning setting it mirrors, as messages name it (``gym train`` adds its flags to these names).
-_SETTINGS: dict[str, str] = {
-    "train_micro_batch_size_per_gpu": "data.batch_size",
-    "gradient_accumulation_steps": "trainer.accumulate_grad_batches",
-    "train_batch_size": "world size (trainer.devices x trainer.num_nodes) x data.batch_size x "
-    "trainer.accumulate_grad_batches",
-    "gradient_clipping": "trainer.gradient_clip_val",
-    "optimizer.params.lr": "model.lr",
-    "optimizer.params.betas": "model.betas",
-    "optimizer.params.eps": "model.eps",
-    "optimizer.params.weight_decay": "model.weight_decay",
-    "scheduler.params.warmup_max_lr": "model.lr",
-    "scheduler.params.warmup_num_steps": "model.warmup_steps/model.warmup_ratio",
-    "scheduler.params.total_num_steps": "the Trainer's optimizer steps (trainer.max_steps, or trainer.max_epochs x "
-    "batches / accumulation)",
-    "fp16.enabled": "trainer.precision",
-    "bf16.enabled": "trainer.precision",
-}
+# JSON key -> the Lightning setting it mirrors, as messages name it (held in gym_lightning.vocabulary, beside the
+# `gym train` flags that set each).
+_SETTINGS: dict[str, str] = DEEPSPEED_SETTINGS
 
 
 @dataclass(frozen=True)

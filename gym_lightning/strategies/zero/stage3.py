@@ -1,72 +1,85 @@
-"""ZeRO-3's partitioned parameters: each rank reading its partitions' slices of a pretrained folder (no collective),
-overwriting a partitioned model with one process's values one module at a time, and gathering a full tensor for the
-exporter (collectives: every rank calls them in the same order)."""
+"""ZeRO-3's partitioned parameters: what each rank holds of them for the one weight loader (``models.fill``:
+its partitions' slices of a pretrained folder, no collective), overwriting a partitioned model with one process's
+values one module at a time, and gathering a full tensor for the exporter (collectives: every rank calls them in the
+same order)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
-from functools import partial
+from typing import TypeVar
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
 
 from gym_lightning._compat import zero3_full_shape, zero3_partition
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.lora import ADAPTER_RNG_STATE, checkpoint_key, is_adapter_key
-from gym_lightning.models.conversion import SafetensorsReader, TensorSource, convert, flat_range, refuse_missing
-from gym_lightning.models.quantized import RowQuantizer, sources_of
-from gym_lightning.quant.linear import COMPONENTS
+from gym_lightning.lora import ADAPTER_RNG_STATE, checkpoint_key
+from gym_lightning.models.fill import fill_weights
+from gym_lightning.models.holdings import Part, Span, Value, Whole
+from gym_lightning.models.plan import WeightsSource, reference_buffers
+
+_T = TypeVar("_T")
+# ZeROStrategy._without_zero_init: ``build(source)`` with the strategy's transformers DeepSpeed integration off.
+Alone = Callable[[Callable[[WeightsSource], _T], WeightsSource], _T]
 
 
-@torch.no_grad()
-def read_partitions(model: PreTrainedModel, folder: str) -> None:
-    """Each rank fills its partitions of ``model``'s parameters from ``folder``'s safetensors files, reading only the
-    checkpoint rows they cover, mapped as ``from_pretrained`` maps them (``models.conversion``: fused experts
-    included); buffers the checkpoint holds are read whole. LoRA adapters keep their values.
+def fill_partitions(built: list[tuple[nn.Module, WeightsSource]], alone: Alone) -> None:
+    """Give the models built under ``zero.Init`` (``built``: what the build plan recorded) their weights, through the
+    one loader every strategy uses (``models.fill``) and :class:`Partitions`. A pretrained folder: each rank reads
+    only its partitions' slices (no collective but for partitions on NVMe; no rank holds the model). A random
+    initialisation: one process's draw from the same seed, which rank 0 builds on CPU, then each module is gathered,
+    overwritten on rank 0 and re-partitioned (rank 0 holds the whole model once for this). Then the buffers no
+    checkpoint holds as one CPU process computes them (``reference_buffers``) and peft's adapter initialisation
+    (:func:`draw_partitioned_adapters`).
 
-    No collective: ``from_pretrained`` under ZeRO-3 reads the whole checkpoint on rank 0 and gathers every module on
-    every rank to copy it in; here no rank holds more than its partitions plus the rows of one tensor.
+    Args:
+        built: ``(model, weights source)`` of each model built under the plan.
+        alone: Runs a build as one plain process, outside ``zero.Init`` (the strategy's HF integration off).
     """
-    reader = SafetensorsReader(folder)
-    state = model.state_dict(keep_vars=True)
-    groups, sources, layers = sources_of(model, reader.where, state)
-    refuse_missing(folder, [key for key in groups if key not in sources and not is_adapter_key(key)])
-    if layers:
-        _read_quantized_partitions(RowQuantizer(model, reader, sources, layers))
-    swapped: list[tuple[TensorSource, torch.Tensor]] = []
-    for key, source in sources.items():
-        if key in layers:
-            continue
-        tensor = state[groups[key][0]]
+    for hf_model, source in built:
+        fill_weights(hf_model, source, hf_model.state_dict(keep_vars=True), Partitions(alone))
+        replace_buffers(hf_model, alone(reference_buffers, source))
+        draw_partitioned_adapters(hf_model)
+
+
+class Partitions:
+    """ZeRO-3's holdings (``models.holdings``): each rank holds a flat span of every partitioned parameter; buffers
+    and parameters ZeRO-3 does not partition are whole on every rank, and a partition swapped to NVMe is written
+    whole from rank 0 through a gather (a collective every rank joins).
+
+    Args:
+        alone: Runs a build as one plain process, outside ``zero.Init``.
+    """
+
+    def __init__(self, alone: Alone) -> None:
+        self._alone = alone
+
+    def part(self, tensor: torch.Tensor) -> Part:
+        """The span of the flattened parameter this rank's partition holds, else the whole tensor."""
         partition, shape = zero3_partition(tensor), zero3_full_shape(tensor)
-        if partition is not None and shape is not None:
+        return Span(shape, partition[1]) if partition is not None and shape is not None else Whole()
+
+    def write(self, tensor: torch.Tensor, part: Part, value: Value) -> None:
+        """Into the partition, the whole tensor, or (a partition swapped to NVMe) a gather written from rank 0."""
+        partition = zero3_partition(tensor)
+        if isinstance(part, Span) and partition is not None:
             local, span = partition
-            local[: len(span)].copy_(flat_range(source, reader, model, shape, span))
-        elif shape is None:  # a buffer, or a parameter ZeRO-3 does not partition
-            tensor.data.copy_(convert(source, reader.load, model))
+            local[: len(span)].copy_(value())
+        elif zero3_full_shape(tensor) is None:  # a buffer, or a parameter ZeRO-3 does not partition
+            tensor.data.copy_(value())
         else:
-            swapped.append((source, tensor))
-    for source, tensor in swapped:  # partitions on NVMe: gathered one by one, written from rank 0 (collectives)
-        _overwrite_whole(tensor, lambda source=source: convert(source, reader.load, model))
+            _overwrite_whole(tensor, value)
 
+    def alone(self, build: Callable[[WeightsSource], _T], source: WeightsSource) -> _T:
+        """``build(source)`` outside ``zero.Init``: inside, ``from_config`` would build partitioned again (a
+        collective, when one rank builds) and initialise through gathers."""
+        return self._alone(build, source)
 
-def _read_quantized_partitions(quantizer: RowQuantizer) -> None:
-    """Each NF4 layer's partitions (codes and scales) from the quantisation of only the checkpoint rows they span;
-    partitions on NVMe are quantised whole on rank 0 and written through a gather (collectives)."""
-    for key, layer in quantizer.layers.items():
-        for name in COMPONENTS:
-            if (param := getattr(layer, name, None)) is None:
-                continue
-            partition, shape = zero3_partition(param), zero3_full_shape(param)
-            whole = partial(quantizer.whole, key, name)
-            if partition is not None and shape is not None:
-                local, span = partition
-                local[: len(span)].copy_(quantizer.span(key, name, tuple(shape), span))
-            elif shape is None:  # a parameter ZeRO-3 does not partition: whole on every rank
-                param.data.copy_(whole())
-            else:
-                _overwrite_whole(param, whole)
+    def distribute(
+        self, model: nn.Module, targets: dict[str, torch.Tensor], reference: dict[str, torch.Tensor]
+    ) -> None:
+        """Every module of ``model`` gathered in turn and overwritten from rank 0 (:func:`overwrite_partitioned`)."""
+        overwrite_partitioned(model, reference, torch.distributed.get_rank() == 0)
 
 
 def replace_buffers(model: nn.Module, buffers: dict[str, torch.Tensor]) -> None:
@@ -175,9 +188,10 @@ def full_tensor(value: torch.Tensor) -> LazyTensor:
 
 
 __all__ = [
+    "Partitions",
     "draw_partitioned_adapters",
+    "fill_partitions",
     "full_tensor",
     "overwrite_partitioned",
-    "read_partitions",
     "replace_buffers",
 ]

@@ -25,7 +25,8 @@ Differences from Lightning's ``DeepSpeedStrategy`` and why:
   whose tokens went to different experts still gather the same parameters (``mark_moe_leaf_modules``).
 
 The pieces: ``config`` (the JSON gym_lightning writes and its checks), ``hf_auto`` (Hugging Face ``"auto"`` values),
-``sizing`` (buffer sizes from the layer size), ``ops`` (DeepSpeed's C++ ops, built once per machine), ``stage3``
+``sizing`` (buffer sizes from the layer size), ``resolve`` (the run's config from those and the training facts, in
+one call), ``ops`` (DeepSpeed's C++ ops, built once per machine), ``stage3``
 (partitioned parameters one at a time), ``universal`` (resuming on another number of ranks), ``trace`` (the
 torchmetrics trace fix); this module holds the strategy.
 """
@@ -64,59 +65,40 @@ from gym_lightning._compat import (
     rank_zero_warn,
     training_dataloader,
 )
-from gym_lightning.checkpointing.manifest import verify_checkpoint
-from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles, use_weights_only_engine
+from gym_lightning.checkpointing.safe_load import use_weights_only_engine
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.facts import ModelFacts, model_facts_of
 from gym_lightning.models.moe import moe_block_classes
-from gym_lightning.models.plan import BuildPlan, WeightsSource, reference_buffers, reference_state_dict
-from gym_lightning.optim import resolve_warmup_steps
+from gym_lightning.models.plan import BuildPlan, WeightsSource
 from gym_lightning.protocols import (
     OptimizerFacts,
     micro_batch_size_of,
     optimizer_facts_of,
 )
-from gym_lightning.strategies._common import (
-    configure_cpu_threads,
-    destroy_process_group_at_exit,
-    raise_if_problems,
-    rendezvous_timeout,
-    return_freed_host_memory,
-)
-from gym_lightning.strategies.placement import placed_after
-from gym_lightning.strategies.rank_failure import RankWatch, report_rank_failure, watch_collectives
-from gym_lightning.strategies.sequence import SequenceParallel, size_problems
+from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.zero.config import (
-    DEFAULT_NVME_PATH,
-    STAGE3_DERIVED_KEYS,
     OffloadDevice,
     apply_gym_defaults,
     load_deepspeed_json,
     offload_devices,
     zero_config,
     zero_plus_plus_problems,
-    zero_problems,
 )
-from gym_lightning.strategies.zero.hf_auto import (
-    TrainingFacts,
-    drop_autos,
-    needs_total_steps,
-    resolve_hf_deepspeed_config,
-)
+from gym_lightning.strategies.zero.hf_auto import TrainingFacts, needs_total_steps
 from gym_lightning.strategies.zero.ops import load_ops, ops_needed
-from gym_lightning.strategies.zero.sizing import (
-    cap_bucket_sizes,
-    derived_bucket_size,
-    fill_bucket_sizes,
-    layer_sized_sub_group,
+from gym_lightning.strategies.zero.resolve import (
+    alst_sequence_parallel_size,
+    checked_stage,
+    inference_config,
+    remote_device,
+    run_config,
+    warmup_steps,
 )
+from gym_lightning.strategies.zero.sizing import cap_bucket_sizes
 from gym_lightning.strategies.zero.stage3 import (
-    draw_partitioned_adapters,
+    fill_partitions,
     full_tensor,
-    overwrite_partitioned,
-    read_partitions,
-    replace_buffers,
 )
 from gym_lightning.strategies.zero.trace import keep_zero3_trace_valid
 from gym_lightning.strategies.zero.universal import (
@@ -126,6 +108,7 @@ from gym_lightning.strategies.zero.universal import (
     refuse_unsafe_files,
     repair_zero3_universal_load,
 )
+from gym_lightning.vocabulary import register_presets
 
 _T = TypeVar("_T")
 
@@ -149,7 +132,8 @@ def training_facts(
     """``TrainingFacts`` from a Lightning Trainer (read, never written) and what the module stated.
 
     The total step count (it may build the training DataLoader) is only computed when ``config`` needs it. The
-    Trainer's accumulation is passed as set, so an explicit JSON number that differs is a conflict.
+    Trainer's accumulation is passed as set, so an explicit JSON number that differs is a conflict. The config's
+    values come from these facts in one call, ``resolve.run_config``.
     """
     total = None
     if needs_total_steps(config):
@@ -166,7 +150,7 @@ def training_facts(
         betas=None if betas is None else (float(betas[0]), float(betas[1])),
         eps=optimizer.eps,
         weight_decay=optimizer.weight_decay,
-        warmup_steps=_warmup_steps(optimizer, total),
+        warmup_steps=warmup_steps(optimizer, total),
         total_steps=total,
         hidden_size=model.hidden_size,
         layer_numel=model.layer_numel,
@@ -200,13 +184,7 @@ def _log_leaf_classes(names: tuple[str, ...]) -> None:
     )
 
 
-def _warmup_steps(optimizer: OptimizerFacts, total: int | None) -> int | None:
-    if total is None or (optimizer.warmup_steps is None and optimizer.warmup_ratio is None):
-        return None
-    return resolve_warmup_steps(optimizer.warmup_steps or 0, optimizer.warmup_ratio or 0.0, total)
-
-
-class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
+class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
     """DeepSpeed ZeRO on CUDA or CPU ranks, for any LightningModule, with Lightning owning gradient accumulation.
 
     Args:
@@ -244,12 +222,10 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         cluster_environment: As for ``DeepSpeedStrategy`` (torchrun, SLURM, ... detected by the Trainer).
         precision_plugin: As for ``DeepSpeedStrategy``.
         process_group_backend: ``"gloo"``, ``"nccl"``, ... (default: nccl on CUDA, gloo on CPU).
-        timeout: Timeout of collective operations: a rank that does not arrive within it is named and the job ends
-            (``strategies.rank_failure``). gym train: ``--ddp_timeout`` (seconds).
-        sequence_parallel_size: Ranks that share each training sequence (Ulysses, as DeepSpeed's ALST;
-            ``strategies.sequence``): each holds 1/N of its tokens, ZeRO still partitions over all ranks, and the
-            data-parallel degree (the sampler's) is world size / N. 1: off. gym train: ``--sequence_parallel_size``.
-            A ``config`` written for ALST may carry it as ``"sequence_parallel_size"``: it is taken from there.
+        timeout: Timeout of collective operations, as for :class:`~gym_lightning.strategies.base.GymStrategy`.
+        sequence_parallel_size: Ranks that share each training sequence (Ulysses, as DeepSpeed's ALST), as for
+            :class:`~gym_lightning.strategies.base.GymStrategy`; ZeRO still partitions over all ranks. 1: off. A
+            ``config`` written for ALST may carry it as ``"sequence_parallel_size"``: it is taken from there.
 
     Precision: ``"32-true"``, ``"bf16-mixed"`` / ``"bf16-true"`` (DeepSpeed bf16 with fp32 master weights) and, on
     CUDA only, ``"16-mixed"`` (DeepSpeed fp16 with dynamic loss scaling, which skips overflowing steps).
@@ -286,65 +262,37 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         timeout: timedelta | None = default_pg_timeout,
         sequence_parallel_size: int = 1,
     ) -> None:
+        # The config's construction-time part (strategies.zero.resolve); the rest is resolve.run_config, once per run.
         user_config = None if config is None else load_deepspeed_json(config)
-        sequence_parallel_size = _sequence_parallel_size(sequence_parallel_size, user_config)
-        resolved_stage = self._checked_stage(
-            stage, user_config, offload_optimizer, offload_parameters, nvme_path, cpu_optimizer
+        sequence_parallel_size, user_config = alst_sequence_parallel_size(sequence_parallel_size, user_config)
+        offload = (offload_optimizer, offload_parameters, nvme_path)
+        resolved_stage = checked_stage(
+            type(self).__name__, self.fixed_stage, stage, user_config, *offload, cpu_optimizer
         )
         # Only in gym_lightning's own config does an "auto" the module cannot fill fall back to DeepSpeed's default.
         self._generated_config = user_config is None
         if user_config is None:
-            user_config = zero_config(
-                resolved_stage, offload_optimizer, offload_parameters, nvme_path, pin_memory, bucket_size
-            )
+            user_config = zero_config(resolved_stage, *offload, pin_memory, bucket_size)
+        base = apply_gym_defaults(user_config)
         super().__init__(
             accelerator=accelerator,
-            config=apply_gym_defaults(user_config),
             logging_level=logging_level,
             parallel_devices=parallel_devices,
             cluster_environment=cluster_environment,
+            timeout=timeout,
+            sequence_parallel_size=sequence_parallel_size,
+            config=base,
             load_full_weights=load_full_weights,
             precision_plugin=precision_plugin,
             process_group_backend=process_group_backend,
-            timeout=rendezvous_timeout(timeout),  # collectives: self.collective_timeout
             exclude_frozen_parameters=exclude_frozen_parameters,
         )
+        self.remote_device = remote_device(base, offload_parameters)
         self.stage = resolved_stage
         self.cpu_optimizer = cpu_optimizer
-        self.collective_timeout = timeout
-        self._rank_watch: RankWatch | None = None
-        zero_section = user_config.get("zero_optimization") or {}
-        offload_param = (zero_section.get("offload_param") or {}).get("device", offload_parameters)
-        self.remote_device = offload_param if offload_param in ("cpu", "nvme") else None
         self._hf_deepspeed_config: Any = None
         # ZeRO-3: models are built under zero.Init with their random draw or their folder recorded (models.plan).
         self._build_plan = BuildPlan(record_random_init=resolved_stage == 3, fill_pretrained=resolved_stage == 3)
-        self.sequence_parallel_size = sequence_parallel_size
-
-    @classmethod
-    def _checked_stage(
-        cls,
-        stage: int | None,
-        user_config: dict[str, Any] | None,
-        offload_optimizer: str,
-        offload_parameters: str,
-        nvme_path: str | None,
-        cpu_optimizer: str,
-    ) -> int:
-        """The run's ZeRO stage (``stage``, a stage-fixing subclass's, the config's, else 2); every problem of the
-        arguments in one error."""
-        problems = []
-        if cls.fixed_stage is not None and stage not in (None, cls.fixed_stage):
-            problems.append(
-                f"stage={stage} disagrees with {cls.__name__} (stage {cls.fixed_stage}); use ZeROStrategy(stage=...)."
-            )
-        stage = cls.fixed_stage if stage is None else stage
-        config_stage = ((user_config or {}).get("zero_optimization") or {}).get("stage")
-        resolved = stage if stage is not None else (config_stage if config_stage is not None else 2)
-        has_config = user_config is not None
-        args = (offload_optimizer, offload_parameters, nvme_path, cpu_optimizer, config_stage, has_config)
-        raise_if_problems(cls.__name__, problems + zero_problems(resolved, *args))
-        return resolved
 
     def build_plan(self) -> BuildPlan:
         """How ``configure_model`` builds models (``protocols.ProvidesBuildPlan``): under ZeRO-3 a random
@@ -353,42 +301,25 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
 
     # ----------------------------------------------------------------------------------------------- environment
     @override
-    def setup_environment(self) -> None:
-        self.check_sequence_parallel_world()  # before the process group starts: nothing to tear down
-        raise_if_problems(
-            type(self).__name__, zero_plus_plus_problems(self.config, self.root_device.type, self.world_size)
-        )
-        configure_cpu_threads(self.root_device, self.num_processes)
-        return_freed_host_memory(self.root_device)
-        destroy_process_group_at_exit()
+    def _environment_problems(self) -> list[str]:
+        return zero_plus_plus_problems(self.config, self.root_device.type, self.world_size)
+
+    @override
+    def _start_process_group(self) -> None:
         # Before DeepSpeed asks for them (its CPU collectives load one as the process group starts): built once per
         # machine, not once per virtual environment (strategies.zero.ops).
         nvme = "nvme" in offload_devices(self.config)
         load_ops(ops_needed(self.root_device.type, self.cpu_optimizer, nvme=nvme, config=self.config))
         if self.root_device.type == "cuda":
-            super().setup_environment()
-        else:
-            precision = str(self.precision_plugin.precision)
-            if precision in ("16-mixed", "16-true"):
-                raise GymUserError(
-                    f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
-                )
-            # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
-            DDPStrategy.setup_environment(self)
-        self._rank_watch = watch_collectives(self.collective_timeout, module=self.lightning_module)
-
-    @override
-    def on_exception(self, exception: BaseException) -> None:
-        super().on_exception(exception)
-        report_rank_failure(self._rank_watch, exception)  # a rank that stopped answering: named, ended
-
-    @override
-    def setup(self, trainer: Trainer) -> None:
-        self.setup_sequence_parallel()
-        # DeepSpeed never moves a zero.Init model (nor does Lightning), and its bf16 convert_module casts metric
-        # states: what the engine does not manage goes to the device in its own dtype (strategies.placement).
-        with placed_after(self.lightning_module, self.root_device):
-            super().setup(trainer)
+            super()._start_process_group()
+            return
+        precision = str(self.precision_plugin.precision)
+        if precision in ("16-mixed", "16-true"):
+            raise GymUserError(
+                f"precision={precision!r}: DeepSpeed has no fp16 on CPU ranks; use 'bf16-mixed' or '32-true' there."
+            )
+        # Lightning's DeepSpeedStrategy stops here on anything but CUDA; DeepSpeed itself runs on CPU (gloo).
+        DDPStrategy.setup_environment(self)
 
     @override
     def setup_distributed(self) -> None:
@@ -427,24 +358,16 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
 
     @override
     def _format_batch_size_and_grad_accum_config(self) -> None:
-        # Hugging Face-style JSONs: "auto" resolved and explicit values checked against the Trainer and what the
-        # module/data module state (gym_lightning.protocols), as the HF Trainer does (strategies.zero.hf_auto).
-        # Runs before the model exists under ZeRO-3. The Trainer is only read: its accumulation was settled before it
-        # was built (cli.accumulation_from_strategy_config), and a JSON that disagrees is an error.
+        # Lightning calls this once per strategy, before the model exists under ZeRO-3: the facts are gathered (the
+        # Trainer and module are only read; the Trainer's accumulation was settled before it was built,
+        # cli.accumulation_from_strategy_config) and every config value follows from them in one call
+        # (strategies.zero.resolve.run_config: layer-sized buffers, Hugging Face "auto" values, conflicts).
         if self.lightning_module is None:
             return
         module = self.lightning_module
         optimizer, model = optimizer_facts_of(module), model_facts_of(module)
         facts = training_facts(module.trainer, optimizer, model, self.config, self._micro_batch_size())
-        if self._generated_config:
-            self.config = fill_bucket_sizes(self.config, derived_bucket_size(facts.layer_numel))
-            self.config = layer_sized_sub_group(self.config, facts.layer_numel)
-        if self._generated_config and facts.layer_numel is None:
-            derived = tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS)
-            self.config = drop_autos(self.config, derived)
-        self.config = resolve_hf_deepspeed_config(self.config, facts)
-        # DeepSpeed needs a micro-batch (it only logs throughput with it here); 1 when unknown, as Lightning's.
-        self.config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size or 1)
+        self.config = run_config(self.config, facts, generated=self._generated_config)
         if "optimizer" in self.config and "scheduler" not in self.config:
             rank_zero_warn(
                 "The DeepSpeed config has an optimizer block but no scheduler block: DeepSpeed builds the optimizer "
@@ -485,8 +408,8 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         self._fill_zero3_weights()
         if self.zero_stage_3:
             mark_moe_leaf_modules(model)
-        # Under stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
-        self.config = fill_bucket_sizes(self.config, derived_bucket_size(None))  # no module facts were read
+        # The one config step after the build (strategies.zero.resolve): the model's size is known only now. Under
+        # stage 3 the parameters are already partitioned: ds_numel is a parameter's full size.
         self.config = cap_bucket_sizes(self.config, sum(full_numel(p) for p in model.parameters()))
         engine, deepspeed_optimizer, _, _ = deepspeed.initialize(
             args=self._deepspeed_args(),
@@ -507,16 +430,13 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         import deepspeed
 
         self._fill_zero3_weights()
-        inference_config: dict[str, Any] = {"train_micro_batch_size_per_gpu": 1}
-        for key in ("fp16", "bf16"):
-            if key in self.config:
-                inference_config[key] = self.config[key]
         if self.zero_stage_3:
-            inference_config["zero_optimization"] = self.config["zero_optimization"]
-            inference_config["zero_allow_untested_optimizer"] = True
             mark_moe_leaf_modules(model)
         self.model, _, _, _ = deepspeed.initialize(
-            args=self._deepspeed_args(), config=inference_config, model=model, dist_init_required=False
+            args=self._deepspeed_args(),
+            config=inference_config(self.config, self.zero_stage_3),
+            model=model,
+            dist_init_required=False,
         )
         use_weights_only_engine(self.model)
         if self.zero_stage_3:
@@ -549,20 +469,9 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
             yield
 
     def _fill_zero3_weights(self) -> None:
-        """Give the models built under ``zero.Init`` (recorded in the build plan) their weights. A pretrained folder:
-        each rank reads only its partitions' slices (``read_partitions``; no collective, no rank holds the model).
-        A random initialisation: one process's draw from the same seed, which rank 0 builds on CPU, then each module
-        is gathered, overwritten on rank 0 and re-partitioned (rank 0 holds the whole model once for this). Then the
-        buffers no checkpoint holds as one CPU process computes them (``reference_buffers``) and peft's adapter
-        initialisation (``draw_partitioned_adapters``)."""
-        for hf_model, source in self._build_plan.take():
-            if source.folder is not None:
-                read_partitions(hf_model, source.folder)
-            else:
-                reference = self._without_zero_init(reference_state_dict, source) if self.is_global_zero else {}
-                overwrite_partitioned(hf_model, reference, self.is_global_zero)
-            replace_buffers(hf_model, self._without_zero_init(reference_buffers, source))
-            draw_partitioned_adapters(hf_model)
+        """Give the models built under ``zero.Init`` (recorded in the build plan) their weights, each rank its
+        partitions (``stage3.fill_partitions``: the one weight loader, ``models.fill``)."""
+        fill_partitions(self._build_plan.take(), self._without_zero_init)
 
     def _without_zero_init(self, build: Callable[[WeightsSource], _T], source: WeightsSource) -> _T:
         """``build(source)`` with the transformers DeepSpeed integration off: with it on, ``from_config`` would build
@@ -586,21 +495,19 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
         super().teardown()
 
     # ----------------------------------------------------------------------------------------------- checkpoints
+    @contextmanager
     @override
-    def load_checkpoint(self, checkpoint_path: Any, weights_only: bool | None = None) -> dict[str, Any]:
-        verify_checkpoint(checkpoint_path, self.global_rank, self.world_size)  # every rank, before any reads
+    def _checkpoint_loading(self, checkpoint_path: Any) -> Generator[None, None, None]:
+        # A checkpoint of another number of ranks is converted before the read and, under stage 3, repaired after it.
+        # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a
+        # weights_only=True one (gym_lightning.checkpointing.safe_load), and a full-weights file loads the same way.
         saved = None if self.load_full_weights and self.zero_stage_3 else checkpoint_world_size(checkpoint_path)
         universal = saved is not None and saved != self.world_size
         if universal:
             self._prepare_universal(checkpoint_path, saved)
-        # DeepSpeed's own loader unpickles with weights_only=False; the engine's loader was swapped for a
-        # weights_only=True one (gym_lightning.checkpointing.safe_load), and a full-weights file loads the same way.
-        with refuse_unsafe_pickles(checkpoint_path):
-            weights_only = True if weights_only is None else weights_only
-            state = super().load_checkpoint(checkpoint_path, weights_only=weights_only)
+        yield
         if universal and self.zero_stage_3:
             repair_zero3_universal_load(self.deepspeed_engine, checkpoint_path)
-        return state
 
     def _prepare_universal(self, checkpoint_path: Any, saved: int) -> None:
         """A checkpoint of ``saved`` ranks on this run's number: rank 0 converts it to a universal checkpoint (once;
@@ -647,28 +554,7 @@ class ZeROStrategy(SequenceParallel, DeepSpeedStrategy):
     @classmethod
     @override
     def register_strategies(cls, strategy_registry: _StrategyRegistry) -> None:
-        presets: dict[str, tuple[str, dict[str, Any]]] = {
-            "zero1": ("ZeRO-1: shard optimizer state", {"stage": 1}),
-            "zero2": ("ZeRO-2: shard optimizer state and gradients", {"stage": 2}),
-            "zero3": ("ZeRO-3: shard optimizer state, gradients and parameters", {"stage": 3}),
-            "zero2_offload": ("ZeRO-2 with optimizer offload to CPU", {"stage": 2, "offload_optimizer": "cpu"}),
-            "zero3_offload": (
-                "ZeRO-3 with optimizer and parameter offload to CPU",
-                {"stage": 3, "offload_optimizer": "cpu", "offload_parameters": "cpu"},
-            ),
-        }
-        for name, (description, init_params) in presets.items():
-            strategy_registry.register(name, cls, description=description, override=True, **init_params)
-        strategy_registry.register(
-            "zero_infinity",
-            cls,
-            description=f"ZeRO-3 with optimizer and parameter offload to NVMe under {DEFAULT_NVME_PATH}",
-            override=True,
-            stage=3,
-            offload_optimizer="nvme",
-            offload_parameters="nvme",
-            nvme_path=DEFAULT_NVME_PATH,
-        )
+        register_presets(strategy_registry.register, cls, "zero")  # gym_lightning.vocabulary: zero1 ... zero_infinity
 
 
 def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
@@ -678,21 +564,6 @@ def _activate_hf_deepspeed(config: dict[str, Any]) -> Any:
         return None
     rank_zero_info("gym_lightning: ZeRO-3 model construction with the transformers DeepSpeed integration active.")
     return HfDeepSpeedConfig(config)
-
-
-def _sequence_parallel_size(argument: int, user_config: dict[str, Any] | None) -> int:
-    """The run's sequence-parallel size: the argument, or an ALST JSON's ``"sequence_parallel_size"``, which is taken
-    out of the config: DeepSpeed would divide its data-parallel world by it, and here ZeRO spans all ranks."""
-    problems = size_problems(argument)
-    in_json = None if user_config is None else user_config.pop("sequence_parallel_size", None)
-    if in_json is not None:
-        problems += size_problems(in_json)
-        if argument not in (1, in_json):
-            problems.append(
-                f"sequence_parallel_size={argument} disagrees with the DeepSpeed config's {in_json}; drop one of them."
-            )
-    raise_if_problems("ZeROStrategy", problems)
-    return in_json if in_json is not None and argument == 1 else argument
 
 
 class ZeRO1Strategy(ZeROStrategy):

@@ -29,7 +29,7 @@ from typing import Any
 
 import torch
 
-from gym_lightning.checkpointing.callback import remove_path
+from gym_lightning.atomic import remove_path
 from gym_lightning.checkpointing.safe_load import deepspeed_safe_globals, refuse_unsafe_pickles
 
 UNIVERSAL_TAG = "universal"

@@ -1,0 +1,308 @@
+"""``gym plan --config run.yaml``: the planner's settings of the run a ``gym fit`` YAML launches (pure data, no
+Lightning: the YAML is read as plain data, ``class_path`` / ``init_args`` followed, registered names looked up in
+``gym_lightning.vocabulary``).
+
+====================================================  =========================================================
+The run's YAML                                        The planner's setting (``plan(...)`` / ``gym plan`` flag)
+====================================================  =========================================================
+``model.model``, ``model.config_overrides``           ``model``, ``config_overrides``
+``trainer.strategy`` (a name, or ``class_path`` +     ``strategy`` (reported on a line of its own), and its
+``init_args``)                                        ``sequence_parallel_size``; FSDP's ``activation_checkpointing``
+``trainer.precision``                                 ``precision`` (``16-mixed`` as ``bf16-mixed``: same bytes)
+``trainer.devices``, ``trainer.num_nodes``            ``gpus_per_node``, ``nodes``
+``trainer.accelerator``                               ``accelerator`` (``cpu``, else ``gpu``)
+``data.batch_size``, ``data.max_seq_length``          ``micro_batch_size``, ``seq_length``
+``model.lora`` (``r``, ``target_modules``)            ``lora_r``, ``lora_targets``
+``model.quantization`` (``quant_type``)               ``quantization`` (``fp4`` as ``nf4``: same bytes)
+``model.gradient_checkpointing``                      ``activation_checkpointing``
+``model.attn_implementation``, ``model.optim``        ``attention``, ``optimizer``
+``model.mlp_tile_tokens``, ``model.loss_chunking``,   the same
+``model.loss_chunk_tokens``
+====================================================  =========================================================
+
+A setting the YAML leaves out is the one the run gets (the module's and the data module's defaults); one the
+planner cannot model is left out with a note; a value it cannot read is a problem, all of them in one error.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from gym_lightning.errors import GymUserError
+from gym_lightning.planner.estimate import Strategy, planner_strategy
+from gym_lightning.vocabulary import STRATEGY_NAMES, STRATEGY_PRESET_BY_NAME, StrategyClass, strategy_class_of
+
+# The defaults a run gets when its YAML leaves a setting out: CausalLMModule's, GymDataModule's and LoRAArgs'
+# (tests/planner/test_run_config.py checks them against those signatures; not imported: no torch here).
+MODULE_DEFAULTS: dict[str, Any] = {"model": "tiny-llama", "optim": "adamw_torch_fused", "lora_r": 8}
+DATA_DEFAULTS: dict[str, int] = {"batch_size": 8, "max_seq_length": 512}
+# The module's optimizers by the planner's optimizer-state model: one fp32 state per parameter is SGD's momentum.
+OPTIMIZERS: dict[str, str] = {
+    "adamw_torch": "adamw",
+    "adamw_torch_fused": "adamw",
+    "sgd": "sgd",
+    "adafactor": "adafactor",
+}
+ONE_STATE_OPTIMIZERS = ("adagrad", "rmsprop")
+PRECISIONS: dict[str, str] = {"32": "32-true", "32-true": "32-true", "bf16": "bf16-mixed", "bf16-mixed": "bf16-mixed"}
+# What each strategy class's memory depends on, as planner_strategy reads it; ZeRO1/2/3Strategy fix the stage.
+MEMORY_ARGS: dict[str, tuple[str, ...]] = {
+    "ddp": (),
+    "fsdp": ("sharding", "cpu_offload"),
+    "zero": ("stage", "offload_optimizer", "offload_parameters"),
+}
+FIXED_STAGES: dict[str, int] = {"ZeRO1Strategy": 1, "ZeRO2Strategy": 2, "ZeRO3Strategy": 3}
+# Strategy arguments that do not change the memory the planner models (no note when set).
+NO_MEMORY_ARGS = frozenset(
+    [
+        "gradient_compression",
+        "powersgd_rank",
+        "powersgd_start_iter",
+        "static_graph",
+        "find_unused_parameters",
+        "process_group_backend",
+        "timeout",
+        "start_method",
+        "save_distributed_checkpoint",
+        "cpu_optimizer",
+        "load_full_weights",
+        "exclude_frozen_parameters",
+        "logging_level",
+        "nvme_path",
+        "config",
+        "layer_classes",
+        "sequence_parallel_size",
+        "activation_checkpointing",
+    ]
+)
+# Module settings that do not change memory (no note when set); any other unmapped one gets a note.
+NO_MEMORY_MODEL_KEYS = frozenset(
+    [
+        "tokenizer",
+        "pretrained",
+        "trust_remote_code",
+        "special_tokens",
+        "lr",
+        "weight_decay",
+        "betas",
+        "eps",
+        "scheduler",
+        "warmup_steps",
+        "warmup_ratio",
+        "min_lr_ratio",
+        "hf_scheduler",
+        "scheduler_kwargs",
+        "decay_rule",
+        "generation",
+        "val_exact_match",
+    ]
+)
+
+
+@dataclass
+class RunSettings:
+    """What :func:`run_settings` read: ``plan(...)`` arguments, and a note per setting left out."""
+
+    settings: dict[str, Any] = field(default_factory=dict)
+    notes: list[str] = field(default_factory=list)
+    problems: list[str] = field(default_factory=list)
+
+
+def run_settings(config: Mapping[str, Any], source: str = "the run config") -> RunSettings:
+    """The ``plan(...)`` arguments of the run ``config`` (a ``gym fit`` YAML, as plain data) describes.
+
+    Args:
+        config: The YAML's top-level mapping (``trainer``, ``model``, ``data``, ...).
+        source: How the error names the file.
+
+    Raises:
+        GymUserError: One line listing every value that cannot be planned.
+    """
+    run = RunSettings()
+    if not isinstance(config, Mapping):
+        raise GymUserError(f"{source} must be a YAML mapping (trainer:, model:, data:), got {type(config).__name__}.")
+    model = _section(config.get("model"), "model", run)
+    _model_settings(model, run)
+    _lora_settings(model.get("lora"), run)
+    _quantization_settings(model.get("quantization"), run)
+    data = _section(config.get("data"), "data", run)
+    run.settings["micro_batch_size"] = data.get("batch_size", DATA_DEFAULTS["batch_size"])
+    run.settings["seq_length"] = data.get("max_seq_length", DATA_DEFAULTS["max_seq_length"])
+    trainer = _section(config.get("trainer"), "trainer", run)
+    _trainer_settings(trainer, run)
+    _strategy_settings(trainer.get("strategy"), run)
+    if run.problems:
+        raise GymUserError(f"Cannot plan {source}: " + "; ".join(run.problems) + ".")
+    return run
+
+
+def _section(value: Any, name: str, run: RunSettings) -> Mapping[str, Any]:
+    """A section's settings: the mapping itself, or its ``init_args`` when it names a ``class_path``."""
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        run.problems.append(f"{name} must be a mapping, got {value!r}")
+        return {}
+    return value.get("init_args") or {} if "class_path" in value else value
+
+
+def _model_settings(model: Mapping[str, Any], run: RunSettings) -> None:
+    s = run.settings
+    s["model"] = model.get("model", MODULE_DEFAULTS["model"])
+    if model.get("config_overrides"):
+        s["config_overrides"] = dict(model["config_overrides"])
+    s["activation_checkpointing"] = bool(model.get("gradient_checkpointing", False))
+    attention = model.get("attn_implementation") or "sdpa"  # transformers' default
+    if str(attention).startswith("flash_attention"):
+        run.notes.append(f"model.attn_implementation {attention} planned as sdpa (the same memory: no stored scores)")
+        attention = "sdpa"
+    s["attention"] = attention
+    optim = model.get("optim", MODULE_DEFAULTS["optim"])
+    if optim in ONE_STATE_OPTIMIZERS:
+        run.notes.append(f"model.optim {optim} planned as sgd (one fp32 state per parameter, as SGD's momentum)")
+    s["optimizer"] = "sgd" if optim in ONE_STATE_OPTIMIZERS else OPTIMIZERS.get(optim, optim)
+    for key in ("loss_chunking", "loss_chunk_tokens"):
+        if key in model:
+            s[key] = model[key]
+    s["mlp_tile_tokens"] = model.get("mlp_tile_tokens") or 0
+    mapped = {"model", "config_overrides", "gradient_checkpointing", "attn_implementation", "optim", "lora"}
+    mapped |= {"quantization", "loss_chunking", "loss_chunk_tokens", "mlp_tile_tokens"}
+    if ignored := sorted(set(model) - mapped - NO_MEMORY_MODEL_KEYS):
+        run.notes.append(f"not planned: model.{', model.'.join(ignored)} (the planner does not model them)")
+
+
+def _lora_settings(lora: Any, run: RunSettings) -> None:
+    if lora is None:
+        run.settings["lora_r"] = 0
+        return
+    if not isinstance(lora, Mapping):
+        run.problems.append(f"model.lora must be a mapping (r, alpha, dropout, target_modules), got {lora!r}")
+        return
+    run.settings["lora_r"] = lora.get("r", MODULE_DEFAULTS["lora_r"])
+    targets = lora.get("target_modules")
+    # None is peft's default for Llama/Qwen: q_proj and v_proj.
+    if targets is None or sorted(targets) == ["q_proj", "v_proj"]:
+        run.settings["lora_targets"] = "attention-qv"
+        return
+    if list(targets) != ["all-linear"]:
+        run.notes.append(f"model.lora.target_modules {list(targets)} planned as all-linear (an upper bound)")
+    run.settings["lora_targets"] = "all-linear"
+
+
+def _quantization_settings(quantization: Any, run: RunSettings) -> None:
+    if quantization is None:
+        run.settings["quantization"] = "none"
+        return
+    quant_type = quantization.get("quant_type", "nf4") if isinstance(quantization, Mapping) else quantization
+    if quant_type not in ("nf4", "fp4"):
+        run.problems.append(f"model.quantization.quant_type must be nf4 or fp4, got {quant_type!r}")
+        return
+    if quant_type == "fp4":
+        run.notes.append("model.quantization fp4 planned as nf4 (the same 4-bit storage)")
+    run.settings["quantization"] = "nf4"
+
+
+def _trainer_settings(trainer: Mapping[str, Any], run: RunSettings) -> None:
+    precision = str(trainer.get("precision", "32-true"))
+    if precision in ("16", "16-mixed"):
+        run.notes.append(f"trainer.precision {precision} planned as bf16-mixed (the same bytes)")
+        precision = "bf16-mixed"
+    if precision not in PRECISIONS:
+        run.problems.append(f"trainer.precision {precision} is not planned (32-true, bf16-mixed or 16-mixed)")
+    run.settings["precision"] = PRECISIONS.get(precision, precision)
+    devices, nodes = trainer.get("devices", "auto"), trainer.get("num_nodes", 1)
+    if isinstance(devices, (list, tuple)):
+        devices = len(devices)
+    if str(devices).isdigit() and int(devices) > 0:
+        run.settings["gpus_per_node"] = int(devices)
+    elif str(devices) not in ("auto", "-1"):
+        run.problems.append(f"trainer.devices must be a count, a list of devices or auto, got {devices!r}")
+    else:
+        run.notes.append(f"trainer.devices {devices}: planned for --gpus_per_node (8 unless given)")
+    run.settings["nodes"] = nodes
+    if str(trainer.get("accelerator", "auto")) == "cpu":
+        run.settings["accelerator"] = "cpu"
+
+
+def _strategy_settings(strategy: Any, run: RunSettings) -> None:
+    """The run's strategy as the planner's :class:`Strategy`, with its sequence-parallel size and checkpointing."""
+    if strategy is None or strategy == "auto":
+        return
+    if isinstance(strategy, str):
+        if strategy not in STRATEGY_PRESET_BY_NAME:
+            run.problems.append(
+                f"trainer.strategy {strategy!r} is not planned: give one of {', '.join(STRATEGY_NAMES)}"
+            )
+        run.settings["strategy"] = strategy
+        return
+    class_path = strategy.get("class_path", "") if isinstance(strategy, Mapping) else ""
+    family = strategy_class_of(class_path)
+    if family is None and class_path.rsplit(".", 1)[-1] in FIXED_STAGES:
+        family = "zero"
+    if family is None:
+        classes = "GymDDPStrategy, GymFSDPStrategy, ZeROStrategy (ZeRO1/2/3Strategy)"
+        run.problems.append(f"trainer.strategy must be a name or a class_path of {classes}, got {strategy!r}")
+        return
+    init_args = dict(strategy.get("init_args") or {})
+    if stage := FIXED_STAGES.get(class_path.rsplit(".", 1)[-1]):
+        init_args["stage"] = stage
+    run.settings["strategy"] = _class_strategy(family, init_args, run)
+    if "sequence_parallel_size" in init_args:
+        run.settings["sequence_parallel_size"] = init_args["sequence_parallel_size"]
+    if init_args.get("activation_checkpointing"):
+        run.settings["activation_checkpointing"] = True
+    if ignored := sorted(set(init_args) - set(MEMORY_ARGS[family]) - NO_MEMORY_ARGS):
+        run.notes.append(f"not planned: trainer.strategy.init_args {', '.join(ignored)} (not in the planner's model)")
+
+
+def _class_strategy(family: StrategyClass, init_args: dict[str, Any], run: RunSettings) -> Strategy | None:
+    """The planner's row for a strategy class and its arguments (ZeRO's stage and offload from its JSON if need be)."""
+    if family == "zero" and init_args.get("stage") is None:
+        init_args.update(_zero_json_layout(init_args.get("config"), run))
+    memory = {key: init_args[key] for key in MEMORY_ARGS[family] if key in init_args}
+    problems = _layout_problems(memory)
+    if problems:
+        run.problems += problems
+        return None
+    if memory.get("sharding") == "hybrid":
+        run.notes.append("trainer.strategy sharding hybrid planned as full (exact on one node)")
+        memory["sharding"] = "full"
+    strategy = planner_strategy("run", "", family, memory)
+    return replace(strategy, label=strategy.trainer_strategy)
+
+
+def _zero_json_layout(config: Any, run: RunSettings) -> dict[str, Any]:
+    """ZeRO's stage and offload devices from the DeepSpeed JSON of ``init_args.config`` (a path or a mapping)."""
+    try:
+        data = config if isinstance(config, Mapping) else json.loads(Path(str(config)).read_text())
+        zero = data["zero_optimization"]
+        return {
+            "stage": zero["stage"],
+            "offload_optimizer": (zero.get("offload_optimizer") or {}).get("device", "none"),
+            "offload_parameters": (zero.get("offload_param") or {}).get("device", "none"),
+        }
+    except (OSError, ValueError, KeyError, AttributeError, TypeError):
+        run.problems.append(f"trainer.strategy needs init_args.stage, or a DeepSpeed JSON config with one: {config!r}")
+        return {}
+
+
+def _layout_problems(memory: Mapping[str, Any]) -> list[str]:
+    choices = {
+        "stage": (0, 1, 2, 3),
+        "offload_optimizer": ("none", "cpu", "nvme"),
+        "offload_parameters": ("none", "cpu", "nvme"),
+        "sharding": ("full", "grad_op", "hybrid", "none"),
+        "cpu_offload": (True, False),
+    }
+    return [
+        f"trainer.strategy.init_args.{key} must be one of {', '.join(map(str, choices[key]))}, got {value!r}"
+        for key, value in memory.items()
+        if value not in choices[key] or isinstance(value, bool) != isinstance(choices[key][0], bool)
+    ]
+
+
+__all__ = ["RunSettings", "run_settings"]
