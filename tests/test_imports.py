@@ -270,3 +270,53 @@ def test_the_reader_rule_catches_imports_and_uses(tmp_path: Path) -> None:
     root = _package(tmp_path, {f"strategies/{name}.py": text for name, (text, _) in READER_USES.items()})
     expected = [f"{PACKAGE}.strategies.{name}: {used}" for name, (_, used) in READER_USES.items() if used]
     assert checkpoint_reads(root) == expected
+
+
+# The module holds no rank rule: how many calls every rank makes, and any sum over ranks, come from the strategy or
+# the loss helpers given a process group (protocols.AgreesCallCounts, loss.start_max_counts / start_rank_sum).
+RANK_RULE_FREE = ("module.py",)
+
+
+def distributed_calls(path: Path) -> list[str]:
+    """The ``torch.distributed`` (or ``dist``) attributes ``path`` uses at run time, e.g. ``all_reduce``."""
+    found = []
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Attribute) and isinstance(node.value, ast.Attribute | ast.Name):
+            owner = ast.unparse(node.value)
+            if owner in ("torch.distributed", "dist"):
+                found.append(node.attr)
+    return sorted(set(found))
+
+
+def test_the_module_holds_no_rank_rule() -> None:
+    calls = {name: used for name in RANK_RULE_FREE if (used := distributed_calls(SOURCE / name))}
+    assert calls == {}, "ask the strategy (protocols.AgreesCallCounts) or a loss helper given a process group"
+
+
+def test_the_rank_rule_check_sees_collectives(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("import torch\ndef f(t):\n    torch.distributed.all_reduce(t)\n    return torch.zeros(1)\n")
+    assert distributed_calls(path) == ["all_reduce"]
+
+
+# Strategy names are data (gym_lightning.vocabulary.STRATEGY_PRESETS): no module registers a name of its own.
+def registered_names(path: Path) -> list[str]:
+    """String literals passed as the first argument of a ``register(...)`` call on a strategy registry."""
+    names = []
+    for node in _runtime_nodes(ast.parse(path.read_text())):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "register":
+            owner = ast.unparse(node.func.value).lower()
+            if "strategy" in owner and node.args and isinstance(node.args[0], ast.Constant):
+                names.append(str(node.args[0].value))
+    return names
+
+
+def test_strategy_names_are_registered_from_the_vocabulary_only() -> None:
+    found = {module_name(p, SOURCE): n for p in sorted(SOURCE.rglob("*.py")) if (n := registered_names(p))}
+    assert found == {}, "add the name to gym_lightning.vocabulary.STRATEGY_PRESETS"
+
+
+def test_the_registration_check_sees_a_literal_name(tmp_path: Path) -> None:
+    path = tmp_path / "m.py"
+    path.write_text("def f(strategy_registry, cls):\n    strategy_registry.register('mine', cls)\n")
+    assert registered_names(path) == ["mine"]
