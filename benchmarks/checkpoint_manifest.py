@@ -67,8 +67,9 @@ class ManifestCost(Callback):
         self.out, self.repeats = Path(out), repeats
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        from gym_lightning.atomic import remove_path
         from gym_lightning.checkpointing import StepCheckpoint
-        from gym_lightning.checkpointing.callback import publish, remove_path
+        from gym_lightning.checkpointing.callback import publish
         from gym_lightning.checkpointing.manifest import (
             checkpoint_files,
             forget_checked_files,
