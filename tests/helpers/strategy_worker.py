@@ -327,9 +327,13 @@ def main(spec_path: str, run: PhaseRunner = run_phase) -> None:
     out = Path(spec["out"])
     torch.set_num_threads(1)
     results = {phase["name"]: run(spec, phase, out) for phase in spec["phases"]}
-    if torch.distributed.is_initialized() and torch.distributed.get_rank() != 0:
-        return
-    (out / "results.json").write_text(json.dumps(results))
+    if not torch.distributed.is_initialized() or torch.distributed.get_rank() == 0:
+        (out / "results.json").write_text(json.dumps(results))
+    if torch.distributed.is_initialized():
+        # While Python is fully alive, as torch asks (pytorch #190489): a group left to the interpreter's
+        # finalisation aborted a finished 2-node gym_fsdp run now and then ("terminate called without an active
+        # exception", exit -6).
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":

@@ -56,6 +56,10 @@ def main() -> None:
     )
     trainer.fit(model, data, ckpt_path=None if resume == "none" else resume)
     (out / f"seen.{trainer.global_rank}.json").write_text(json.dumps(model.seen))
+    if torch.distributed.is_initialized():
+        # Lightning's own DDP leaves its gloo group up; left to the interpreter's finalisation it aborted a finished
+        # run now and then ("terminate called without an active exception", exit -6; pytorch #190489).
+        torch.distributed.destroy_process_group()
 
 
 if __name__ == "__main__":
