@@ -131,12 +131,9 @@ def raise_if_unsplittable(config: Any, size: int, world_size: int) -> None:
 
 
 # ----------------------------------------------------------------------------------------------- groups
-def new_sequence_group(dims: ParallelDims | int) -> tuple[Any, int]:
-    """This rank's sequence group (``dims.sequence_groups()``; an ``int``: groups of that size over the whole default
-    group) and its place in it. Every rank creates every group, in the same order, as ``torch.distributed.new_group``
-    requires."""
-    if isinstance(dims, int):
-        dims = ParallelDims(torch.distributed.get_world_size(), sequence=dims)
+def new_sequence_group(dims: ParallelDims) -> tuple[Any, int]:
+    """This rank's sequence group (``dims.sequence_groups()``) and its place in it. Every rank creates every group,
+    in the same order, as ``torch.distributed.new_group`` requires."""
     rank = torch.distributed.get_rank()
     mine = None
     for ranks in dims.sequence_groups():

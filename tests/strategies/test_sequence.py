@@ -22,7 +22,7 @@ from gym_lightning.data.formats import TokenizedSample
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX, count_target_tokens, summed_cross_entropy
 from gym_lightning.models.tiling import TileCount, dense_mlps, tile_mlps
-from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeRO3Strategy
+from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ParallelDims, ZeRO3Strategy
 from gym_lightning.strategies import sequence as sp
 
 SAMPLES = [
@@ -88,7 +88,7 @@ class _Attention(torch.nn.Module):
 def _exchange_worker(rank: int, port: int, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.distributed.init_process_group("gloo", rank=rank, world_size=2)
-    group, group_rank = sp.new_sequence_group(2)
+    group, group_rank = sp.new_sequence_group(ParallelDims(2, sequence=2))
     sp.activate(sp.SequenceShard(2, group_rank, group, SPANS))
     local = slice(6 * group_rank, 6 * group_rank + 6)
     for kv_heads in KV_HEADS:
