@@ -588,10 +588,18 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
     return 2 * unit_bytes(shape, setup, p) + p * counts.largest_trainable_unit + bucket
 
 
+def tensor_rows_bytes(shape: ModelShape, setup: Setup, shards: int) -> float:
+    """Checkpoint bytes in flight while one process loads: the rows of one checkpoint tensor it holds (``1/shards``
+    of the largest, for a rank that reads only its shard), in the checkpoint dtype. The one loader (``models.fill``)
+    reads each tensor's rows through a file opened for that tensor, so no file pages stay mapped from one tensor to
+    the next."""
+    return setup.checkpoint_dtype_bytes * shape.largest_tensor() / shards
+
+
 def quant_read_bytes(shape: ModelShape, setup: Setup, shards: int) -> float:
-    """Loading a QLoRA base quantises as it reads: one checkpoint tensor (its rows, ``1/shards`` of it, for a rank
-    that reads only its shard) in the checkpoint dtype, quantised a bounded chunk at a time."""
-    return setup.checkpoint_dtype_bytes * shape.largest_tensor() / shards + NF4_CHUNK_BYTES
+    """Loading a QLoRA base quantises as it reads: one checkpoint tensor's rows (:func:`tensor_rows_bytes`),
+    quantised a bounded chunk at a time."""
+    return tensor_rows_bytes(shape, setup, shards) + NF4_CHUNK_BYTES
 
 
 def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, states: ModelStates) -> float:
@@ -600,7 +608,7 @@ def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, sta
     Loading: strategies that replicate parameters (DDP, ZeRO-1/2) materialise the full checkpoint in every process;
     ZeRO-3 builds under ``zero.Init`` and loads it once per node (DeepSpeed's estimator makes the same distinction,
     ``zero_init``); gym_fsdp builds on the meta device and each rank reads only its rows of one tensor at a time
-    (``models.fill``), so its load costs the node those rows per process (``phases.read_slice_bytes``).
+    (``models.fill``), so its load costs the node those rows per process (:func:`tensor_rows_bytes`).
     ZeRO-Infinity also keeps pinned swap buffers (DeepSpeed's default ``buffer_count`` 5 x ``buffer_size`` 1e8
     elements per rank). A QLoRA base is quantised as it is read: gym_fsdp and ZeRO-3 ranks read their rows of one
     file, every other process fills its whole 4-bit model on the host before moving it to its GPU
@@ -610,7 +618,7 @@ def host_bytes_per_node(shape: ModelShape, strategy: Strategy, setup: Setup, sta
     copies = setup.gpus_per_node if strategy.stage < 3 else 1
     load = copies * load_dtype * counts.total_with_adapters
     if strategy.framework == "torch" and strategy.stage == 3:
-        load = setup.gpus_per_node * setup.checkpoint_dtype_bytes * shape.largest_tensor() / setup.world_size
+        load = setup.gpus_per_node * tensor_rows_bytes(shape, setup, setup.world_size)
     if setup.quantization != "none":
         filled = frozen_bytes(shape, setup, load_dtype) + quant_read_bytes(shape, setup, 1)
         load = setup.checkpoint_file_bytes if strategy.stage == 3 else copies * filled

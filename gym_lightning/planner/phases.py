@@ -47,6 +47,7 @@ from gym_lightning.planner.estimate import (
     param_counts,
     quant_read_bytes,
     quantized_base,
+    tensor_rows_bytes,
     unit_bytes,
     zero_bucket_elements,
 )
@@ -84,15 +85,6 @@ def _place(setup: Setup, tensors: float, host_only: float = 0.0) -> PhasePeak:
     return PhasePeak(host, tensors)
 
 
-def read_slice_bytes(setup: Setup, shape: ModelShape) -> float:
-    """Checkpoint bytes in flight while a rank of gym_fsdp loads: the rows of one checkpoint tensor that its shard
-    holds, in the checkpoint dtype. The one loader (``models.fill``) reads each tensor's rows through a file opened
-    for that tensor (safetensors' slice), so no file pages stay mapped from one tensor to the next. Measured at 250M
-    on 2 ranks (benchmarks/scale.py): 981 / 976 MiB at the load peak, where the term it replaced (the rank's 1/N of
-    one whole file, from when DCP's reader kept a file mapped) put the plan at 1,203 MiB."""
-    return setup.checkpoint_dtype_bytes * shape.largest_tensor() / setup.world_size
-
-
 def resident_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
     """Buffers that stay allocated between steps: DDP's reducer buckets (a second copy of the fp32 gradients,
     allocated when DDP wraps the model) and DeepSpeed's reduce bucket(s) (resident once backward has filled them).
@@ -115,9 +107,13 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     if strategy.framework == "torch" and strategy.stage == 3:
         # Meta build -> fully_shard -> to_empty -> slices read into the fp32 shards (fp32 masters under bf16-mixed).
         shard = (4 * t + frozen * f) / n
+        # The rows in flight: measured at 250M on 2 ranks (benchmarks/scale.py), 980 / 976 MiB at the load peak
+        # against 997 planned; the term it replaced (1/N of one whole file, from when DCP's reader kept a file
+        # mapped) planned 1,203.
+        read = tensor_rows_bytes(shape, setup, n)
         if strategy.offload_parameters != "none":  # cpu_offload: the shards live on the host
-            return _place(setup, 0.0, shard + read_slice_bytes(setup, shape))
-        return _place(setup, shard, read_slice_bytes(setup, shape))
+            return _place(setup, 0.0, shard + read)
+        return _place(setup, shard, read)
     if strategy.framework == "torch":
         # from_pretrained on every rank in the checkpoint dtype, then the trainables cast to fp32: the loaded copy is
         # held until the last tensor is cast (measured at 250M: +6.0 bytes per parameter above the process with a
