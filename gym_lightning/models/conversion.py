@@ -27,7 +27,6 @@ import copy
 import math
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
-from functools import partial
 from pathlib import Path
 
 import torch
@@ -187,15 +186,6 @@ class SafetensorsReader:
             return file.get_slice(key)[start:stop]
 
 
-def flat_range(
-    source: TensorSource, reader: SafetensorsReader, model: PreTrainedModel, shape: tuple[int, ...], span: range
-) -> torch.Tensor:
-    """Elements ``span`` of the model tensor ``source`` describes (of shape ``shape``), flattened, reading only the
-    checkpoint rows that hold them: what one ZeRO-3 partition needs."""
-    rows = partial(read_rows, source, reader, model)
-    return flat_span(shape, span, rows, partial(convert, source, reader.load, model))
-
-
 def flat_span(
     shape: tuple[int, ...], span: range, rows: Callable[[int, int], torch.Tensor], whole: Callable[[], torch.Tensor]
 ) -> torch.Tensor:
@@ -349,7 +339,6 @@ __all__ = [
     "checkpoint_layout",
     "checkpoint_sources",
     "convert",
-    "flat_range",
     "flat_span",
     "read_rows",
     "refuse_missing",

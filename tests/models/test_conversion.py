@@ -5,7 +5,9 @@ on tiny random folders of every family (``helpers.families``): what ``from_pretr
 from __future__ import annotations
 
 import random
+from functools import partial
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -19,8 +21,10 @@ from gym_lightning.models.conversion import (
     checkpoint_layout,
     checkpoint_sources,
     convert,
-    flat_range,
+    read_rows,
 )
+from gym_lightning.models.fill import part_value
+from gym_lightning.models.holdings import Span
 from gym_lightning.models.loading import build_causal_lm
 from gym_lightning.models.plan import META, BuildPlan
 from gym_lightning.strategies.materialize import materialize
@@ -90,8 +94,16 @@ def test_a_flat_range_is_that_slice_of_the_flattened_tensor(family: str, folders
         for _ in range(3):
             start = rng.randrange(flat.numel())
             span = range(start, rng.randrange(start, flat.numel()) + 1)
-            assert torch.equal(flat_range(source, reader, model, shape, span), flat[span.start : span.stop]), key
-        assert flat_range(source, reader, model, shape, range(flat.numel(), flat.numel())).numel() == 0
+            assert torch.equal(_flat_range(source, reader, model, shape, span), flat[span.start : span.stop]), key
+        assert _flat_range(source, reader, model, shape, range(flat.numel(), flat.numel())).numel() == 0
+
+
+def _flat_range(
+    source: Any, reader: SafetensorsReader, model: Any, shape: tuple[int, ...], span: range
+) -> torch.Tensor:
+    """What the one loader computes for a ZeRO-3 partition's span of ``source``'s tensor (``models.fill``)."""
+    rows = partial(read_rows, source, reader, model)
+    return part_value(Span(shape, span), rows, partial(convert, source, reader.load, model))
 
 
 @pytest.mark.parametrize("family", list(FAMILIES))
