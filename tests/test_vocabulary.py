@@ -45,7 +45,7 @@ def test_every_preset_is_a_planner_row_of_its_layout(preset: StrategyPreset) -> 
 
 
 def test_hf_names_are_held_once() -> None:
-    assert hf_auto._SETTINGS is DEEPSPEED_SETTINGS and train.SETTING_FLAGS is SETTING_FLAGS
+    assert hf_auto.DEEPSPEED_SETTINGS is DEEPSPEED_SETTINGS and train.SETTING_FLAGS is SETTING_FLAGS
     # Every setting a DeepSpeed message names gets its gym train flag beside it.
     for key, setting in DEEPSPEED_SETTINGS.items():
         assert "(gym train: --" in train.flags_for_settings(f"{key}: {setting}"), setting

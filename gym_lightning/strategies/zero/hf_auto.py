@@ -62,7 +62,7 @@ from typing import Any
 from gym_lightning.errors import raise_if_problems
 from gym_lightning.strategies.zero.config import AUTO, load_deepspeed_json
 from gym_lightning.strategies.zero.sizing import stage3_limits
-from gym_lightning.vocabulary import DEEPSPEED_SETTINGS
+from gym_lightning.vocabulary import DEEPSPEED_SETTINGS  # JSON key -> the setting messages name
 
 # HF's ``trainer_config_finalize`` derives these from the model width: buckets of one hidden x hidden matrix keep
 # communication in large messages without holding much more than one layer's worth of memory.
@@ -77,9 +77,6 @@ LAYER_SIZE_KEYS: tuple[str, ...] = (
     "zero_optimization.stage3_max_reuse_distance",
 )
 SCHEDULER_STEP_KEYS: tuple[str, ...] = ("scheduler.params.total_num_steps", "scheduler.params.warmup_num_steps")
-# JSON key -> the Lightning setting it mirrors, as messages name it (held in gym_lightning.vocabulary, beside the
-# `gym train` flags that set each).
-_SETTINGS: dict[str, str] = DEEPSPEED_SETTINGS
 
 
 @dataclass(frozen=True)
@@ -283,7 +280,7 @@ def _auto_keys(node: Any, prefix: str = "") -> Iterator[str]:
 
 
 def _conflict(key: str, json_value: Any, value: Any, shown: str | None = None) -> str:
-    setting = _SETTINGS[key]
+    setting = DEEPSPEED_SETTINGS[key]
     if key in ("fp16.enabled", "bf16.enabled"):
         wanted = ("16-mixed" if key == "fp16.enabled" else "bf16-mixed") if json_value else "32-true"
         return (
@@ -308,7 +305,7 @@ def _why_unknown(key: str) -> str:
         return "the module states no layer_numel (gym_lightning.protocols.ProvidesModelFacts); write an integer"
     if key in HIDDEN_SIZE_KEYS:
         return "the module states no hidden_size (gym_lightning.protocols.ProvidesModelFacts); write an integer"
-    setting = _SETTINGS.get(key, key)
+    setting = DEEPSPEED_SETTINGS.get(key, key)
     if key.startswith(("optimizer.", "scheduler.params.warmup")):
         source = "the LightningModule does not state it (gym_lightning.protocols.ProvidesOptimizerFacts)"
     elif key in ("train_micro_batch_size_per_gpu", "train_batch_size"):
