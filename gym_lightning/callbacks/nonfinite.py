@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 
 import lightning.pytorch as pl
 import torch
@@ -11,7 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.strategies import DeepSpeedStrategy, Strategy
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_warn
+from gym_lightning._compat import optimizer_unscales_itself, rank_zero_warn
 from gym_lightning.errors import GymUserError
 from gym_lightning.protocols import ProvidesLocalGradients
 
@@ -77,8 +77,16 @@ class NonFiniteGuard(Callback):
     ``gym_fsdp``), else from the parameters' ``.grad``. Under DeepSpeed (ZeRO) the engine owns the gradients: only
     the loss is checked there.
 
+    No host sync per step with torch's fused optimizers (the module's default ``adamw_torch_fused``) outside fp16
+    loss scaling: the flags are handed to the optimizer as ``found_inf``, the same device tensor ``GradScaler``
+    gives them, so the fused kernel itself leaves the weights, moments and step count untouched when a flag is
+    set, and the flags are copied to the host without waiting (pinned buffer, ``non_blocking``, CUDA event) and
+    read one step later, before the next update, or before a checkpoint is written, whichever comes first.
+    Reading them at once would stop the host until the GPU has run the whole backward, so the next step's kernels
+    could not be queued ahead. Any other optimizer (or a ``GradScaler``) reads the flags at once: one host sync.
+
     Args:
-        action: ``"stop"`` raises ``NonFiniteLossError`` naming the step before the optimizer step runs, so nothing
+        action: ``"stop"`` raises ``NonFiniteLossError`` naming the step before its update is applied, so nothing
             is saved over the last good checkpoint. ``"skip"`` drops that optimizer step (all gradients discarded,
             the learning-rate schedule still advances), counts it in ``skipped_steps`` (kept in checkpoints) and
             logs the count as ``train/skipped_nonfinite_steps``. ``"skip"`` is refused at the start of ``fit``
@@ -91,6 +99,9 @@ class NonFiniteGuard(Callback):
         self.action = action
         self.skipped_steps = 0
         self._loss_flag: torch.Tensor | None = None
+        self._flags = _HostFlags()
+        self._logged_skips = -1
+        self._skipping_on: torch.optim.Optimizer | None = None  # the optimizer holding our found_inf
 
     @override
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -101,10 +112,11 @@ class NonFiniteGuard(Callback):
                 "(its engine holds the gradients and always steps); use action='stop' (the default) or a "
                 "gym_ddp/gym_fsdp strategy."
             )
+        self._flags = _HostFlags(2 * trainer.world_size, pl_module.device)
 
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
-        # A device flag summed over the step's micro-batches; read once per step in on_before_optimizer_step.
+        # A device flag summed over the step's micro-batches; read once per step (see the class docstring).
         flag = (~torch.isfinite(loss.detach())).float().sum()
         self._loss_flag = flag if self._loss_flag is None else self._loss_flag + flag
 
@@ -112,38 +124,96 @@ class NonFiniteGuard(Callback):
     def on_before_optimizer_step(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
     ) -> None:
-        loss_ranks, grad_ranks = self._nonfinite_ranks(trainer, pl_module)
-        ranks = loss_ranks or grad_ranks
-        if not ranks:
+        self._settle()  # the previous step's flags, if still on their way: before this step can change anything
+        flags = self._step_flags(trainer, pl_module)
+        step = _StepId(trainer.global_step + 1, trainer.current_epoch, trainer.world_size)
+        if self._skips_on_device(trainer, pl_module, optimizer):
+            # torch's fused kernels skip the whole update where found_inf != 0 (GradScaler's contract with them).
+            optimizer.found_inf = (flags.sum() > 0).float()  # type: ignore[attr-defined]
+            self._skipping_on = optimizer
+            self._flags.start(flags, step)
             return
-        what = "loss" if loss_ranks else "gradient"
-        if self.action == "stop":
-            raise NonFiniteLossError(_stop_message(trainer, what, ranks))
-        # Gradients set to None make torch optimizers skip every parameter: no update, no moment or step change.
-        optimizer.zero_grad(set_to_none=True)
-        self.skipped_steps += 1
-        rank_zero_warn(f"Skipped optimizer step {trainer.global_step + 1}: non-finite {what} on rank(s) {ranks}.")
+        self._decide(self._flags.read_now(flags), step, optimizer)
 
     @override
     def on_train_batch_end(
         self, trainer: pl.Trainer, pl_module: pl.LightningModule, outputs: Any, batch: Any, batch_idx: int
     ) -> None:
-        if self.action == "skip":
+        self._stop_skipping_on_device()
+        if self.action == "skip" and self._should_log_skips(trainer):
+            self._logged_skips = self.skipped_steps
             pl_module.log("train/skipped_nonfinite_steps", float(self.skipped_steps), on_step=True, on_epoch=False)
 
-    def _nonfinite_ranks(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> tuple[list[int], list[int]]:
-        """Ranks whose loss (in any micro-batch of this step) or gradients are not finite; one collective for both."""
+    @override
+    def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
+        self._settle()  # the last step's flags
+
+    @override
+    def on_exception(self, trainer: pl.Trainer, pl_module: pl.LightningModule, exception: BaseException) -> None:
+        self._stop_skipping_on_device()
+        self._flags.drop()
+
+    def _should_log_skips(self, trainer: pl.Trainer) -> bool:
+        """Log the count when it changed or at the Trainer's logging steps: ``self.log`` turns the number into a
+        device tensor (a host-to-device copy that waits for the GPU on CUDA), so not on every micro-batch."""
+        every = max(1, int(trainer.log_every_n_steps or 1))
+        return self.skipped_steps != self._logged_skips or trainer.global_step % every == 0
+
+    def _skips_on_device(
+        self, trainer: pl.Trainer, pl_module: pl.LightningModule, optimizer: torch.optim.Optimizer
+    ) -> bool:
+        """Whether this step's update can be dropped by the optimizer itself (torch's fused kernels take
+        ``found_inf``), with no ``GradScaler`` setting its own, and gradients that are ours to drop."""
+        scaler = getattr(trainer.precision_plugin, "scaler", None)
+        return (
+            scaler is None
+            and optimizer_unscales_itself(optimizer)
+            and local_gradients(trainer.strategy, pl_module) is not None
+        )
+
+    def _stop_skipping_on_device(self) -> None:
+        if self._skipping_on is not None:
+            vars(self._skipping_on).pop("found_inf", None)  # a later step without the guard must not be skipped
+            self._skipping_on = None
+
+    def _settle(self) -> None:
+        """Decide on the step whose flags are on their way to the host (nothing when none is)."""
+        if (pending := self._flags.finish()) is not None:
+            self._decide(*pending, optimizer=None)
+
+    def _step_flags(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor:
+        """``[2 * world]`` device flags, summed over ranks: loss flags, then gradient flags, one slot per rank."""
         world, rank = trainer.world_size, trainer.global_rank
         flags = torch.zeros(2 * world, device=pl_module.device, dtype=torch.float32)
         if self._loss_flag is not None:
             flags[rank] = self._loss_flag
         flags[world + rank] = nonfinite_flag(local_gradients(trainer.strategy, pl_module) or [], pl_module.device)
         self._loss_flag = None
-        flags = sum_over_ranks(flags, trainer.strategy, world)
-        return torch.nonzero(flags[:world]).flatten().tolist(), torch.nonzero(flags[world:]).flatten().tolist()
+        return sum_over_ranks(flags, trainer.strategy, world)
+
+    def _decide(self, values: list[float], step: _StepId, optimizer: torch.optim.Optimizer | None) -> None:
+        """Stop or skip if ``values`` (the host copy of a step's flags) hold a non-finite loss or gradient.
+
+        ``optimizer``: the one whose step is about to run (its gradients are dropped to skip it); ``None`` when the
+        fused kernel already skipped that step on the device.
+        """
+        loss_ranks = [r for r in range(step.world) if values[r]]
+        grad_ranks = [r for r in range(step.world) if values[step.world + r]]
+        ranks = loss_ranks or grad_ranks
+        if not ranks:
+            return
+        what = "loss" if loss_ranks else "gradient"
+        if self.action == "stop":
+            raise NonFiniteLossError(_stop_message(step, what, ranks))
+        if optimizer is not None:
+            # Gradients set to None make torch optimizers skip every parameter: no update, no moment or step change.
+            optimizer.zero_grad(set_to_none=True)
+        self.skipped_steps += 1
+        rank_zero_warn(f"Skipped optimizer step {step.number}: non-finite {what} on rank(s) {ranks}.")
 
     @override
     def state_dict(self) -> dict[str, Any]:
+        self._settle()  # a checkpoint counts (or, with "stop", is never written after) the step still in flight
         return {"skipped_steps": self.skipped_steps}
 
     @override
@@ -151,11 +221,62 @@ class NonFiniteGuard(Callback):
         self.skipped_steps = int(state_dict.get("skipped_steps", 0))
 
 
-def _stop_message(trainer: pl.Trainer, what: str, ranks: list[int]) -> str:
-    done = trainer.global_step
+class _StepId(NamedTuple):
+    """Which optimizer step a set of flags belongs to: its 1-based number, its epoch, the world size."""
+
+    number: int
+    epoch: int
+    world: int
+
+
+class _HostFlags:
+    """A step's flags on their way to the host without stopping it: a pinned host buffer (on CUDA), a
+    ``non_blocking`` copy into it and an event recorded after the copy; read after the event, a step later.
+
+    Args:
+        size: Flags per step (``2 * world_size``).
+        device: Where the flags are computed.
+    """
+
+    def __init__(self, size: int = 0, device: torch.device | None = None) -> None:
+        cuda = device is not None and device.type == "cuda"
+        self._device = device
+        self._host = torch.zeros(size, dtype=torch.float32, pin_memory=cuda)
+        self._values = self._host.numpy()  # a view: reading it later is no tensor op
+        self._event: Any = None
+        self._step: _StepId | None = None
+
+    def start(self, flags: torch.Tensor, step: _StepId) -> None:
+        """Copy ``flags`` to the host buffer without waiting for them."""
+        self._host.copy_(flags, non_blocking=True)
+        if self._device is not None and self._device.type == "cuda":
+            self._event = torch.cuda.Event()
+            self._event.record()
+        self._step = step
+
+    def finish(self) -> tuple[list[float], _StepId] | None:
+        """The flags started last and their step, once their copy has landed (``None`` when none is pending). A
+        step later the event has long been passed: ``synchronize`` then returns at once."""
+        if self._step is None:
+            return None
+        if self._event is not None and not self._event.query():
+            self._event.synchronize()
+        step, self._step, self._event = self._step, None, None
+        return self._values.tolist(), step
+
+    def read_now(self, flags: torch.Tensor) -> list[float]:
+        """The flags on the host at once: one host sync (optimizers that cannot skip a step themselves)."""
+        return flags.tolist()
+
+    def drop(self) -> None:
+        self._step, self._event = None, None
+
+
+def _stop_message(step: _StepId, what: str, ranks: list[int]) -> str:
+    done = step.number - 1
     return (
-        f"Non-finite training {what} (NaN or inf) on rank(s) {ranks} in optimizer step {done + 1} (epoch "
-        f"{trainer.current_epoch}; {done} steps completed). Training stopped before this step was applied, so no "
+        f"Non-finite training {what} (NaN or inf) on rank(s) {ranks} in optimizer step {step.number} (epoch "
+        f"{step.epoch}; {done} steps completed). Training stopped before this step was applied, so no "
         "checkpoint holds it and the last checkpoint is the last good state. Lower the learning rate, add gradient "
         "clipping or check this step's data; or set nonfinite.action=skip (NonFiniteGuard(action='skip')) to drop "
         "such steps and continue."

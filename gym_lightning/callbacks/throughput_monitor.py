@@ -30,7 +30,8 @@ class ThroughputCallback(Callback):
     (``throughput/interval/...`` over the last interval, ``throughput/window/...`` over the sliding window):
     ``tokens_per_sec`` (job total), ``device_tokens_per_sec`` (job / world size), ``local_tokens_per_sec`` (this
     rank), the same for ``target_tokens``, ``samples`` and ``flops``, plus ``optimizer_steps_per_sec``,
-    ``device_tflops_per_sec`` and ``mfu``. The progress bar shows the window's job ``tok/s``. At the end of fit a
+    ``device_tflops_per_sec`` and ``mfu``. ``GymProgressBar`` shows the window's job ``tok/s``
+    (``progress_bar_items``). At the end of fit a
     summary is printed on rank zero and written to ``throughput.json`` in the run's log directory. Time spent in
     validation during fit is paused out of the clock.
 
@@ -73,6 +74,7 @@ class ThroughputCallback(Callback):
         self.summary: dict[str, Any] = {}
         self._paused = 0.0
         self._pause_start: float | None = None
+        self.progress_bar_items: dict[str, float] = {}  # shown by GymProgressBar
 
     @override
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -150,8 +152,9 @@ class ThroughputCallback(Callback):
             for logger in trainer.loggers:
                 logger.log_metrics(metrics, step=trainer.global_step)
         if "throughput/window/tokens_per_sec" in metrics:
-            value = metrics["throughput/window/tokens_per_sec"]
-            pl_module.log("tok/s", value, prog_bar=True, logger=False, on_step=True, on_epoch=False)
+            # A host number for GymProgressBar, not ``pl_module.log(prog_bar=True)``: Lightning would hold it as a
+            # device tensor and convert it with ``.item()`` (a host sync on CUDA) at every later batch end.
+            self.progress_bar_items = {"tok/s": metrics["throughput/window/tokens_per_sec"]}
 
     def _resolve_flops(self, pl_module: pl.LightningModule) -> tuple[tuple[float, float] | None, dict[str, Any]]:
         if self.flops_per_token is not None:
