@@ -25,6 +25,7 @@ from gym_lightning.strategies._common import raise_strategy_problems
 from gym_lightning.strategies.parallel_dims import size_problems
 from gym_lightning.strategies.zero.config import STAGE3_DERIVED_KEYS, zero_problems
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts, drop_autos, resolve_hf_deepspeed_config
+from gym_lightning.strategies.zero.rule import ZeroShape, fill_from_rule, zero_rule
 from gym_lightning.strategies.zero.sizing import derived_bucket_size, fill_bucket_sizes, layer_sized_sub_group
 
 
@@ -114,7 +115,8 @@ def run_config(config: dict[str, Any], facts: TrainingFacts, generated: bool) ->
     """The DeepSpeed config of the run: the base ``config`` with every ``"auto"`` filled from ``facts``
     and its explicit values checked against them (one ``GymUserError`` lists every problem); a new dict.
 
-    In gym_lightning's own config the buckets are one decoder layer (2e8 elements when the module states no layer
+    The values nobody set come from ``rule.zero_rule`` (``rule.fill_from_rule``). In gym_lightning's own config
+    the buckets are one decoder layer (2e8 elements when the module states no layer
     size, ``sizing.derived_bucket_size``), ZeRO-3's optimizer sub-group too (``sizing.layer_sized_sub_group``), and
     ZeRO-3's limits nobody states fall back to DeepSpeed's defaults; a user's JSON follows the Hugging Face rules
     (``hf_auto``). No bucket ``"auto"`` survives: ``hf_auto`` fills or refuses the user's.
@@ -129,10 +131,24 @@ def run_config(config: dict[str, Any], facts: TrainingFacts, generated: bool) ->
         config = layer_sized_sub_group(config, facts.layer_numel)
         if facts.layer_numel is None:
             config = drop_autos(config, tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS))
+    config = fill_from_rule(config, zero_rule(_shape(config, facts)), generated)
     config = resolve_hf_deepspeed_config(config, facts)
     # DeepSpeed needs a micro-batch (it only logs throughput with it here); 1 when unknown, as Lightning's.
     config.setdefault("train_micro_batch_size_per_gpu", facts.micro_batch_size or 1)
     return config
+
+
+def _shape(config: dict[str, Any], facts: TrainingFacts) -> ZeroShape:
+    """The rule's view of the run before the model is built (its element count is not known yet)."""
+    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    return ZeroShape(
+        model_numel=None,
+        layer_numel=facts.layer_numel,
+        hidden_size=facts.hidden_size,
+        num_layers=None,
+        world_size=facts.world_size,
+        stage=stage if stage in (0, 1, 2, 3) else 0,
+    )
 
 
 def inference_config(config: dict[str, Any], zero_stage_3: bool) -> dict[str, Any]:

@@ -61,6 +61,9 @@ def test_generated_stage3_config_is_sized_by_one_layer() -> None:
         "stage3_max_live_parameters": 12,
         "stage3_max_reuse_distance": 6,
         "sub_group_size": 6,
+        # strategies.zero.rule: vectors (10 x hidden) persist, within a budget of one layer per rank.
+        "stage3_param_persistence_threshold": 30,
+        "stage3_model_persistence_threshold": 6,
     }
     # Optimizer offload keeps DeepSpeed's sub-group (its swapping works in sub-groups); an explicit bucket stays.
     offload = _generated(3, offload_optimizer="cpu", offload_parameters="cpu", bucket_size=1000)
@@ -214,6 +217,7 @@ def test_a_zero_run_computes_its_config_once() -> None:
     result = json.loads(out.split("RESULT", 1)[1])
     assert result["calls"] == 1, "fit and validate share one resolved config"
     layer = {"stage3_prefetch_bucket_size": 6, "stage3_max_live_parameters": 12, "stage3_max_reuse_distance": 6}
+    layer |= {"stage3_param_persistence_threshold": 30, "stage3_model_persistence_threshold": 6}  # rule.zero_rule
     zero = {**_generated(3)["zero_optimization"], **dict.fromkeys(BUCKET_KEYS, 6), **layer, "sub_group_size": 6}
     fit, validate = result["configs"]
     assert fit == {**GYM_DEFAULTS, **FROM_TRAINER, "zero_optimization": zero}
