@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import inspect
-from contextlib import nullcontext
+from collections.abc import Iterator
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
 from functools import partial
 from typing import Any, Literal, NamedTuple
 
@@ -30,7 +32,9 @@ from gym_lightning.loss import (
     summed_cross_entropy,
     use_chunked_loss,
 )
+from gym_lightning.models.compiled import CompileArgs, compile_layers
 from gym_lightning.models.facts import ModelFacts, model_facts
+from gym_lightning.models.fused import FusedOps, apply_fused_ops, liger_summed_linear_cross_entropy
 from gym_lightning.models.loading import (
     AttnImplementation,
     DType,
@@ -72,6 +76,42 @@ class SummedLoss(NamedTuple):
 def _aux(outputs: Any) -> torch.Tensor | None:
     """The model's router load-balancing loss, where its forward computed one (transformers' MoE outputs)."""
     return getattr(outputs, "aux_loss", None)
+
+
+@dataclass
+class DecoderOutput:
+    """The final hidden states a forward hook took from the decoder (``hooked``: a hook was placed)."""
+
+    hooked: bool
+    value: torch.Tensor | None = None
+
+
+@contextmanager
+def decoder_output(model: torch.nn.Module) -> Iterator[DecoderOutput]:
+    """Take the final hidden states (after the last norm) of ``model``'s decoder during the calls inside.
+
+    Why not ``output_hidden_states=True``: transformers 5 records hidden states through hooks on the layers' own
+    submodules that read a ContextVar, which dynamo cannot trace: inside a compiled decoder layer under activation
+    checkpointing every layer fell back to eager (0 graphs, measured). The decoder's output is the same tensor and
+    the hook runs outside the layers. Models without ``get_decoder`` keep ``output_hidden_states``.
+    """
+    try:
+        decoder = model.get_decoder()
+    except (AttributeError, ValueError):
+        decoder = None
+    captured = DecoderOutput(hooked=isinstance(decoder, torch.nn.Module))
+    if not captured.hooked:
+        yield captured
+        return
+
+    def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
+        captured.value = output[0]  # ModelOutput and tuple alike: last_hidden_state first
+
+    handle = decoder.register_forward_hook(keep)
+    try:
+        yield captured
+    finally:
+        handle.remove()
 
 
 class CausalLMModule(pl.LightningModule):
@@ -130,6 +170,13 @@ class CausalLMModule(pl.LightningModule):
         mlp_tile_tokens: Run every dense MLP over at most this many token positions at a time in training, each
             tile recomputed in backward, so the ``[tokens, intermediate]`` activations exist for one tile only
             (``models.tiling``; long sequences, ALST's tiled MLP; one more MLP forward per step). ``None``: off.
+        compile: The fast path: ``torch.compile`` each decoder layer's forward (``models.compiled``; one graph for
+            every layer and every sequence length). ``true``, or ``models.compiled.CompileArgs`` settings
+            (``{mode: max-autotune-no-cudagraphs}``); ``false``: eager (the default). HF's ``--torch_compile``.
+        fused_ops: Fused RMSNorm, SwiGLU, RoPE and linear cross-entropy, each switchable
+            (``models.fused.FusedOps``: ``{kernels: liger}`` for Liger-Kernel's Triton kernels, ``{swiglu: false}``
+            ...). ``null``: on with ``compile`` (torch kernels, which the compiler fuses), off without; ``true``:
+            all on; ``false``: off. HF's ``--use_liger_kernel`` is ``{kernels: liger}``.
     """
 
     def __init__(
@@ -162,17 +209,23 @@ class CausalLMModule(pl.LightningModule):
         loss_chunking: Literal["auto", "on", "off"] = "auto",
         loss_chunk_tokens: int = 1024,
         mlp_tile_tokens: int | None = None,
+        compile: bool | CompileArgs = False,
+        fused_ops: bool | FusedOps | None = None,
     ) -> None:
         super().__init__()
         lora = LoRAArgs.from_value(lora)  # a dict where the settings come as plain data (YAML, a checkpoint)
         quantization = QuantizationArgs.from_value(quantization)
-        _validate(locals())
+        compile_args = CompileArgs.from_value(compile)
+        fused = _fused_ops_of(fused_ops, compiled=compile_args is not None)
+        _validate({**locals(), "compile": compile_args, "fused_ops": fused})
         self.save_hyperparameters()
         self.model_source = model
         self.tokenizer_source = resolve_tokenizer_source(model, tokenizer)
         self.lora = lora
         self.quantization = quantization
         self.generation = generation
+        self.compile_args = compile_args
+        self.fused_ops = fused
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
         self.val_loss = MeanMetric()
@@ -204,6 +257,8 @@ class CausalLMModule(pl.LightningModule):
                 plan=plan_of(trainer.strategy if trainer is not None else None),
                 quantization=self.quantization,
             )
+        if self.fused_ops is not None:  # before tiling: fused ops leave a module whose forward is replaced alone
+            apply_fused_ops(model, self.fused_ops)
         if hp.mlp_tile_tokens is not None:
             tile_mlps(model, self._mlp_tiles)
         if hp.gradient_checkpointing:
@@ -214,6 +269,8 @@ class CausalLMModule(pl.LightningModule):
             # On a meta-device build (sharded loading) the adapters get their storage and values here, the base
             # weights once the strategy has sharded it.
             model = apply_lora(model, self.lora)
+        if self.compile_args is not None:  # last: the layers' LoRA and fused forwards are traced on the first call
+            compile_layers(model, self.compile_args)
         if trainer is not None:  # without a Trainer there is no precision to follow
             fp32_master_weights(model, trainer.precision_plugin)
         self.model = model
@@ -254,14 +311,32 @@ class CausalLMModule(pl.LightningModule):
             loss = summed_cross_entropy(outputs.logits, labels, shifted)
             return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
         # The whole model runs (so FSDP's root hooks unshard and keep the head's weight for backward) with no
-        # position kept for the LM head: it returns [batch, 0, vocab] logits and the final hidden states.
+        # position kept for the LM head: it returns [batch, 0, vocab] logits; the final hidden states are the
+        # decoder's output, taken by a hook on it.
         keep_none = torch.empty(0, dtype=torch.long, device=labels.device)
-        outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=True)
+        with decoder_output(self._base_model()) as captured:
+            outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=not captured.hooked)
+        hidden = captured.value if captured.hooked else outputs.hidden_states[-1]
         head = self._base_model().get_output_embeddings()
         chunks = counts[0]  # a device sync only on NCCL-only groups
-        hidden = outputs.hidden_states[-1]
+        if self._liger_loss(head):
+            return SummedLoss(
+                liger_summed_linear_cross_entropy(hidden, head.weight, labels, shifted, head.bias),
+                count_target_tokens(labels, shifted),
+                _aux(outputs),
+            )
         loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks, shifted)
         return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
+
+    def _liger_loss(self, head: torch.nn.Module) -> bool:
+        """Whether the loss runs Liger's fused linear cross-entropy (``fused_ops.kernels: liger``): it reads the head's
+        weight itself, so only where that weight is a whole plain tensor here (not a ZeRO-3 partition, an FSDP
+        DTensor shard or a LoRA-wrapped head, which the chunked loss calls as a module instead)."""
+        ops = self.fused_ops
+        if ops is None or ops.kernels != "liger" or not ops.linear_cross_entropy:
+            return False
+        weight = getattr(head, "weight", None)
+        return type(head) is torch.nn.Linear and type(weight) is torch.nn.Parameter and weight.dim() == 2
 
     def _base_model(self) -> torch.nn.Module:
         """The transformers model (inside a peft wrapper when LoRA is on)."""
@@ -278,7 +353,10 @@ class CausalLMModule(pl.LightningModule):
                     "does not. Set loss_chunking to 'auto' or 'off'."
                 )
             vocab = getattr(base.config, "vocab_size", 0) or 0
-            self._chunked_loss = supported and use_chunked_loss(self.hparams.loss_chunking, vocab)
+            setting = self.hparams.loss_chunking
+            if setting == "auto" and self.fused_ops is not None and self.fused_ops.linear_cross_entropy:
+                setting = "on"  # the fused linear cross-entropy: the LM head and the loss together, never whole logits
+            self._chunked_loss = supported and use_chunked_loss(setting, vocab)
         return self._chunked_loss
 
     def _start_counts(self, labels: torch.Tensor, shifted: bool, chunked: bool, tiled: bool) -> AgreedCounts:
@@ -324,7 +402,9 @@ class CausalLMModule(pl.LightningModule):
         loss_sum, count, router_aux = self._summed_loss(batch)
         # The local micro-batch's token mean, logged as a tensor (no host sync here). Not through a torchmetrics
         # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero/trace.py).
-        self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False, prog_bar=True)
+        # Not prog_bar: Lightning would .item() it (a host sync on CUDA) at every batch end; GymProgressBar reads it
+        # at the logging steps (callbacks/progress.py, tests/test_host_syncs.py).
+        self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False)
         if pending is not None:
             pending.wait()
         loss = loss_sum * step_loss_scale(step_tokens[0], self.trainer.world_size, undo_accumulation)
@@ -419,6 +499,13 @@ class CausalLMModule(pl.LightningModule):
         return load_model_config(self.model_source, hp.config_overrides, hp.trust_remote_code)
 
 
+def _fused_ops_of(value: bool | FusedOps | dict[str, Any] | None, compiled: bool) -> FusedOps | None:
+    """The fused ops a module runs: ``None`` follows ``compile`` (the fast path fuses by default, eager does not)."""
+    if value is False or (value is None and not compiled):
+        return None
+    return FusedOps() if value is None or value is True else FusedOps.from_value(value)
+
+
 def _validate(args: dict[str, Any]) -> None:
     """Raise one ValueError listing every invalid constructor argument."""
     problems = []
@@ -439,6 +526,15 @@ def _validate(args: dict[str, Any]) -> None:
     tile = args["mlp_tile_tokens"]
     if tile is not None and (isinstance(tile, bool) or not isinstance(tile, int) or tile < 1):
         problems.append(f"mlp_tile_tokens must be an integer >= 1 or null (no tiling), got {tile!r}")
+    if args["compile"] is not None:
+        problems += args["compile"].problems()
+        if tile is not None:
+            problems.append(
+                "compile and mlp_tile_tokens do not compose: the tile count changes with the batch and each count "
+                "would compile the layer again; drop one of them"
+            )
+    if args["fused_ops"] is not None:
+        problems += args["fused_ops"].problems()
     if args["lora"] is not None:
         problems += args["lora"].problems()
     if args["quantization"] is not None:

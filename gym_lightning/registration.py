@@ -2,7 +2,8 @@
 
 - gym_lightning's strategy names (``gym_ddp``, ``gym_fsdp``, ``zero1``-``zero3``, ...) go into Lightning's
   ``StrategyRegistry``, so that ``Trainer(strategy="zero3")`` works;
-- the module's hyper-parameter classes (``GenerationArgs``, ``LoRAArgs``, ``QuantizationArgs``) are allow-listed for
+- the module's hyper-parameter classes (``GenerationArgs``, ``LoRAArgs``, ``QuantizationArgs``, ``CompileArgs``,
+  ``FusedOps``) are allow-listed for
   torch's ``weights_only=True`` unpickler, so that a checkpoint that stores them loads without running arbitrary
   code.
 
@@ -17,11 +18,13 @@ from lightning.pytorch.strategies import StrategyRegistry
 
 from gym_lightning.generation import GenerationArgs
 from gym_lightning.lora import LoRAArgs
+from gym_lightning.models.compiled import CompileArgs
+from gym_lightning.models.fused import FusedOps
 from gym_lightning.quant import QuantizationArgs
 from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeROStrategy
 
 # Checkpoints store the hyper-parameters; loading them with ``weights_only=True`` needs these classes allow-listed.
-SAFE_GLOBALS: tuple[type, ...] = (GenerationArgs, LoRAArgs, QuantizationArgs)
+SAFE_GLOBALS: tuple[type, ...] = (GenerationArgs, LoRAArgs, QuantizationArgs, CompileArgs, FusedOps)
 
 
 def register() -> None:

@@ -41,6 +41,9 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 - ``--weight_decay``: on the HF Trainer's parameters (``model.decay_rule: hf``: not biases, LayerNorm/norm weights).
 - ``--lr_scheduler_type``/``--lr_scheduler_kwargs``: ``model.hf_scheduler``/``model.scheduler_kwargs``, built by
   ``transformers.get_scheduler`` (HF's numbers, warm-up included); ``reduce_lr_on_plateau``/``greedy`` are refused.
+- ``--torch_compile`` (``--torch_compile_backend``/``--torch_compile_mode`` turn it on too, as in transformers):
+  ``model.compile``, each decoder layer compiled (``models.compiled``). ``--use_liger_kernel`` (LLaMA-Factory's
+  ``--enable_liger_kernel``) and ``liger_kernel_config``: ``model.fused_ops`` with Liger's kernels (``models.fused``).
 - ``--report_to``: one or more of ``csv``, ``tensorboard``, ``wandb``, ``mlflow`` (``all``: those installed), written
   under ``<output_dir>/logs``; ``--run_name`` names the run. ``none`` (HF's default: no external service) keeps
   ``gym fit``'s local CSV + TensorBoard logs, which ``trainer_state.json`` and ``curves.png`` do not need.
@@ -204,6 +207,11 @@ MAPPED_FIELDS = frozenset(
         "bf16",
         "fp16",
         "gradient_checkpointing",
+        "torch_compile",
+        "torch_compile_backend",
+        "torch_compile_mode",
+        "use_liger_kernel",
+        "liger_kernel_config",
         "logging_steps",
         "report_to",
         "run_name",
@@ -237,7 +245,6 @@ REFUSAL_REASONS = {
     "are GymFSDPStrategy's init_args sharding and cpu_offload (gym fit's trainer.strategy)",
     "fsdp_config": "use --strategy gym_fsdp: it wraps each decoder layer itself, --gradient_checkpointing checkpoints "
     "activations; its other settings are GymFSDPStrategy's init_args (gym fit's trainer.strategy)",
-    "torch_compile": "torch.compile is not wired into gym train",
     "optim_args": "the optimizers take --learning_rate, --weight_decay and (AdamW) --adam_beta1/2, --adam_epsilon",
     "average_tokens_across_devices": "gym_lightning always normalises the loss by the tokens of the whole step",
     "load_best_model_at_end": "the final model is the last one; pick a checkpoint from <output_dir>/checkpoints",
@@ -287,7 +294,6 @@ EXTRA_REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
     "append_concat_token": ("packed samples keep their own eos and restart positions here", (False,)),
     "media_dir": ("gym train trains on text only", ()),
     "use_unsloth": ("Unsloth is not used by gym_lightning", ()),
-    "enable_liger_kernel": ("Liger kernels are not wired in; the loss is chunked for large vocabularies anyway", ()),
     "rope_scaling": ("set rope_scaling in the model's config.json", ()),
     "resize_vocab": ("the model's embeddings are used as they are", ()),
     "upcast_layernorm": ("use --bf16 (mixed precision keeps fp32 weights)", ()),
@@ -521,7 +527,7 @@ class GymArguments:
     use_reentrant: bool = field(default=False, metadata={"help": "PEFT's script; accepted (non-reentrant here)."})
     use_flash_attn: bool = field(default=False, metadata={"help": "PEFT's script: attn_implementation fa2."})
     use_unsloth: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
-    enable_liger_kernel: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
+    enable_liger_kernel: bool = field(default=False, metadata={"help": "LLaMA-Factory: --use_liger_kernel."})
     rope_scaling: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
     resize_vocab: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
     upcast_layernorm: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
@@ -1023,10 +1029,39 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.warmup_ratio": ratio,
         "export.output_dir": str(Path(args.output_dir or "trainer_output") / "hf"),
     }
+    values |= _fast_path_values(args)
     if _lora_on(args):
         values["model.lora"] = _lora_values(args)
     if _four_bit(args):
         values["model.quantization"] = _quantization_values(args)
+    return values
+
+
+# HF's liger_kernel_config keys -> models.fused.FusedOps fields (cross_entropy without the head: not offered, the
+# fused linear cross-entropy is what saves the logits' memory).
+LIGER_CONFIG_KEYS = {
+    "rope": "rope",
+    "swiglu": "swiglu",
+    "rms_norm": "rms_norm",
+    "fused_linear_cross_entropy": "linear_cross_entropy",
+}
+
+
+def _fast_path_values(args: argparse.Namespace) -> dict[str, Any]:
+    """``model.compile`` and ``model.fused_ops`` of HF's --torch_compile* flags (a backend or mode turns compile on,
+    as in transformers) and --use_liger_kernel / --liger_kernel_config (LLaMA-Factory's --enable_liger_kernel)."""
+    values: dict[str, Any] = {}
+    settings = {"backend": args.torch_compile_backend, "mode": args.torch_compile_mode}
+    if args.torch_compile or any(value is not None for value in settings.values()):
+        chosen = {key: value for key, value in settings.items() if value is not None}
+        values["model.compile"] = chosen or True
+    config = _scheduler_kwargs(args.liger_kernel_config, "--liger_kernel_config") or {}
+    if not (args.use_liger_kernel or args.enable_liger_kernel or config):
+        return values
+    if unknown := sorted(set(config) - set(LIGER_CONFIG_KEYS) - {"cross_entropy"}):
+        raise GymUserError(f"--liger_kernel_config keys {unknown} are not known; use {sorted(LIGER_CONFIG_KEYS)}")
+    fused = {LIGER_CONFIG_KEYS[key]: bool(value) for key, value in config.items() if key in LIGER_CONFIG_KEYS}
+    values["model.fused_ops"] = {"kernels": "liger", **fused}
     return values
 
 
@@ -1066,13 +1101,16 @@ def _quantization_values(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in quantization.items() if value is not None}
 
 
-def _scheduler_kwargs(kwargs: dict[str, Any] | str | None) -> dict[str, Any] | None:
-    """HF's --lr_scheduler_kwargs: a dict (from a YAML/JSON file) or its JSON text (from the command line)."""
+def _scheduler_kwargs(
+    kwargs: dict[str, Any] | str | None, flag: str = "--lr_scheduler_kwargs"
+) -> dict[str, Any] | None:
+    """HF's --lr_scheduler_kwargs (or another dict ``flag``): a dict (from a YAML/JSON file) or its JSON text (from
+    the command line)."""
     if isinstance(kwargs, str):
         try:
             return json.loads(kwargs)
         except json.JSONDecodeError as err:
-            raise GymUserError(f"--lr_scheduler_kwargs {kwargs!r} is not JSON: {err}") from err
+            raise GymUserError(f"{flag} {kwargs!r} is not JSON: {err}") from err
     return kwargs
 
 

@@ -27,6 +27,7 @@ from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, ran
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
+from gym_lightning.models.compiled import decoder_layer_names
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
 from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
@@ -49,12 +50,7 @@ def find_layer_classes(model: nn.Module, override_names: Iterable[str] | None = 
     ``override_names`` wins; otherwise the union of ``_no_split_modules`` of every Hugging Face model inside
     ``model`` (the classes HF itself never splits across devices, i.e. its decoder layers).
     """
-    if override_names:
-        return set(override_names)
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or [])
-    return names
+    return set(override_names) if override_names else decoder_layer_names(model)
 
 
 def shard_replicas(sharding: str, num_nodes: int, num_processes: int) -> int | None:

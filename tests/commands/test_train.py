@@ -16,7 +16,14 @@ from helpers.dist import REPO_ROOT, rank_env, run_python
 from launch_lines import LLAMA_FACTORY_LORA_SFT
 
 from gym_lightning import cli
-from gym_lightning.commands.train import flag_notes, flags_for_settings, main, parse_train_args, to_cli_args
+from gym_lightning.commands.train import (
+    _fast_path_values,
+    flag_notes,
+    flags_for_settings,
+    main,
+    parse_train_args,
+    to_cli_args,
+)
 from gym_lightning.errors import GymUserError
 
 DS_ZERO3 = REPO_ROOT / "configs" / "deepspeed" / "ds_zero3.json"
@@ -433,7 +440,6 @@ def test_hf_types_that_were_refused_before_now_map() -> None:
     ("flags", "message"),
     [
         (["--push_to_hub"], "--push_to_hub True is not supported: gym train does not upload"),
-        (["--torch_compile", "True"], "--torch_compile True is not supported"),
         (["--optim", "adamw_8bit"], "--optim adamw_8bit: not built by gym_lightning"),
         (["--lr_scheduler_type", "reduce_lr_on_plateau"], "reduce_lr_on_plateau: follows a validation metric"),
         (["--report_to", "comet_ml"], "--report_to comet_ml: gym train logs to"),
@@ -448,6 +454,24 @@ def test_unmapped_flags_are_refused_in_one_line_naming_them(
     assert info.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and message in err and "1 problem(s)" in err
+
+
+def test_compile_and_liger_flags_make_the_fast_path() -> None:
+    assert "model.compile" not in _cli_args("--torch_compile", "False")
+    assert _cli_args("--torch_compile")["model.compile"] == "true"
+    # transformers: a backend or a mode turns compilation on by itself.
+    compiled = json.loads(_cli_args("--torch_compile_mode", "max-autotune-no-cudagraphs")["model.compile"])
+    assert compiled == {"mode": "max-autotune-no-cudagraphs"}
+    assert json.loads(_cli_args("--use_liger_kernel")["model.fused_ops"]) == {"kernels": "liger"}
+    assert json.loads(_cli_args("--enable_liger_kernel", "True")["model.fused_ops"]) == {"kernels": "liger"}
+    # liger_kernel_config is a dict (HF's own parser takes it from a YAML/JSON arguments file only).
+    args = parse_train_args([*BASE, "--use_liger_kernel"])
+    args.liger_kernel_config = {"rope": False, "fused_linear_cross_entropy": True}
+    fused = _fast_path_values(args)["model.fused_ops"]
+    assert fused == {"kernels": "liger", "rope": False, "linear_cross_entropy": True}
+    args.liger_kernel_config = {"geglu": True}
+    with pytest.raises(GymUserError, match="--liger_kernel_config keys \\['geglu'\\] are not known"):
+        _fast_path_values(args)
 
 
 def test_unmapped_flags_at_their_default_are_accepted() -> None:
