@@ -32,7 +32,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 from lightning.pytorch.core.optimizer import LightningOptimizer
 from lightning.pytorch.loops.fit_loop import _FitLoop
 from lightning.pytorch.loops.training_epoch_loop import _TrainingEpochLoop
-from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy
+from lightning.pytorch.strategies import DeepSpeedStrategy, ModelParallelStrategy
 from lightning.pytorch.trainer.connectors.logger_connector.result import _Metadata, _ResultMetric, _Sync
 from lightning.pytorch.utilities.rank_zero import rank_zero_info, rank_zero_warn
 from torch import nn
@@ -40,6 +40,7 @@ from torch import nn
 # FSDP2-compatible activation checkpointing that keeps parameter names unchanged (unlike checkpoint_wrapper, which
 # inserts ``_checkpoint_wrapped_module`` into every key); torchtitan and torch's own FSDP2 tests use it.
 from torch.distributed._composable import checkpoint as checkpoint_activations
+from torch.nn.parallel import DistributedDataParallel
 from torch.utils.hooks import RemovableHandle
 from torchmetrics import Metric
 
@@ -51,7 +52,6 @@ except ImportError:  # torch 2.4
 # ------------------------------------------------------------------------------------------- declared inventory
 # Upstream class -> private members that gym_lightning's subclasses override (same name) or call through super().
 PRIVATE_OVERRIDES: dict[type, tuple[str, ...]] = {
-    DDPStrategy: ("_register_ddp_hooks",),
     DeepSpeedStrategy: (
         "_format_batch_size_and_grad_accum_config",
         "_init_optimizers",
@@ -82,6 +82,7 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
     nn.Module: ("_forward_pre_hooks", "_forward_hooks"),
     RemovableHandle: ("hooks_dict_ref",),
     Metric: ("_defaults", "_apply"),
+    DistributedDataParallel: ("_get_ddp_logging_data",),
 }
 
 # Private modules and names imported above: (module, name).
@@ -320,6 +321,15 @@ def wrapped_optimizer(optimizer: Any) -> Any | None:
 
 
 # ---------------------------------------------------------------------------------------------------------- torch
+def ddp_bucket_sizes(module: DistributedDataParallel) -> list[int]:
+    """Bytes of each of DDP's reducer buckets. The reducer does not expose its buckets; its logging data lists their
+    sizes (``bucket_sizes``, and ``rebuilt_bucket_sizes`` once DDP has rebuilt them in the order gradients became
+    ready, recorded at the next logged iteration)."""
+    data = module._get_ddp_logging_data()
+    sizes = data.get("rebuilt_bucket_sizes") or data.get("bucket_sizes") or ""
+    return [int(size) for size in str(sizes).split(",") if size.strip()]
+
+
 def module_forward_hook_dicts(module: nn.Module) -> tuple[dict[int, Any], dict[int, Any]]:
     """The dictionaries that hold ``module``'s forward pre-hooks and forward hooks (handles point into them)."""
     return module._forward_pre_hooks, module._forward_hooks

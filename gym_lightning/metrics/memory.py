@@ -7,7 +7,9 @@ Counting ``numel()`` of parameters would report the full model on every rank und
 master copies DeepSpeed keeps, so we follow tensors to their storages instead and count each storage once:
 
 * plain torch (single device, DDP): module parameters, their ``.grad`` and the tensors in ``optimizer.state``;
-  DDP's gradient buckets when ``gradient_as_bucket_view=False`` (then they are a second copy of the gradients);
+  DDP's gradient buckets that are not the gradients' storage (all of them with ``gradient_as_bucket_view=False``,
+  and with it while ``.grad`` is ``None`` or a fresh tensor, e.g. a ``no_sync`` backward after
+  ``zero_grad(set_to_none=True)``): then they are held beside, or as a second copy of, the gradients;
 * FSDP2 (``fully_shard``): parameters, gradients and optimizer states are DTensors; we count the LOCAL shard
   (``to_local()``'s storage, padding included), not the global size;
 * DeepSpeed ZeRO-1/2 (``runtime/zero/stage_1_and_2.py``): module parameters are views into ``bit16_groups_flat``; the
@@ -29,6 +31,7 @@ training on CUDA) as ``offloaded``. When several categories reach the same stora
 from __future__ import annotations
 
 import sys
+from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
@@ -38,7 +41,7 @@ import torch
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel
 
-from gym_lightning._compat import DTensor, deepspeed_attribute, wrapped_optimizer
+from gym_lightning._compat import DTensor, ddp_bucket_sizes, deepspeed_attribute, wrapped_optimizer
 
 CATEGORIES: tuple[str, ...] = ("params", "master_params", "optimizer_state", "comm_buffers", "grads")
 
@@ -142,11 +145,30 @@ def _zero_buckets(opt: Any) -> Iterator[torch.Tensor]:
 
 
 def _ddp_bucket_bytes(module: nn.Module) -> int:
-    """DDP's reducer buckets are private; without ``gradient_as_bucket_view`` they are one more copy of every
-    gradient (torch/nn/parallel/distributed.py), so their size is the bytes of the trainable parameters."""
-    if not isinstance(module, DistributedDataParallel) or module.gradient_as_bucket_view:
+    """Bytes of DDP's reducer buckets that the gradients (already counted) do not live in.
+
+    With ``gradient_as_bucket_view=True`` a bucket whose parameters' ``.grad`` are its views is one distinct gradient
+    storage of exactly the bucket's size; each such storage accounts for one bucket of that size. The reducer's
+    buckets are private, so they are matched by size (``_compat.ddp_bucket_sizes``): a fresh gradient exactly as
+    large as a one-parameter bucket would be taken for it (gym_ddp keeps its gradients in the buckets, so that
+    arises only for the step after ``NonFiniteGuard`` dropped them).
+    """
+    if not isinstance(module, DistributedDataParallel):
         return 0
-    return sum(p.numel() * p.element_size() for p in module.parameters() if p.requires_grad)
+    storages: dict[int, int] = {}  # data_ptr -> nbytes of each distinct gradient storage
+    if module.gradient_as_bucket_view:
+        for param in module.parameters():
+            if param.grad is not None:
+                storage = param.grad.untyped_storage()
+                storages[storage.data_ptr()] = storage.nbytes()
+    unmatched = Counter(storages.values())
+    held = 0
+    for size in ddp_bucket_sizes(module):
+        if unmatched[size] > 0:
+            unmatched[size] -= 1
+        else:
+            held += size
+    return held
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:

@@ -8,8 +8,9 @@ Model states follow the ZeRO paper (Rajbhandari et al. 2020, Sec. 3.1 and 5): mi
 KΨ by N, stage 2 also the gradients, stage 3 also the parameters. Each framework's real layout is used where it
 differs from the paper (measured with ``MemoryCallback``): DeepSpeed also converts the gradient partition to fp32
 for the step (4Ψ/N, the "18" in its own estimator) and keeps an fp32 master copy even in fp32 training; torch's
-DDP and FSDP2 under ``bf16-mixed`` keep fp32 parameters and gradients (16Ψ, no separate master), and DDP's reducer
-buckets are a second copy of the gradients.
+DDP and FSDP2 under ``bf16-mixed`` keep fp32 parameters and gradients (16Ψ, no separate master); gym_ddp's
+gradients are DDP's reducer buckets (``gradient_as_bucket_view``, zeroed in place), one copy, and one rank has no
+buckets at all (``strategies/ddp.py``).
 
 QLoRA (``Setup.quantization="nf4"``): the frozen base's decoder linear layers are stored in NF4 (``quant.nf4``:
 0.5 B of codes + 1/64 B of 8-bit block scales + 4·(1 + ceil(in/64/256))/in B of per-row statistics per weight,
@@ -75,6 +76,7 @@ class Strategy:
     offload_optimizer: Literal["none", "cpu", "nvme"] = "none"
     offload_parameters: Literal["none", "cpu", "nvme"] = "none"
     keep_gathered: bool = False  # FSDP grad_op: gathered parameters live from forward to backward
+    ddp: bool = False  # gym_ddp: its gradients are DDP's buckets (FSDP "none" also has stage 0 and keeps its term)
 
 
 def planner_strategy(
@@ -93,7 +95,7 @@ def planner_strategy(
     arguments = ", ".join(f"{k}={v!r}" for k, v in init_args.items())
     shown = name or f"{STRATEGY_CLASSES[strategy_class].rsplit('.', 1)[-1]}({arguments})"
     if strategy_class == "ddp":
-        return Strategy(key, label, shown, "torch", 0)
+        return Strategy(key, label, shown, "torch", 0, ddp=True)
     if strategy_class == "fsdp":
         sharding, offload = init_args.get("sharding", "full"), "cpu" if init_args.get("cpu_offload") else "none"
         stage = 0 if sharding == "none" else 3
@@ -566,12 +568,13 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
     half = setup.precision == "bf16-mixed"
     compute = 2 if half else 4
     if strategy.framework == "torch" and strategy.stage == 0:
-        # DDP's reducer buckets copy every gradient (gradient_as_bucket_view=False); autocast caches a 16-bit copy
-        # of each weight it casts until backward has used it (one layer's worth under activation checkpointing).
-        # NF4 weights are never cast: their layer dequantises them itself and frees the copy after the matmul.
+        # Autocast caches a 16-bit copy of each weight it casts until backward has used it (one layer's worth under
+        # activation checkpointing). NF4 weights are never cast: their layer dequantises them itself and frees the
+        # copy after the matmul. gym_ddp's reducer buckets are its gradients (model_states counts them; one rank has
+        # none): issue 47 measured 6.6 GiB of buckets beside the gradients at 1.72B when they were a second copy.
         layers = shape.num_layers * shape.layer_params() - quantized_base(shape, setup).weights
         casts = 0 if setup.activation_checkpointing or not half else 2 * layers
-        return 4 * counts.trainable + casts
+        return resident_bucket_copy(strategy, counts.trainable) + casts
     if strategy.framework == "torch":
         # FSDP2: the unit in use and the one prefetched, gathered in the compute dtype; one unit's unsharded fp32
         # gradient before reduce-scatter. grad_op keeps every unit gathered from forward until its backward.
@@ -586,6 +589,17 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
     # ZeRO-3: a gathered working set of about two units (current + prefetch) and one unit's full gradient; DeepSpeed's
     # own estimator counts 4 bytes x the largest module (16-bit parameter + gradient).
     return 2 * unit_bytes(shape, setup, p) + p * counts.largest_trainable_unit + bucket
+
+
+def resident_bucket_copy(strategy: Strategy, trainable: int) -> float:
+    """Bytes of the reducer buckets a replicating torch strategy holds beside its fp32 gradients: none for gym_ddp,
+    whose gradients are the buckets; FSDP2 without sharding keeps the whole-copy term it was planned with.
+
+    Args:
+        strategy: A torch strategy with ``stage`` 0.
+        trainable: Trainable parameters.
+    """
+    return 0.0 if strategy.ddp else 4.0 * trainable
 
 
 def tensor_rows_bytes(shape: ModelShape, setup: Setup, shards: int) -> float:

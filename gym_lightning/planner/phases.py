@@ -47,6 +47,7 @@ from gym_lightning.planner.estimate import (
     param_counts,
     quant_read_bytes,
     quantized_base,
+    resident_bucket_copy,
     tensor_rows_bytes,
     unit_bytes,
     zero_bucket_elements,
@@ -86,12 +87,12 @@ def _place(setup: Setup, tensors: float, host_only: float = 0.0) -> PhasePeak:
 
 
 def resident_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> float:
-    """Buffers that stay allocated between steps: DDP's reducer buckets (a second copy of the fp32 gradients,
-    allocated when DDP wraps the model) and DeepSpeed's reduce bucket(s) (resident once backward has filled them).
+    """Buffers that stay allocated between steps beside the model states: DeepSpeed's reduce bucket(s) (resident
+    once backward has filled them); gym_ddp's reducer buckets are its gradients (``estimate.resident_bucket_copy``).
     FSDP2 frees its unsharded parameters and gradients after each unit."""
     counts = param_counts(shape, setup)
     if strategy.framework == "torch":
-        return 4.0 * counts.trainable if strategy.stage == 0 else 0.0
+        return resident_bucket_copy(strategy, counts.trainable) if strategy.stage == 0 else 0.0
     p = 2 if setup.precision == "bf16-mixed" else 4
     return float(p * zero_bucket_elements(shape, setup) * (2 if strategy.stage == 2 else 1))
 
@@ -117,7 +118,7 @@ def load_peak(shape: ModelShape, strategy: Strategy, setup: Setup) -> PhasePeak:
     if strategy.framework == "torch":
         # from_pretrained on every rank in the checkpoint dtype, then the trainables cast to fp32: the loaded copy is
         # held until the last tensor is cast (measured at 250M: +6.0 bytes per parameter above the process with a
-        # bf16 folder). DDP's reducer buckets come with the first backward (step phase).
+        # bf16 folder). gym_ddp's reducer buckets are its gradients (step phase).
         d = setup.checkpoint_dtype_bytes
         return _place(setup, 4 * t + frozen * f + d * (t + f))
     states = model_states(shape, strategy, setup)

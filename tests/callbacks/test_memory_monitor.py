@@ -87,6 +87,37 @@ def test_plain_adamw_exact_bytes_and_tied_weights_counted_once() -> None:
     assert held_bytes(module, [], torch.device("cpu")).on_device["params"] == FULL - LARGEST_PARAM
 
 
+def test_ddp_buckets_count_only_where_they_are_not_the_gradients() -> None:
+    import torch.distributed as dist
+    from helpers.dist import free_port
+    from torch.nn.parallel import DistributedDataParallel
+
+    module = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.Linear(16, 4))
+    full = sum(p.numel() * 4 for p in module.parameters())
+    cpu = torch.device("cpu")
+
+    def backward(ddp: DistributedDataParallel) -> dict[str, int]:
+        ddp(torch.randn(2, 8)).sum().backward()
+        return held_bytes(ddp, [], cpu).on_device
+
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        views = DistributedDataParallel(module, gradient_as_bucket_view=True)
+        held = backward(views)  # the gradients are views into the one bucket: one copy
+        assert (held["grads"], held["comm_buffers"]) == (full, 0)
+        module.zero_grad(set_to_none=True)  # the bucket stays allocated
+        held = held_bytes(views, [], cpu).on_device
+        assert (held["grads"], held["comm_buffers"]) == (0, full)
+        with views.no_sync():  # fresh gradients beside the bucket: two copies
+            held = backward(views)
+        assert (held["grads"], held["comm_buffers"]) == (full, full)
+        module.zero_grad(set_to_none=True)
+        held = backward(DistributedDataParallel(module, gradient_as_bucket_view=False))  # copied in and out
+        assert (held["grads"], held["comm_buffers"]) == (full, full)
+    finally:
+        dist.destroy_process_group()
+
+
 # ------------------------------------------------------------------------------------------------- 2 CPU ranks
 def _strategy(name: str) -> Any:
     if name != "zero3":
