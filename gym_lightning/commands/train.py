@@ -207,6 +207,7 @@ MAPPED_FIELDS = frozenset(
         "bf16",
         "fp16",
         "gradient_checkpointing",
+        "dataloader_pin_memory",
         "torch_compile",
         "torch_compile_backend",
         "torch_compile_mode",
@@ -1116,6 +1117,8 @@ def _scheduler_kwargs(
 
 def _data_values(args: argparse.Namespace) -> dict[str, Any]:
     values: dict[str, Any] = {"data.dataset": None, "data.format": args.data_format}
+    if not args.dataloader_pin_memory:  # HF's default (True) pins on a GPU only, as data.pin_memory's None does
+        values["data.pin_memory"] = False
     values |= plan_data(args, _eval_strategy(args) != "no").values
     if values.get("data.columns") is None:
         values.pop("data.columns", None)

@@ -134,6 +134,10 @@ class CausalLMDataModule(LightningDataModule):
         batch_size: Training micro-batch size per device (samples, or packed rows with ``packing``).
         eval_batch_size: Validation/prediction batch size per device; ``None`` means ``batch_size``.
         num_workers: DataLoader worker processes (0 loads in the main process).
+        pin_memory: Collate batches into page-locked host memory, so their copy to the GPU is asynchronous; ``None``:
+            when the Trainer computes on CUDA (HF's ``dataloader_pin_memory``, on by default there). A copy from
+            pageable memory waits for the GPU's queued work (a host sync per batch): the GPU then idles while the next
+            step's first kernels are launched.
         num_proc: Tokenization processes (``None``: up to 8 for sets over 50,000 records, else 1).
         streaming: Read and tokenize ``train_files``/``sources`` on the fly (``datasets`` streaming), for sets larger
             than the disk: nothing is cached, rows come in file order (no shuffle: shuffle the files beforehand),
@@ -163,6 +167,7 @@ class CausalLMDataModule(LightningDataModule):
         batch_size: int = 8,
         eval_batch_size: int | None = None,
         num_workers: int = 0,
+        pin_memory: bool | None = None,
         num_proc: int | None = None,
         streaming: bool = False,
         cache_dir: str | None = None,
@@ -183,7 +188,7 @@ class CausalLMDataModule(LightningDataModule):
         self.special_tokens = dict(special_tokens) if special_tokens else None
         self.packing, self.batch_size, self.num_workers, self.seed = packing, batch_size, num_workers, seed
         self.eval_batch_size = eval_batch_size or batch_size
-        self.num_proc, self.streaming = num_proc, streaming
+        self.num_proc, self.streaming, self.pin_memory = num_proc, streaming, pin_memory
         self.cache_dir = Path(cache_dir or os.environ.get("GYM_DATA_CACHE", DEFAULT_CACHE_DIR)).expanduser()
         self._tokenizer: PreTrainedTokenizerBase | None = None
         self._splits: dict[str, datasets.Dataset] | None = None
@@ -230,8 +235,16 @@ class CausalLMDataModule(LightningDataModule):
             sampler=EpochShuffleSampler(dataset, self.seed, **self._data_parallel_place()),
             collate_fn=Collator(self.tokenizer.pad_token_id),
             num_workers=self.num_workers,
+            pin_memory=self._pins(),
             accumulate_grad_batches=accumulate,
         )
+
+    def _pins(self) -> bool:
+        """Whether batches are collated into pinned memory (``pin_memory``; ``None``: when training on CUDA)."""
+        if self.pin_memory is not None:
+            return self.pin_memory
+        strategy = self.trainer.strategy if self.trainer is not None else None
+        return strategy is not None and strategy.root_device.type == "cuda"
 
     def _data_parallel_place(self) -> dict[str, int]:
         """``num_replicas``/``rank`` of this process among the data-parallel ranks (the strategy's sampler
@@ -252,6 +265,7 @@ class CausalLMDataModule(LightningDataModule):
             stream,
             batch_size=self.batch_size,
             collate_fn=Collator(self.tokenizer.pad_token_id),
+            pin_memory=self._pins(),
             accumulate_grad_batches=accumulate,
             stream_ranks=place["num_replicas"],
         )
@@ -296,6 +310,7 @@ class CausalLMDataModule(LightningDataModule):
             shuffle=False,
             collate_fn=Collator(self.tokenizer.pad_token_id, with_prompts=True),
             num_workers=self.num_workers,
+            pin_memory=self._pins(),
         )
 
     def _settings(self) -> Settings:

@@ -93,6 +93,8 @@ class StepTokenDataLoader(DataLoader):
         index = 0
         while window := list(islice(batches, self.accumulate_grad_batches)):
             total = torch.stack([count_target_tokens(batch["labels"]) for batch, _ in window]).sum()
+            if self.pin_memory and torch.accelerator.is_available():  # the DataLoader's own condition for pinning
+                total = total.pin_memory()  # the batch was pinned by the DataLoader; the count joins it after
             for batch, position in window:
                 index += 1
                 if index <= skip:

@@ -474,6 +474,11 @@ def test_compile_and_liger_flags_make_the_fast_path() -> None:
         _fast_path_values(args)
 
 
+def test_dataloader_pin_memory_false_turns_pinning_off() -> None:
+    assert "data.pin_memory" not in _cli_args()  # HF's default (True): pinned on a GPU, as data.pin_memory: null
+    assert _cli_args("--dataloader_pin_memory", "False")["data.pin_memory"] == "false"
+
+
 def test_unmapped_flags_at_their_default_are_accepted() -> None:
     _cli_args("--torch_compile", "False", "--push_to_hub", "False", "--ddp_timeout", "1800", "--use_cpu", "False")
 

@@ -458,3 +458,25 @@ def test_two_ranks_get_a_distributed_step_token_loader(tmp_path):
             assert [b["step_tokens"] for b in window] == [sum(b["tokens"] for b in window)] * 2
     rows = [tuple(row) for rank_batches in seen for b in rank_batches for row in b["prompts"]]
     assert len(rows) == 16 and len(set(rows)) == 16  # the ranks see disjoint samples covering the data set
+
+
+def test_batches_are_pinned_when_training_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A pageable batch's copy to the GPU waits for the GPU's queued work: the loaders pin on CUDA, as HF's do."""
+    from types import SimpleNamespace
+
+    pinned: list[torch.Size] = []
+    monkeypatch.setattr(torch.Tensor, "pin_memory", lambda t, *a, **k: pinned.append(t.shape) or t)
+    monkeypatch.setattr(torch.accelerator, "is_available", lambda: True)  # a CUDA machine, as far as pinning goes
+    data = CausalLMDataModule(dataset="addition", batch_size=4)
+    data.prepare_data()
+    data.setup("fit")
+    for device, expected in (("cpu", False), ("cuda", True)):
+        strategy = SimpleNamespace(root_device=torch.device(device), distributed_sampler_kwargs=None)
+        data.trainer = SimpleNamespace(strategy=strategy, accumulate_grad_batches=2)
+        loader = data.train_dataloader()
+        assert loader.pin_memory is expected
+        pinned.clear()
+        batch = next(iter(loader))
+        assert batch["step_target_tokens"].numel() == 1
+        assert (torch.Size([]) in pinned) is expected  # the step's token count, added after the DataLoader pinned
+    assert CausalLMDataModule(dataset="addition", pin_memory=False)._pins() is False
