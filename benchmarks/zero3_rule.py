@@ -35,7 +35,19 @@ VARIANTS: dict[str, tuple[dict[str, Any], bool]] = {
     "leaf decoder layers only": ({}, True),
     "rule persistence only": ({"rule_persistence": True}, False),
     "whole rule": ({"rule_persistence": True}, True),
+    # What the layer-sized limits and buckets gave: DeepSpeed's own defaults (Lightning's DeepSpeedStrategy(stage=3)
+    # passes them), and the whole rule without prefetching (the prefetch is what overlaps gathers on a GPU).
+    "DeepSpeed defaults (Lightning's stage 3)": ({"deepspeed_defaults": True}, False),
+    "whole rule, no prefetch": ({"rule_persistence": True, "stage3_prefetch_bucket_size": 0}, True),
 }
+SIZING_KEYS = (
+    "reduce_bucket_size",
+    "allgather_bucket_size",
+    "stage3_prefetch_bucket_size",
+    "stage3_max_live_parameters",
+    "stage3_max_reuse_distance",
+    "sub_group_size",
+)
 
 
 def _model(args: argparse.Namespace) -> torch.nn.Module:
@@ -54,7 +66,7 @@ def _model(args: argparse.Namespace) -> torch.nn.Module:
     return LlamaForCausalLM(config)
 
 
-def _config(model: torch.nn.Module, rule_persistence: bool) -> dict[str, Any]:
+def _config(model: torch.nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
     from gym_lightning.strategies.zero.rule import ZeroShape, zero_rule
 
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
@@ -63,8 +75,11 @@ def _config(model: torch.nn.Module, rule_persistence: bool) -> dict[str, Any]:
     zero = dict(zero_rule(shape).zero)
     zero.pop("stage3_param_persistence_threshold")
     zero.pop("stage3_model_persistence_threshold")
-    if rule_persistence:
+    if settings.get("rule_persistence"):
         zero.update({k: v for k, v in zero_rule(shape).zero.items() if "persistence" in k})
+    if settings.get("deepspeed_defaults"):
+        zero = {k: v for k, v in zero.items() if k not in SIZING_KEYS}
+    zero.update({k: v for k, v in settings.items() if k in SIZING_KEYS})
     zero.update(stage=3, overlap_comm=False)  # CPU: no streams to overlap on
     return {
         "train_micro_batch_size_per_gpu": 2,
@@ -81,7 +96,7 @@ def _run_variant(args: argparse.Namespace, settings: dict[str, Any], leaf: bool)
     from gym_lightning.strategies.zero.strategy import mark_decoder_leaf_modules
 
     model = _model(args)
-    config = _config(model, settings.get("rule_persistence", False))
+    config = _config(model, settings)
     if leaf:
         mark_decoder_leaf_modules(model, config)
     optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)

@@ -43,7 +43,9 @@ class StepRecord(pl.Callback):
             self.grads = {n: p.grad.detach().clone() for n, p in module.named_parameters() if p.grad is not None}
 
 
-def fit(data_file: Path, steps: int = 4, **module_args: Any) -> tuple[StepRecord, CausalLMModule]:
+def fit(
+    data_file: Path, steps: int = 4, precision: str = "32-true", **module_args: Any
+) -> tuple[StepRecord, CausalLMModule]:
     torch._dynamo.reset()
     counters.clear()
     pl.seed_everything(5)
@@ -52,7 +54,7 @@ def fit(data_file: Path, steps: int = 4, **module_args: Any) -> tuple[StepRecord
     record = StepRecord()
     trainer = pl.Trainer(
         accelerator="cpu", devices=1, max_steps=steps, callbacks=[record], logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False,
+        enable_progress_bar=False, enable_model_summary=False, precision=precision,
     )  # fmt: skip
     trainer.fit(module, data)
     return record, module
@@ -141,3 +143,16 @@ def test_fast_path_settings_load_back_from_a_checkpoint_weights_only(tmp_path: P
     loaded = torch.load(tmp_path / "hp.ckpt", weights_only=True)["hyper_parameters"]  # gym_lightning allow-lists them
     again = CausalLMModule(**{**loaded, "model": "tiny-llama"})
     assert again.compile_args == module.compile_args and again.fused_ops == module.fused_ops is not None
+
+
+def test_compiled_layers_under_bf16_mixed_keep_fp32_weights_and_state(variable_length_jsonl: Path) -> None:
+    """The fast path computes in bf16 under autocast, as bf16-mixed does, with fp32 weights and AdamW state."""
+    settings = {"model": "tiny-qwen3", "config_overrides": SMALL, "fused_ops": True}
+    eager, _ = fit(variable_length_jsonl, steps=2, precision="bf16-mixed", **{**settings, "fused_ops": False})
+    compiled, module = fit(variable_length_jsonl, steps=2, precision="bf16-mixed", compile=True, **settings)
+    # bf16 matmuls: kernels that fuse differently round differently (bf16 has 8 bits of mantissa).
+    torch.testing.assert_close(torch.tensor(compiled.losses), torch.tensor(eager.losses), rtol=2e-2, atol=0)
+    assert {p.dtype for p in module.parameters()} == {torch.float32}
+    state = module.trainer.optimizers[0].state
+    assert state and {t.dtype for s in state.values() for t in s.values() if t.dim() > 0} == {torch.float32}
+    assert all(g.dtype == torch.float32 for g in compiled.grads.values())

@@ -1,5 +1,5 @@
 """The fast path's per-layer compilation under the sharding strategies, on 2 real CPU ranks: gym_fsdp (FSDP2's
-unshard hooks around each compiled layer) and ZeRO-3 (decoder layers as DeepSpeed leaf modules, so no gather hook
+unshard and activation-checkpointing hooks around each compiled layer) and ZeRO-3 (decoder layers as DeepSpeed leaf modules, so no gather hook
 runs inside a compiled layer) train as their eager runs do, and the layers really are compiled."""
 
 from __future__ import annotations
@@ -22,6 +22,8 @@ def configs(strategy: str, out: Path) -> dict[bool, Path]:
             {"class_path": "helpers.compiled_probe.GraphCountProbe", "init_args": {"path": str(run / "graphs")}},
         ]
         settings = {"trainer.precision": "32-true", "trainer.max_steps": 3, "model.compile": compiled}
+        if strategy == "gym_fsdp":  # FSDP2's composable checkpointing: its hooks around each compiled layer too
+            settings["trainer.strategy.init_args.activation_checkpointing"] = True
         paths[compiled] = run_config(strategy, False, run, callbacks=probes, checkpoints=False, **settings)
     return paths
 
