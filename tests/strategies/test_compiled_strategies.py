@@ -1,6 +1,7 @@
 """The fast path's per-layer compilation under the sharding strategies, on 2 real CPU ranks: gym_fsdp (FSDP2's
-unshard and activation-checkpointing hooks around each compiled layer) and ZeRO-3 (decoder layers as DeepSpeed leaf modules, so no gather hook
-runs inside a compiled layer) train as their eager runs do, and the layers really are compiled."""
+unshard and activation-checkpointing hooks around each compiled layer) and ZeRO-3 (decoder layers as DeepSpeed leaf
+modules, so no gather hook runs inside a compiled layer) train as their eager runs do, and the layers really are
+compiled."""
 
 from __future__ import annotations
 
