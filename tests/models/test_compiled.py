@@ -156,3 +156,18 @@ def test_compiled_layers_under_bf16_mixed_keep_fp32_weights_and_state(variable_l
     state = module.trainer.optimizers[0].state
     assert state and {t.dtype for s in state.values() for t in s.values() if t.dim() > 0} == {torch.float32}
     assert all(g.dtype == torch.float32 for g in compiled.grads.values())
+
+
+def test_generation_with_a_kv_cache_runs_the_eager_layers() -> None:
+    """A KV cache is Python state dynamo would guard on per layer (a graph per layer and cache length): calls that
+    carry one take the eager forward, and generate the same tokens as an uncompiled model."""
+    torch._dynamo.reset()
+    counters.clear()
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL, pretrained=False, attn_implementation="sdpa")
+    module.configure_model()
+    model = module.model.eval()
+    prompt = torch.randint(0, 100, (1, 5), generator=torch.Generator().manual_seed(0))
+    expected = model.generate(prompt, max_new_tokens=4, do_sample=False)
+    compile_layers(model, CompileArgs())
+    assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), expected)
+    assert counters["stats"]["unique_graphs"] == 0
