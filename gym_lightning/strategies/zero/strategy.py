@@ -176,10 +176,12 @@ def mark_moe_leaf_modules(model: nn.Module) -> list[type[nn.Module]]:
     return classes
 
 
-def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any]) -> list[str]:
+def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any], training: bool = True) -> list[str]:
     """Make ``model``'s decoder layers (the ``_no_split_modules`` classes of its Hugging Face models) ZeRO-3 leaf
-    modules, unless ``config`` states its own ``zero_optimization.leaf_module`` (the user's choice wins); returns the
-    class names marked.
+    modules, unless ``config`` states its own ``zero_optimization.leaf_module`` (the user's choice wins) or, when
+    ``training``, a layer holds frozen parameters beside trainable ones (LoRA, QLoRA): DeepSpeed 0.19's backward of
+    such a leaf reads a LoRA weight after it was released (measured: LoRA r=4 on q/v of tiny-llama, 2 CPU ranks,
+    "size of tensor a (0) must match ... (4)" in the first backward). Returns the class names marked.
 
     A leaf gets DeepSpeed's four hooks; its children get none (``_register_deepspeed_module`` stops at it). Its
     pre-forward hook gathers every parameter of the layer in one coalesced all-gather, and backward gathers them
@@ -200,6 +202,10 @@ def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any]) -> list[
     if "leaf_module" in (config.get("zero_optimization") or {}):
         return []
     names = sorted(find_layer_classes(model))
+    layers = [module for module in model.modules() if type(module).__name__ in names]
+    if training and any(len({p.requires_grad for p in layer.parameters()}) > 1 for layer in layers):
+        _log_leaf_classes((), "decoder layer")
+        return []
     if names and set_z3_leaf_modules(model, names, raise_if_not_found=False):
         _log_leaf_classes(tuple(names), "decoder layer")
         return names
@@ -209,6 +215,12 @@ def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any]) -> list[
 @functools.cache
 def _log_leaf_classes(names: tuple[str, ...], what: str) -> None:
     # Once per process and model: fit, validate and predict each set up an engine.
+    if not names:
+        rank_zero_info(
+            f"gym_lightning: ZeRO-3 gathers each {what}'s submodules one by one: the layers hold frozen and trainable "
+            "parameters (LoRA), which DeepSpeed's leaf modules do not support in backward."
+        )
+        return
     rank_zero_info(f"gym_lightning: ZeRO-3 gathers each {what} whole (leaf modules: {', '.join(names)}).")
 
 
@@ -462,7 +474,7 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
         import deepspeed
 
         self._fill_zero3_weights()
-        self._mark_leaf_modules(model)
+        self._mark_leaf_modules(model, training=False)
         self.model, _, _, _ = deepspeed.initialize(
             args=self._deepspeed_args(),
             config=inference_config(self.config, self.zero_stage_3),
@@ -499,14 +511,14 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
         with super().model_sharded_context():
             yield
 
-    def _mark_leaf_modules(self, model: nn.Module) -> None:
+    def _mark_leaf_modules(self, model: nn.Module, training: bool = True) -> None:
         """ZeRO-3's leaf modules: mixture-of-experts blocks always (correctness), decoder layers when the rule says
         so (``rule.zero_rule``: whenever the layer size is known) and ``leaf_decoder_layers`` leaves it on."""
         if not self.zero_stage_3:
             return
         mark_moe_leaf_modules(model)
         if self.leaf_decoder_layers:
-            mark_decoder_leaf_modules(model, self.config)
+            mark_decoder_leaf_modules(model, self.config, training)
 
     def _fill_zero3_weights(self) -> None:
         """Give the models built under ``zero.Init`` (recorded in the build plan) their weights, each rank its

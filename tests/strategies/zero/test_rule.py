@@ -89,6 +89,17 @@ def test_decoder_layers_become_leaf_modules_unless_the_config_names_its_own() ->
     assert not any(getattr(module, "_z3_leaf", False) for module in other.modules())
 
 
+def test_layers_with_frozen_and_trainable_parameters_stay_hooked_per_submodule_in_training() -> None:
+    # LoRA: DeepSpeed 0.19's leaf backward read a released LoRA weight (tests/checkpointing/test_damage.py's zero3
+    # LoRA run failed in its first backward with leaf layers); evaluation has no backward, so leaves are fine there.
+    model = _tiny_llama()
+    model.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
+    config = {"zero_optimization": {"stage": 3}}
+    assert mark_decoder_leaf_modules(model, config) == []
+    assert not any(getattr(module, "_z3_leaf", False) for module in model.modules())
+    assert mark_decoder_leaf_modules(model, config, training=False) == ["LlamaDecoderLayer"]
+
+
 @pytest.mark.slow
 def test_leaf_layers_cut_hooks_on_two_ranks_and_keep_the_losses() -> None:
     # benchmarks/zero3_rule.py: DeepSpeed's engine on 2 gloo ranks, old settings vs leaf layers vs the whole rule.
