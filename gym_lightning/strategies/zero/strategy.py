@@ -205,6 +205,12 @@ def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any], training
     layers = [module for module in model.modules() if type(module).__name__ in names]
     if training and any(len({p.requires_grad for p in layer.parameters()}) > 1 for layer in layers):
         _log_leaf_classes((), "decoder layer")
+        if any("forward" in vars(layer) for layer in layers):  # models.compiled sets the instance's forward
+            rank_zero_warn(
+                "model.compile under ZeRO-3 with LoRA: DeepSpeed's gather hooks on every submodule of a layer split "
+                "its compiled graph (and dynamo's recompile limit leaves later layers eager), so compiling gains "
+                "little here. For the compiled fast path with LoRA use gym_fsdp, zero1 or zero2."
+            )
         return []
     if names and set_z3_leaf_modules(model, names, raise_if_not_found=False):
         _log_leaf_classes(tuple(names), "decoder layer")

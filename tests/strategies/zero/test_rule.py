@@ -98,6 +98,12 @@ def test_layers_with_frozen_and_trainable_parameters_stay_hooked_per_submodule_i
     assert mark_decoder_leaf_modules(model, config) == []
     assert not any(getattr(module, "_z3_leaf", False) for module in model.modules())
     assert mark_decoder_leaf_modules(model, config, training=False) == ["LlamaDecoderLayer"]
+    compiled = _tiny_llama()
+    compiled.model.layers[0].self_attn.q_proj.weight.requires_grad_(False)
+    layer = compiled.model.layers[0]
+    layer.forward = layer.forward  # an instance forward, as models.compiled sets
+    with pytest.warns(UserWarning, match="model.compile under ZeRO-3 with LoRA"):
+        assert mark_decoder_leaf_modules(compiled, config) == []
 
 
 @pytest.mark.slow
