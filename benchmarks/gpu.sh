@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The device check: gym_lightning on one CUDA GPU, in two parts sized from measured costs (a benchmark run took
-# 41-67 s on an H200, imports 10-20 s a process): `--part checks` ends within 4 minutes, `--part bench` within 5;
-# no --part runs both, checks first, within one 10-minute device call.
+# 41-67 s on an H200 when each drew its own initialisation, imports 10-20 s a process): `--part checks` ends within
+# 4 minutes, `--part bench` within 5; no --part runs both, checks first, within one 10-minute device call.
 #
 #  0. Installs the wheels of $GYM_WHEELS (scripts/gpu_bundle.sh) into $SITE, without an index: the GPU image
 #     reaches no registry and lacks deepspeed, datasets and jsonargparse; gym_lightning is imported from this
@@ -14,11 +14,22 @@
 #     on a random-weight local Qwen3 folder) with --trainer.devices 1, 3 steps each, every export reloaded with
 #     transformers (finite logits); before torch 2.13 gym_fsdp's one-line refusal of a 4-bit base is the expected
 #     outcome of qlora, which then trains under zero3. No DeepSpeed op is built (a JIT build fails its check).
-#  2. bench: benchmarks/workers/gpu_bench.py, Qwen3-1.7B shape, random weights, fp32 parameters, bf16 autocast,
-#     SDPA, fused AdamW lr 1e-5, sequence 2048: a plain PyTorch loop and transformers.Trainer, then gym_fsdp next
-#     to Lightning's FSDPStrategy and gym_ddp, gym_zero3 next to Lightning's DeepSpeedStrategy(stage=3), then
-#     gym_zero1 and gym_zero2 if time allows (SLOTS: four processes): tokens/s, MFU and peak CUDA memory beside the
-#     planner's predicted peak.
+#  2. bench: benchmarks/workers/gpu_bench.py (its docstring says what each run is), Qwen3-1.7B shape, random
+#     weights, fp32 parameters, bf16 autocast, SDPA, fused AdamW lr 1e-5, micro-batch 4 x 2048, 2 warm-up + 8 timed
+#     steps a run: tokens/s, MFU, peak CUDA memory beside the planner's predicted peak, and the compile time (first
+#     step less a steady one). Two processes ("groups", gpu_bench.py GROUPS), in this order, which is also what is
+#     given up first when time runs short (last first):
+#       rounds: plain, gym_ddp, gym_fsdp, three times interleaved (the wrapper tax: ratio medians and min-max over
+#               rounds), then gym_fsdp_compiled, the bench's first compile, in an empty inductor cache (cold);
+#               it keeps 45 s of the budget for the next group;
+#       warm:   gym_fsdp_compiled_warm (the same compile in a second process, same TORCHINDUCTOR_CACHE_DIR: the
+#               warm-cache criterion), gym_zero3 then Lightning's DeepSpeedStrategy(stage=3) (zero3's ratio to it),
+#               gym_ddp_compiled, plain_compiled (the plain loop with the same per-layer compile), gym_zero1,
+#               gym_zero2, gym_fsdp_liger (fused_ops kernels liger: recorded as skipped, with why, where
+#               liger-kernel does not import).
+#     Not run by default (issue 47 measured them; docs/benchmarks.md): transformers.Trainer and Lightning's
+#     FSDPStrategy, BENCH_GROUPS=issue runs them beside plain and gym_fsdp. Each process memoises the CPU draw of
+#     the random initialisation (gpu_common.memoise_cpu_draw: tens of seconds a gym build at 1.7B otherwise).
 #
 # Results are written as they come (one JSON line per check or run, flushed), straight into $OUT/gpu/ when OUT is
 # set (the device machine), else benchmarks/results/gpu/ (or /tmp/gym_gpu_smoke with --cpu-smoke): env.txt,
@@ -29,10 +40,14 @@
 # Scratch (model config, exports, logs): $GPU_WORK_DIR.
 #
 # Time: checks run under GPU_CHECKS_S (240 s): the worker starts no config fit that would likely end later (it
-# is recorded as skipped) and is killed at it. bench runs under GPU_BENCH_S (300 s): no run starts when the
-# slowest so far would pass it (recorded as skipped), a process is killed after 110 s a run. Exit status: 0 when
-# every check and run that should run passed, 1 if one failed, 2 if nothing could run (no CUDA device; a usage
-# error).
+# is recorded as skipped) and is killed at it. bench runs under GPU_BENCH_S (300 s): no group starts with less
+# than MIN_RUN seconds left before its own deadline (the bench's, less what it keeps for later groups), and inside
+# a group the worker starts no run that would likely end past it (its earlier round's seconds, else MIN_RUN, or
+# MIN_COMPILED_RUN for a compiled run); each is recorded as skipped, with the time left. BENCH_GROUPS="warm" (or
+# "issue") runs just those groups, e.g. in a second device call after a first one that gave up the last runs
+# (the warm group alone compiles cold: $GPU_WORK_DIR, with the cache, starts empty in every invocation).
+# Exit status: 0 when every check and run that should run passed, 1 if one failed, 2 if nothing could run (no CUDA
+# device; a usage error).
 #
 #   device tool:  run(command="bash benchmarks/gpu.sh --part checks", carry=[".whl"], timeout_s=280)
 #                 run(command="bash benchmarks/gpu.sh --part bench", carry=[".whl"], timeout_s=340)
@@ -41,10 +56,13 @@
 #   render:       python benchmarks/run.py --sections gpu    # benchmarks/results/gpu/ -> docs/benchmarks.md
 #
 # --cpu-smoke runs the same on CPU (tiny models: the configs' own, a tiny Qwen3 at sequence 64 for the bench; 2
-# steps a config fit, 1 + 3 a run); Lightning's FSDPStrategy and DeepSpeedStrategy refuse CPUs and are recorded
-# as skipped; cpu_offload's host placement is recorded as a no-op. CI runs it (.ci/run), so it stays short.
+# steps a config fit, 1 + 3 a run; two rounds instead of three, and one compiled run, gym_fsdp_compiled: its
+# inductor compile took 20-59 s of the bench part's 55-124 s on 2 busy cores); Lightning's FSDPStrategy and
+# DeepSpeedStrategy refuse CPUs and Liger needs Triton on CUDA: recorded as skipped; cpu_offload's host placement is
+# recorded as a no-op. CI runs it (.ci/run), so it stays short.
 # Environment: PYTHON (python3), GYM_WHEELS (.whl), SITE (/tmp/gym_site), GPU_RESULTS_DIR, GPU_WORK_DIR
-# (/tmp/gym_gpu_work), GPU_CHECKS_S, GPU_BENCH_S, BATCH_SIZE (4), STEPS (10 timed), WARMUP (3).
+# (/tmp/gym_gpu_work; the bench's inductor and Triton caches live there), GPU_CHECKS_S, GPU_BENCH_S, BENCH_GROUPS
+# (rounds warm), BATCH_SIZE (4), STEPS (8 timed), WARMUP (2).
 set -uo pipefail
 repo=$(cd "$(dirname "$0")/.." && pwd)
 cd "$repo" || exit 2
@@ -70,20 +88,19 @@ PYTHON=${PYTHON:-python3}
 GYM_WHEELS=${GYM_WHEELS:-.whl}
 SITE=${SITE:-/tmp/gym_site}
 WORK=${GPU_WORK_DIR:-/tmp/gym_gpu_work}
-# One process per group (imports cost 10-20 s a process; seven runs of 41-67 s one process each would not fit 5
-# minutes), in order of what matters most when time runs short: the baselines, which import no Lightning; the
-# torch-native strategies, each gym strategy next to its Lightning peer so that pairs finish together; the
-# DeepSpeed ones; "the rest" last. A run's peak is its own (the worker resets the counters between runs).
-SLOTS=("plain hf_trainer" "gym_fsdp lightning_fsdp gym_ddp" "gym_zero3 lightning_deepspeed" "gym_zero1 gym_zero2")
+BENCH_GROUPS=${BENCH_GROUPS:-}  # gpu_bench.py's groups to run, e.g. "warm" or "issue" (default: rounds warm)
 if (( ${#SMOKE[@]} )); then
   RESULTS=${GPU_RESULTS_DIR:-/tmp/gym_gpu_smoke}
-  CHECKS_S=${GPU_CHECKS_S:-600} BENCH_S=${GPU_BENCH_S:-600} RUN_TIMEOUT=300 MIN_RUN=20
+  CHECKS_S=${GPU_CHECKS_S:-600} BENCH_S=${GPU_BENCH_S:-600} RUN_TIMEOUT=300 MIN_RUN=20 MIN_COMPILED_RUN=60
   BATCH_SIZE=${BATCH_SIZE:-2} SEQ_LEN=64 STEPS=${STEPS:-3} WARMUP=${WARMUP:-1}
   export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 else
   RESULTS=${GPU_RESULTS_DIR:-benchmarks/results/gpu}
-  CHECKS_S=${GPU_CHECKS_S:-240} BENCH_S=${GPU_BENCH_S:-300} RUN_TIMEOUT=110 MIN_RUN=45
-  BATCH_SIZE=${BATCH_SIZE:-4} SEQ_LEN=2048 STEPS=${STEPS:-10} WARMUP=${WARMUP:-3}
+  # MIN_RUN / MIN_COMPILED_RUN: a run's seconds before one of its kind ran in the process (guesses: an eager run
+  # after the process's first draw is a build, 10 steps of ~0.32 s and a teardown; a compiled one adds the <= 60 s
+  # cold compile that issue 47 asks for); a run takes its own earlier round's time after that.
+  CHECKS_S=${GPU_CHECKS_S:-240} BENCH_S=${GPU_BENCH_S:-300} RUN_TIMEOUT=110 MIN_RUN=30 MIN_COMPILED_RUN=80
+  BATCH_SIZE=${BATCH_SIZE:-4} SEQ_LEN=2048 STEPS=${STEPS:-8} WARMUP=${WARMUP:-2}
 fi
 [[ -n "${OUT:-}" ]] && RESULTS="$OUT/gpu"  # the device machine hands back only what is under $OUT
 CHECKS="$RESULTS/checks.jsonl" BENCH="$RESULTS/bench.jsonl"
@@ -191,8 +208,9 @@ part_checks() {
 
 # ---------------------------------------------------------------------------------------------- part 2: bench
 part_bench() {
-  local deadline=$(( SECONDS + BENCH_S - GRACE )) per_run=$MIN_RUN slot start limit status name
-  local -a names
+  local deadline=$(( SECONDS + BENCH_S - GRACE )) line group reserve until limit status name want have why
+  local -a groups words runs names
+  local -A before
   echo "=== bench: Qwen3-1.7B shape (t=${SECONDS}s, deadline t=${deadline}s)"
   if ! (( ${#SMOKE[@]} )) && ! runs_part checks && ! "$PYTHON" -c 'import sys, torch
 sys.exit(0 if torch.cuda.is_available() else 2)'; then  # the checks part finds this out where it runs
@@ -200,32 +218,47 @@ sys.exit(0 if torch.cuda.is_available() else 2)'; then  # the checks part finds 
     finish 2
   fi
   "$PYTHON" benchmarks/workers/gpu_bench.py write-config --out "$WORK/model" "${SMOKE[@]}" >/dev/null || finish 2
-  for slot in "${SLOTS[@]}"; do
-    read -ra names <<< "$slot"
-    if (( SECONDS + per_run > deadline )); then
-      echo "gpu.sh: time budget reached at ${SECONDS}s: ${names[*]} not run"
+  mapfile -t groups < <("$PYTHON" benchmarks/workers/gpu_bench.py groups "${SMOKE[@]}" --only "$BENCH_GROUPS")
+  (( ${#groups[@]} )) || finish 2
+  # One inductor / Triton cache for the bench, empty at its start ($WORK is removed above): the first compile is
+  # cold, the warm group's process compiles the same layers again from it.
+  export TORCHINDUCTOR_CACHE_DIR="$WORK/inductor" TRITON_CACHE_DIR="$WORK/triton"
+  for line in "${groups[@]}"; do
+    read -ra words <<< "$line"
+    group=${words[0]} reserve=${words[1]} runs=("${words[@]:2}")
+    mapfile -t names < <(printf '%s\n' "${runs[@]}" | awk '!seen[$0]++')  # each run once, in order
+    until=$(( deadline - reserve ))  # the seconds a group keeps for the groups after it
+    if (( SECONDS + MIN_RUN > until )); then
+      echo "gpu.sh: time budget reached at ${SECONDS}s: group $group (${runs[*]}) not run"
       for name in "${names[@]}"; do
         note "{\"strategy\": \"$name\", \"ok\": null, \"skipped\": \"time budget reached at ${SECONDS}s\"}" "$BENCH"
       done
       continue
     fi
-    start=$SECONDS limit=$(cap $(( RUN_TIMEOUT * ${#names[@]} )) "$deadline")
-    echo "=== benchmark ${names[*]} (t=${SECONDS}s, limit ${limit}s)"
+    for name in "${names[@]}"; do before[$name]=$(grep -c "\"strategy\": \"$name\"" "$BENCH" 2>/dev/null); done
+    limit=$(cap $(( RUN_TIMEOUT * ${#runs[@]} )) "$until")
+    echo "=== benchmark group $group: ${runs[*]} (t=${SECONDS}s, limit ${limit}s)"
     # --deadline / --min-run: the worker starts no run that would likely end after its kill (it records a skip).
-    timeout -k "$GRACE" "$limit" "$PYTHON" benchmarks/workers/gpu_bench.py run --strategy "${names[@]}" \
+    timeout -k "$GRACE" "$limit" "$PYTHON" benchmarks/workers/gpu_bench.py run --strategy "${runs[@]}" \
       --model "$WORK/model" --jsonl "$BENCH" --work "$WORK/bench" --batch-size "$BATCH_SIZE" --seq-len "$SEQ_LEN" \
-      --steps "$STEPS" --warmup "$WARMUP" --deadline $(( $(date +%s) + limit - 5 )) --min-run "$per_run" \
-      "${SMOKE[@]}"
+      --steps "$STEPS" --warmup "$WARMUP" --deadline $(( $(date +%s) + limit - 5 )) --min-run "$MIN_RUN" \
+      --min-compiled-run "$MIN_COMPILED_RUN" "${SMOKE[@]}"
     status=$?
-    for name in "${names[@]}"; do  # a run the process never recorded: killed, or the process died before it
-      grep -q "\"strategy\": \"$name\"" "$BENCH" 2>/dev/null && continue
-      if [[ $status == 124 || $status == 137 ]]; then
-        note "{\"strategy\": \"$name\", \"ok\": false, \"error\": \"killed at its ${limit}s limit\"}" "$BENCH"
-      else
-        note "{\"strategy\": \"$name\", \"ok\": false, \"error\": \"process exited with $status, no record\"}" "$BENCH"
-      fi
+    # Every round the process never recorded (killed, or the process died before it): one failure record each.
+    for name in "${names[@]}"; do
+      want=$(printf '%s\n' "${runs[@]}" | grep -cx "$name")
+      have=$(grep -c "\"strategy\": \"$name\"" "$BENCH" 2>/dev/null)
+      have=$(( ${have:-0} - ${before[$name]:-0} ))
+      while (( have < want )); do
+        have=$(( have + 1 ))
+        if [[ $status == 124 || $status == 137 ]]; then
+          why="killed at its ${limit}s limit"
+        else
+          why="process exited with $status, no record"
+        fi
+        note "{\"strategy\": \"$name\", \"round\": $have, \"ok\": false, \"error\": \"$why\"}" "$BENCH"
+      done
     done
-    (( (SECONDS - start) / ${#names[@]} > per_run )) && per_run=$(( (SECONDS - start) / ${#names[@]} ))
   done
 }
 
@@ -238,7 +271,8 @@ meta="{\"parts\": \"${PARTS[*]}\", \"smoke\": $smoke, \"seconds\": $SECONDS"
 if runs_part bench; then
   meta+=", \"model\": \"Qwen3-1.7B shape, random weights\", \"precision\": \"bf16-mixed\","
   meta+=" \"micro_batch\": $BATCH_SIZE, \"seq_len\": $SEQ_LEN, \"timed_steps\": $STEPS, \"warmup_steps\": $WARMUP,"
-  meta+=" \"world_size\": 1,"
+  meta+=" \"world_size\": 1, \"groups\": \"${BENCH_GROUPS:-rounds warm}\","
+  meta+=" \"compile\": \"per decoder layer, inductor defaults, cache under \$WORK, empty at the start\","
   meta+=" \"flops\": \"6N + 12LHQT per token (PaLM app. B)\""
 fi
 "$PYTHON" benchmarks/workers/gpu_bench.py collect --checks "$CHECKS" --bench "$BENCH" --out "$RESULTS/results.json" \

@@ -612,11 +612,15 @@ GPU_NOT_RUN = (
     "initial weights, the chunked loss, QLoRA, DDP compression hooks), then `gym fit` of every shipped config that "
     "runs on one GPU (ddp, fsdp, zero1, zero2, zero3, zero3_offload, and qlora on a local random-weight folder) "
     "with one device and a few steps, each export reloaded with transformers. `--part bench` (under 5 minutes): "
-    "the Qwen3-1.7B shape (random weights, fp32 parameters, bf16 autocast, SDPA, fused AdamW, sequence length "
-    "2048) in a plain PyTorch loop and in `transformers.Trainer`, beside gym_lightning's `gym_ddp`, `gym_fsdp` and "
-    "`zero3` and Lightning's `FSDPStrategy` and `DeepSpeedStrategy(stage=3)` on the same batches (ZeRO-1/2 when "
-    "time allows). It writes `{folder}/`; re-run `python benchmarks/run.py --sections gpu` (or the full command) "
-    "to render it here. Targets: gym_lightning >= Lightning's built-ins and close to the plain loop; MFU >= 40%."
+    "the Qwen3-1.7B shape (random weights, fp32 parameters, bf16 autocast, SDPA, fused AdamW, micro-batch 4 x "
+    "2048): a plain PyTorch loop, `gym_ddp` and `gym_fsdp` three times interleaved (ratio medians and min-max), "
+    "the fast path (`CausalLMModule(compile=True)` under gym_fsdp and gym_ddp, the plain loop with the same "
+    "per-layer compile, Liger kernels where liger-kernel imports) with its cold compile time and a second "
+    "process's warm-cache one, `zero3` beside Lightning's `DeepSpeedStrategy(stage=3)`, ZeRO-1/2 when time allows. "
+    "It writes `{folder}/`; re-run `python benchmarks/run.py --sections gpu` (or the full command) to render it "
+    "here. Targets (issue 47): gym_ddp and gym_fsdp >= 0.98 of the plain loop; zero3 >= 0.75 of it and >= 1.5 x "
+    "Lightning's DeepSpeedStrategy, peak within 5 % of the planner; zero1/zero2 >= 0.95; compile=True >= 1.30 x "
+    "the plain loop with no higher peak, cold compile <= 60 s, warm <= a third of it."
 )
 
 
@@ -649,26 +653,103 @@ def render_gpu(data: dict[str, Any]) -> str:
 
 
 def render_gpu_runs(runs: dict[str, Any]) -> str:
-    """Markdown table of benchmarks/workers/gpu_bench.py's merged runs."""
+    """Markdown table of benchmarks/workers/gpu_bench.py's merged runs: medians over rounds with min-max, the ratios
+    to the plain eager loop (paired round by round) and to the Lightning peer, each beside issue 47's bar where it
+    has one (✅ the whole min-max range meets it, ❌ none of it does, ≈ undecided), and the compile times."""
+    bench = _gpu_bench()
     rows = []
     for name, run in runs.items():
         if "error" in run or "skipped" in run:
             why = ("failed: " + run["error"]) if "error" in run else ("skipped: " + run["skipped"])
-            rows.append([name, why[:160].replace("|", "/"), "", "", "", "", "", ""])
-            continue
-        peer = runs.get(run.get("peer") or "", {})
-        speed = _ratio(run["tokens_per_sec"], peer.get("tokens_per_sec"))
-        memory = _ratio(run["peak_memory_bytes"], peer.get("peak_memory_bytes"))
-        mfu = "n/a" if run.get("mfu") is None else f"{100 * run['mfu']:.1f}%"
-        rounds = ", ".join(f"{r:,.0f}" for r in run.get("rounds", []))
-        predicted = run.get("predicted_peak_bytes")
-        planner = "" if predicted is None else f"{predicted / 2**30:.1f} GiB ({run.get('planner_strategy')})"
-        planner += f", measured / predicted {_ratio(run['peak_memory_bytes'], predicted)}" if predicted else ""
-        row = [name, f"{run['tokens_per_sec']:,.0f} ({rounds})", mfu, f"{run['peak_memory_bytes'] / 2**30:.1f} GiB"]
-        rows.append([*row, planner, run.get("peer") or "", speed, memory])
-    header = ["strategy", "tokens/s (per round)", "MFU", "peak CUDA memory (max allocated)", "planner's peak"]
-    header += ["vs", "tokens/s ratio", "peak memory ratio"]
+            rows.append([name, why[:160].replace("|", "/"), *[""] * 8])
+        else:
+            rows.append(_gpu_run_row(name, run, bench))
+    header = ["run", "rounds", "tokens/s: median (min-max)", "÷ plain loop: median (min-max)", "MFU"]
+    header += ["peak CUDA memory (max allocated)", "peak ÷ plain", "planner's peak (measured ÷ predicted)"]
+    header += ["compile s (first step - steady)", "÷ Lightning's peer (tokens/s; peak)"]
     return markdown_table(header, rows)
+
+
+def _gpu_run_row(name: str, run: dict[str, Any], bench: Any) -> list[str]:
+    """One measured run's cells (``bench``: gpu_bench.py, whose constants hold the bars)."""
+    rounds = run.get("rounds") or [run["tokens_per_sec"]]
+    speed = f"{run['tokens_per_sec']:,.0f}"
+    if len(rounds) > 1:
+        speed += f" ({min(rounds):,.0f}-{max(rounds):,.0f})"
+    return [
+        name,
+        str(len(rounds)),
+        speed,
+        _vs_plain_cell(run.get("vs_plain"), bench.TARGETS_VS_PLAIN.get(name)),
+        "n/a" if run.get("mfu") is None else f"{100 * run['mfu']:.1f}%",
+        f"{run['peak_memory_bytes'] / 2**30:.1f} GiB",
+        _at_most((run.get("vs_plain") or {}).get("peak"), bench.PEAK_VS_PLAIN_MAX.get(name)),
+        _planner_cell(run, bench.PLANNER_TOLERANCE.get(name)),
+        _compile_cell(name, run, bench),
+        _peer_cell(run.get("vs_peer"), bench.TARGETS_VS_PEER.get(name)),
+    ]
+
+
+def _bar(low: float, high: float, target: float | None, at_least: bool = True) -> str:
+    """`` ✅`` when all of [low, high] meets ``target`` (>= it, or <= it with ``at_least=False``), `` ❌`` when none
+    does, `` ≈`` between; nothing without a target."""
+    if target is None:
+        return ""
+    if not at_least:
+        low, high, target = -high, -low, -target
+    return " ✅" if low >= target else " ❌" if high < target else " ≈"
+
+
+def _vs_plain_cell(ratio: dict[str, Any] | None, target: float | None) -> str:
+    if not ratio:
+        return ""
+    spread = f" ({ratio['min']:.3f}-{ratio['max']:.3f})" if ratio.get("n", 1) > 1 else ""
+    bar = f" (>= {target}){_bar(ratio['min'], ratio['max'], target)}" if target else ""
+    return f"**{ratio['median']:.3f}**{spread}{bar}"
+
+
+def _at_most(value: float | None, bound: float | None) -> str:
+    if value is None:
+        return ""
+    return f"{value:.3f}" + (f" (<= {bound}){_bar(value, value, bound, at_least=False)}" if bound else "")
+
+
+def _planner_cell(run: dict[str, Any], tolerance: float | None) -> str:
+    predicted = run.get("predicted_peak_bytes")
+    if not predicted:
+        return ""
+    share = run["peak_memory_bytes"] / predicted
+    bar = ""
+    if tolerance is not None:
+        bar = f" (within {tolerance:.0%}){' ✅' if abs(share - 1) <= tolerance else ' ❌'}"
+    return f"{predicted / 2**30:.1f} GiB ({run.get('planner_strategy')}), {share:.3f}{bar}"
+
+
+def _compile_cell(name: str, run: dict[str, Any], bench: Any) -> str:
+    """The compiled runs' compile seconds with their bars (cold: at most 60 s; warm: at most a third of cold)."""
+    seconds = run.get("compile_seconds")
+    if seconds is None or name not in bench.COMPILED:
+        return ""
+    cell = f"{seconds:.1f}" + _at_most_seconds(seconds, bench.COLD_COMPILE_MAX_S.get(name))
+    if (share := run.get("compile_vs_cold")) is not None:
+        limit = bench.WARM_COMPILE_MAX_SHARE
+        cell += f", {share:.2f} of cold (<= {limit:.2f}){_bar(share, share, limit, at_least=False)}"
+    if name in bench.COLD_COMPILE and run.get("inductor_cache_files_at_start") == 0:
+        cell += " (the cache was empty: a cold compile)"  # its cold run was skipped or failed
+    return cell
+
+
+def _at_most_seconds(seconds: float, bound: float | None) -> str:
+    return f" (<= {bound:.0f} s){_bar(seconds, seconds, bound, at_least=False)}" if bound else ""
+
+
+def _peer_cell(ratio: dict[str, Any] | None, target: float | None) -> str:
+    if not ratio or ratio.get("tokens_per_sec") is None:
+        return ""
+    speed = ratio["tokens_per_sec"]
+    bar = f" (>= {target}){_bar(speed, speed, target)}" if target else ""
+    peak = f"; peak {ratio['peak']:.3f}" if ratio.get("peak") else ""
+    return f"{ratio['peer']}: {speed:.3f}{bar}{peak}"
 
 
 def _verdict(ok: bool | None) -> str:
@@ -723,10 +804,6 @@ def gym_fit_summary(figures: dict[str, Any]) -> str:
     logits = "finite logits" if export.get("finite_logits") else "NON-FINITE logits"
     loads = "loads" if export.get("loads") else f"load problems {export.get('load_problems')}"
     return f"{figures.get('strategy')}, {figures.get('precision')}; export ({export.get('dtype')}) {loads}, {logits}"
-
-
-def _ratio(ours: float | None, peer: float | None) -> str:
-    return f"{ours / peer:.3f}" if ours and peer else ""
 
 
 # ---------------------------------------------------------------------------------------------------- document

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the wheel bundle that the GPU machine's image needs to run gym_lightning. That machine reaches no package
 # registry, and its image (python 3.12, torch 2.11.0, lightning 2.6.6, transformers 5.17.0, ...: the package list
-# in the device tool's KINDS.md) lacks deepspeed, datasets and jsonargparse, which gym_lightning imports, and some
-# of their own needs. This script downloads exactly those, one version each, into one folder; there they are
+# in the device tool's KINDS.md) lacks deepspeed, datasets and jsonargparse, which gym_lightning imports, some of
+# their own needs, and liger-kernel (the optional Liger fused ops the GPU bench measures). This script downloads exactly those, one version each, into one folder; there they are
 # installed with
 #
 #   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" "$DIR"/*.whl
@@ -54,6 +54,10 @@ wheels=(
   jsonargparse==4.53.0        # gym_lightning.cli: Lightning's LightningCLI
   docstring-parser==0.18.0    # jsonargparse[signatures]: LightningCLI refuses to start without that extra
   typeshed-client==2.15.0     # jsonargparse[signatures]
+  # gym_lightning.models.fused's fused_ops kernels liger (the `liger` extra; benchmarks/gpu.sh's gym_fsdp_liger run).
+  # Pure Python (py3-none-any, 0.9 MB); its needs, torch and triton, are the image's. The version fused.py was
+  # checked against (LIGER_CHECKED).
+  liger-kernel==0.8.5
 )
 # datasets' other needs are in the image: pyarrow (datasets wants >=24), pandas, xxhash, huggingface-hub
 # (>=1.31,<3; the image has 1.33.0), filelock, tqdm, pyyaml, packaging, numpy. deepspeed's: einops, msgpack, ninja,

@@ -110,7 +110,8 @@ def test_gpu_script_bench_part_over_budget(tmp_path: Path) -> None:
     results = json.loads((out / "gpu" / "results.json").read_text())
     assert results["meta"]["parts"] == "bench"
     assert [c["check"] for c in results["checks"]] == ["train/gym_ddp"]  # the earlier checks part's, kept
-    assert set(results["runs"]) == set(_load(BENCH / "workers" / "gpu_bench.py").STRATEGIES)
+    groups = _load(BENCH / "workers" / "gpu_bench.py").SMOKE_GROUPS
+    assert set(results["runs"]) == {name for group in ("rounds", "warm") for name in groups[group][1]}
     assert all(run["skipped"].startswith("time budget") for run in results["runs"].values())
 
 
@@ -233,21 +234,32 @@ def test_document_with_fake_numbers(run_py: ModuleType, tmp_path: Path) -> None:
 
 
 def _fake_gpu_results(gpu_bench: ModuleType, folder: Path) -> None:
-    """checks.jsonl and bench.jsonl as benchmarks/gpu.sh's workers append them (one failure of each kind)."""
+    """checks.jsonl and bench.jsonl as benchmarks/gpu.sh's workers append them (one failure of each kind): two
+    interleaved rounds of plain / gym_fsdp, a cold and a warm compile, zero3 beside Lightning's DeepSpeed."""
     for record in (
         {"check": "train/gym_fsdp", "ok": True, "seconds": 3.2, "figures": {"global_step": 4, "losses": [3.4]}},
         {"check": "init_weights", "ok": False, "seconds": 5.0, "detail": "RuntimeError: boom | here"},
     ):
         gpu_bench.append_record(folder / "checks.jsonl", record)
-    fake = {"gym_fsdp": (1260.0, 0.42, 40), "lightning_fsdp": (1050.0, 0.35, 50)}
-    for name, (tps, mfu, gib) in fake.items():
-        record = {"strategy": name, "peer": gpu_bench.PEERS.get(name), "round": 1, "ok": True}
-        record |= {"tokens_per_sec": tps, "mfu": mfu, "peak_memory_bytes": gib * 2**30, "clock_tokens_per_sec": tps}
+    fake = [  # name, round, tokens/s, MFU, peak GiB, compile s
+        ("plain", 1, 1000.0, 0.40, 50, 2.0),
+        ("gym_fsdp", 1, 990.0, 0.39, 40, 2.5),
+        ("plain", 2, 1200.0, 0.48, 50, 2.0),
+        ("gym_fsdp", 2, 1140.0, 0.45, 40, 2.5),
+        ("gym_fsdp_compiled", 1, 1400.0, 0.56, 45, 40.0),
+        ("gym_fsdp_compiled_warm", 1, 1410.0, 0.56, 45, 10.0),
+        ("gym_zero3", 1, 800.0, 0.32, 48, 3.0),
+        ("lightning_deepspeed", 1, 500.0, 0.20, 60, 3.0),
+    ]
+    for name, round_, tps, mfu, gib, compile_s in fake:
+        record = {"strategy": name, "round": round_, "ok": True, "tokens_per_sec": tps, "mfu": mfu}
+        record |= {"peak_memory_bytes": gib * 2**30, "clock_tokens_per_sec": tps, "compile_seconds": compile_s}
         record |= {"predicted_peak_bytes": 50 * 2**30, "planner_strategy": "fsdp_full"}
         gpu_bench.append_record(folder / "bench.jsonl", record)
-    gpu_bench.append_record(folder / "bench.jsonl", {"strategy": "gym_zero3", "ok": False, "error": "OOM"})
+    gpu_bench.append_record(folder / "bench.jsonl", {"strategy": "gym_zero1", "ok": False, "error": "OOM"})
+    gpu_bench.append_record(folder / "bench.jsonl", {"strategy": "gym_fsdp_liger", "ok": None, "skipped": "no liger"})
     with (folder / "bench.jsonl").open("a") as stream:
-        stream.write('{"strategy": "lightning_deeps')  # the line a kill cut off: skipped when read
+        stream.write('{"strategy": "gym_zero2')  # the line a kill cut off: skipped when read
 
 
 def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path: Path) -> None:
@@ -255,26 +267,168 @@ def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path:
     payload = gpu_bench.collect(
         tmp_path / "checks.jsonl", tmp_path / "bench.jsonl", tmp_path / "results.json", {"seq_len": 2048}
     )
-    assert payload["failed"] == ["init_weights", "bench/gym_zero3"]
-    assert payload["runs"]["gym_fsdp"]["tokens_per_sec"] == pytest.approx(1260.0)
-    assert payload["runs"]["gym_zero3"]["error"] == "OOM"
-    assert "not run" in payload["runs"]["lightning_deepspeed"]["error"]
+    assert payload["failed"] == ["init_weights", "bench/gym_zero1"]
+    runs = payload["runs"]
+    assert list(runs) == [name for name in gpu_bench.STRATEGIES if name in runs]  # the table's order
+    assert "gym_zero2" not in runs and "hf_trainer" not in runs  # no record, no row
+    assert runs["gym_fsdp"]["tokens_per_sec"] == pytest.approx(1065.0) and runs["gym_fsdp"]["rounds"] == [990, 1140]
+    assert runs["gym_zero1"]["error"] == "OOM" and runs["gym_fsdp_liger"]["skipped"] == "no liger"
+    assert runs["gym_fsdp_compiled_warm"]["compile_vs_cold"] == pytest.approx(0.25)
+    assert runs["gym_zero3"]["vs_peer"]["tokens_per_sec"] == pytest.approx(1.6)
     text = run_py.gpu_section(tmp_path / "results.json")
     assert "seq_len: 2048" in text
     assert "| train/gym_fsdp | ✅ | 3.2 | 4 steps |" in text
     assert "| init_weights | ❌ | 5.0 | RuntimeError: boom / here |" in text
-    row = "| gym_fsdp | 1,260 (1,260) | 42.0% | 40.0 GiB | 50.0 GiB (fsdp_full), measured / predicted 0.800 |"
-    assert row + " lightning_fsdp | 1.200 | 0.800 |" in text
-    assert "| gym_zero3 | failed: OOM |" in text
+    # rounds paired by number: 990 / 1000 and 1140 / 1200, median 0.97: undecided against the 0.98 bar
+    row = "| gym_fsdp | 2 | 1,065 (990-1,140) | **0.970** (0.950-0.990) (>= 0.98) ≈ | 42.0% | 40.0 GiB | 0.800 |"
+    assert row + " 50.0 GiB (fsdp_full), 0.800 |  |  |" in text
+    # a run of one round (later in the bench) against the plain loop's median, 1,100
+    assert "| gym_fsdp_compiled | 1 | 1,400 | **1.273** (>= 1.3) ❌ | 56.0% | 45.0 GiB | 0.900 (<= 1.0) ✅ |" in text
+    assert "| 40.0 (<= 60 s) ✅ |" in text and "| 10.0, 0.25 of cold (<= 0.33) ✅ |" in text
+    assert "| 50.0 GiB (fsdp_full), 0.960 (within 5%) ✅ |" in text  # zero3's peak beside the planner's
+    assert "| lightning_deepspeed: 1.600 (>= 1.5) ✅; peak 0.800 |" in text
+    assert "| gym_zero1 | failed: OOM |" in text and "| gym_fsdp_liger | skipped: no liger |" in text
+    # a warm-cache run that found the cache empty (its cold run skipped) says it compiled cold
+    cold_warm = {"compile_seconds": 50.0, "inductor_cache_files_at_start": 0}
+    assert run_py._compile_cell("gym_fsdp_compiled_warm", cold_warm, gpu_bench).endswith("a cold compile)")
     # A run killed before its results.json: the JSON lines beside it are rendered, marked partial.
     (tmp_path / "results.json").unlink()
     partial = run_py.gpu_section(tmp_path / "results.json")
-    assert "partial" in partial and "| init_weights | ❌ |" in partial and "| gym_fsdp | 1,260 (1,260) |" in partial
+    assert "partial" in partial and "| init_weights | ❌ |" in partial and "| gym_fsdp | 2 | 1,065" in partial
     # `gpu.sh --part bench` in a second device call: its results.json has no checks; the first call's are beside it.
     payload = gpu_bench.collect(tmp_path / "none.jsonl", tmp_path / "bench.jsonl", tmp_path / "results.json", {})
     assert payload["checks"] == [] and payload["runs"]["gym_fsdp"]["tokens_per_sec"]
     both = run_py.gpu_section(tmp_path / "results.json")
-    assert "| init_weights | ❌ |" in both and "| gym_fsdp | 1,260 (1,260) |" in both
+    assert "| init_weights | ❌ |" in both and "| gym_fsdp | 2 | 1,065" in both
+
+
+def test_gpu_bench_pairs_each_round_with_the_plain_round_run_beside_it(gpu_bench: ModuleType) -> None:
+    """Interleaved rounds: the ratio of each round to the plain loop's round of the same number, not of the medians
+    (a round that ran slow on both sides is one ordinary ratio); a round plain lacks is set against its median."""
+    records = [
+        {"strategy": name, "round": r, "ok": True, "tokens_per_sec": tps, "peak_memory_bytes": 1}
+        for name, r, tps in [("plain", 1, 100.0), ("gym_ddp", 1, 99.0), ("plain", 2, 200.0), ("gym_ddp", 2, 190.0)]
+    ]
+    ratio = gpu_bench.merge_runs(records)["gym_ddp"]["vs_plain"]
+    assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((0.97, 0.95, 0.99))
+    assert ratio["n"] == ratio["paired_rounds"] == 2  # the medians' ratio would say 144.5 / 150 = 0.963
+    records.append({"strategy": "gym_ddp", "round": 3, "ok": True, "tokens_per_sec": 165.0, "peak_memory_bytes": 1})
+    ratio = gpu_bench.merge_runs(records)["gym_ddp"]["vs_plain"]
+    assert ratio["max"] == pytest.approx(165 / 150) and ratio["paired_rounds"] == 2  # round 3: the median
+
+
+def test_gpu_bench_groups_fit_the_issue_criteria(gpu_bench: ModuleType) -> None:
+    """The default groups: plain / gym_ddp / gym_fsdp interleaved three times in one process, the cold compile
+    before the process that compiles warm (whose first run it is), zero3 next to Lightning's DeepSpeed, Liger last
+    in its process (its RoPE patch is process-wide); the smoke: one compiled run that runs on CPU."""
+    groups = {line.split()[0]: line.split()[2:] for line in gpu_bench.group_lines(smoke=False, only=None)}
+    assert list(groups) == ["rounds", "warm"]
+    assert groups["rounds"][:9] == ["plain", "gym_ddp", "gym_fsdp"] * 3
+    assert groups["rounds"][-1] == "gym_fsdp_compiled" and groups["warm"][0] == "gym_fsdp_compiled_warm"
+    warm = groups["warm"]
+    assert warm.index("lightning_deepspeed") == warm.index("gym_zero3") + 1 and warm[-1] == "gym_fsdp_liger"
+    default = {name for runs in groups.values() for name in runs}
+    assert not default & {"hf_trainer", "lightning_fsdp"}  # issue 47's rows: BENCH_GROUPS=issue
+    assert default | {"hf_trainer", "lightning_fsdp"} == set(gpu_bench.STRATEGIES)
+    smoke = [name for line in gpu_bench.group_lines(smoke=True, only=None) for name in line.split()[2:]]
+    args = SimpleNamespace(cpu_smoke=True)
+    assert [n for n in smoke if n in gpu_bench.COMPILED and not gpu_bench.skip_reason(args, n)] == ["gym_fsdp_compiled"]
+    assert gpu_bench.group_lines(smoke=True, only="warm,issue")[1].startswith("issue 0 plain hf_trainer")
+    with pytest.raises(SystemExit, match="unknown group"):
+        gpu_bench.group_lines(smoke=False, only="rounds,nope")
+
+
+def test_gpu_bench_budget_guesses_a_compiled_run_apart(gpu_bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A compiled run not yet seen in the process is expected to take --min-compiled-run; a repeated name its own
+    earlier round's time; a skipped run is one record with its round."""
+    import time
+
+    calls: list[tuple[str, int]] = []
+
+    def fake(args: Any, strategy: str, op_loads: Any, round_: int, draws: Any) -> dict[str, Any]:
+        calls.append((strategy, round_))
+        return {"strategy": strategy, "round": round_, "ok": True}
+
+    monkeypatch.setattr(gpu_bench, "run_recorded", fake)
+    monkeypatch.setattr(gpu_bench, "append_record", lambda path, record: calls.append(record))
+    runs = ["plain", "gym_ddp", "plain", "gym_fsdp_compiled"]
+    args = SimpleNamespace(strategy=runs, round=1, jsonl=None, deadline=time.time() + 50)
+    args.min_run, args.min_compiled_run = 10.0, 80.0
+    assert gpu_bench.run_all(args, [], {}) is False
+    assert [c for c in calls if isinstance(c, tuple)] == [("plain", 1), ("gym_ddp", 1), ("plain", 2)]
+    skipped = calls[-1]
+    assert skipped["strategy"] == "gym_fsdp_compiled" and skipped["ok"] is None
+    assert skipped["skipped"].startswith("time budget") and "about 80 s" in skipped["skipped"]
+
+
+def test_gpu_bench_compile_time_is_the_first_step_less_a_steady_one(gpu_bench: ModuleType) -> None:
+    figures = gpu_bench.step_figures([41.0, 0.4], tokens_per_step=8192, tokens_per_sec=8192 / 0.32)
+    assert figures["steady_step_seconds"] == pytest.approx(0.32)
+    assert figures["compile_seconds"] == pytest.approx(40.68) and figures["first_step_seconds"] == 41.0
+    assert gpu_bench.step_figures([], 8192, None)["compile_seconds"] is None
+
+
+def test_gpu_bench_skips_liger_with_the_reason(gpu_bench: ModuleType, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert gpu_bench.skip_reason(SimpleNamespace(cpu_smoke=True), "gym_fsdp_liger").startswith("needs CUDA")
+    assert gpu_bench.skip_reason(SimpleNamespace(cpu_smoke=False), "gym_fsdp_compiled") is None
+
+    def missing(name: str) -> None:
+        raise ModuleNotFoundError(f"No module named {name.split('.')[0]!r}")
+
+    monkeypatch.setattr(gpu_bench.importlib, "import_module", missing)
+    why = gpu_bench.skip_reason(SimpleNamespace(cpu_smoke=False), "gym_fsdp_liger")
+    assert why == "liger-kernel does not import: ModuleNotFoundError: No module named 'liger_kernel'"
+
+
+def test_gpu_bundle_carries_the_liger_kernel_fused_ops_was_checked_against() -> None:
+    """The GPU image has no liger-kernel: the bundle brings the release models.fused names (gpu_bench.py's
+    gym_fsdp_liger run is skipped, with the reason, where it does not import)."""
+    from gym_lightning.models.fused import LIGER_CHECKED
+
+    assert f"\n  liger-kernel=={LIGER_CHECKED}\n" in (REPO_ROOT / "scripts" / "gpu_bundle.sh").read_text()
+
+
+def test_memoised_draw_hands_out_the_same_values_on_new_parameters(monkeypatch: pytest.MonkeyPatch) -> None:
+    """gpu_common.memoise_cpu_draw: the second draw from the same generator state is the first one's values on new
+    (tied) parameters, moving it leaves the kept one as drawn, and the generator ends where a real draw leaves it;
+    inside an open zero.Init the real draw runs."""
+    import torch
+    from transformers import LlamaConfig
+
+    from gym_lightning.models import loading, plan
+
+    common = _load(BENCH / "workers" / "gpu_common.py")
+    monkeypatch.setattr(plan, "draw_on_cpu", plan.draw_on_cpu)  # restored after the test
+    monkeypatch.setattr(loading, "draw_on_cpu", loading.draw_on_cpu)
+    original = plan.draw_on_cpu
+    shape = {"vocab_size": 64, "hidden_size": 16, "intermediate_size": 32, "num_hidden_layers": 1}
+    options = {"dtype": torch.float32}
+    config = LlamaConfig(**shape, num_attention_heads=2, tie_word_embeddings=True)
+    torch.manual_seed(3)
+    real, after_real = original(config, options), torch.get_rng_state()
+    counts = common.memoise_cpu_draw(share=True)
+    models = []
+    for _ in range(2):
+        torch.manual_seed(3)
+        models.append(
+            loading.draw_on_cpu(LlamaConfig(**shape, num_attention_heads=2, tie_word_embeddings=True), options)
+        )
+        assert torch.equal(torch.get_rng_state(), after_real)
+    assert counts == {"drawn": 1, "reused": 1}
+    first, second = models
+    for a, b, r in zip(first.parameters(), second.parameters(), real.parameters(), strict=True):
+        assert a is not b and torch.equal(b, r)
+    assert second.lm_head.weight is second.model.embed_tokens.weight  # tied, as drawn
+    second.to(torch.float64)
+    assert first.lm_head.weight.dtype == torch.float32
+    torch.manual_seed(3)
+    assert torch.equal(next(plan.draw_on_cpu(config, options).parameters()), next(real.parameters()))
+    assert counts["reused"] == 2  # plan's own callers (reference_state_dict) get it too
+    deepspeed_zero = pytest.importorskip("deepspeed.runtime.zero.partition_parameters")
+    monkeypatch.setattr(deepspeed_zero, "zero_init_context", 1)
+    torch.manual_seed(3)
+    plan.draw_on_cpu(config, options)
+    assert counts == {"drawn": 1, "reused": 2}  # an open zero.Init: the real draw, not counted
 
 
 def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
@@ -310,10 +464,16 @@ def test_gpu_script_cpu_smoke_layout(tmp_path: Path) -> None:
     assert {f"gym_fit/{name}" for name in ("ddp", "fsdp", "zero1", "zero2", "zero3", "qlora")} <= set(check_names)
     assert results["failed"] == [] and results["meta"]["parts"] == "checks bench"
     for name, run in results["runs"].items():
-        if name.startswith("lightning_"):
+        if name.startswith("lightning_") or name == "gym_fsdp_liger":
             assert run["skipped"].startswith("needs CUDA")
         else:
             assert run["tokens_per_sec"] > 0, (name, run)
+    runs = results["runs"]
+    assert [len(runs[name]["rounds"]) for name in ("plain", "gym_ddp", "gym_fsdp")] == [2, 2, 2]
+    assert runs["gym_fsdp"]["vs_plain"]["paired_rounds"] == 2
+    compiled = runs["gym_fsdp_compiled"]
+    assert compiled["compiled_layers"] == 2 and compiled["compile_seconds"] > 0  # the tiny Qwen3's two layers
+    assert runs["gym_fsdp"]["compiled_layers"] == 0 and runs["gym_fsdp"]["cpu_draws"]["reused"] >= 1
     assert "gpu.sh: done" in (out / "gpu" / "log.txt").read_text()
 
 

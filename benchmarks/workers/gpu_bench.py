@@ -2,8 +2,9 @@
 per run.
 
     python benchmarks/workers/gpu_bench.py write-config --out DIR            # config-only model folder (no weights)
+    python benchmarks/workers/gpu_bench.py groups [--cpu-smoke] [--only rounds,warm]   # gpu.sh's processes
     python benchmarks/workers/gpu_bench.py run --strategy gym_fsdp --model DIR --jsonl bench.jsonl [--batch-size 4]
-    python benchmarks/workers/gpu_bench.py run --strategy plain hf_trainer --model DIR --jsonl bench.jsonl  # 2 runs
+    python benchmarks/workers/gpu_bench.py run --strategy plain gym_ddp plain gym_ddp ...   # interleaved rounds
     python benchmarks/workers/gpu_bench.py collect --checks checks.jsonl --bench bench.jsonl --out results.json
     python benchmarks/workers/gpu_bench.py run --cpu-smoke --strategy gym_zero3 --jsonl /tmp/bench.jsonl  # CPU
 
@@ -13,21 +14,44 @@ attention, fused torch AdamW at lr 1e-5 with weight decay 0 and a constant sched
 * ``plain``: a plain PyTorch loop, ``model(input_ids=ids, labels=ids).loss`` (the model's own loss), ``backward``,
   ``step``, ``zero_grad(set_to_none=True)``; ``hf_trainer``: ``transformers.Trainer`` with those settings
   (``bf16=True``, ``optim="adamw_torch_fused"``, ``max_grad_norm=0``). Both build the model on the device and
-  import neither Lightning nor gym_lightning before their timed steps are done.
+  import neither Lightning nor gym_lightning before their timed steps are done. ``plain_compiled``: the plain loop
+  with each decoder layer compiled by ``gym_lightning.models.compiled.compile_layers`` (the fast path's compile,
+  inductor defaults, no fused ops: the model's own loss), the like-for-like reference of the compiled runs; it
+  imports gym_lightning for that one function.
 * ``gym_ddp``, ``gym_fsdp``, ``gym_zero1``/``2``/``3``: gym_lightning's strategies; ``lightning_fsdp`` (Lightning's
   FSDPStrategy, FSDP1, one unit per Qwen3DecoderLayer) and ``lightning_deepspeed`` (Lightning's
   DeepSpeedStrategy(stage=3), told the micro-batch size: it otherwise reads ``batch_sampler.batch_size`` of the
   training loader, which a loader of ready batches does not have). All through the same ``CausalLMModule``
   (``loss_chunking="auto"``: chunked at this vocabulary) under ``bf16-mixed``. No DeepSpeed optimizer, so no op is
   JIT-built (``gpu_common.refuse_jit_builds`` makes a build an error).
+* The fast path, ``CausalLMModule(compile=True)`` (per-decoder-layer ``torch.compile``; ``fused_ops`` on by default
+  with compile: torch RMSNorm/SwiGLU autograd functions and the chunked linear cross-entropy): ``gym_fsdp_compiled``,
+  ``gym_ddp_compiled``; ``gym_fsdp_compiled_warm`` is ``gym_fsdp_compiled`` again in a second process with the same
+  ``TORCHINDUCTOR_CACHE_DIR`` (gpu.sh sets one under its scratch folder, empty at the start): its compile time next
+  to the first one's is the warm-cache criterion. ``gym_fsdp_liger`` adds ``fused_ops: {kernels: liger}`` (skipped,
+  with the reason, where liger-kernel does not import or there is no CUDA; Liger patches the modeling module's RoPE
+  for the whole process, so it is the last run of its process).
 
-Several ``--strategy`` run one after the other in one process (imports cost 10-20 s a process): before each run
-the process is collected, the CUDA cache emptied and the peak counters reset; what an earlier run left allocated
+A name given several times runs several rounds in one process, in the order given (``plain gym_ddp gym_fsdp`` three
+times: interleaved repeats, each record with its ``round``); ``merge_runs`` pairs each round with the plain loop's
+round of the same number for the ratio medians and their min-max (a run of one round, later in the bench, is set
+against the plain loop's median). Before each run the process is collected, the
+CUDA cache emptied, the peak counters reset and the CPU generator seeded (0); what an earlier run left allocated
 (``allocated_at_start_bytes``) is taken off the run's peak. With ``--deadline`` a run that would likely end past it
-(``--min-run`` seconds, or the slowest run of the process so far) is recorded as skipped instead.
+(its own earlier round's seconds, else ``--min-run``, ``--min-compiled-run`` for a compiled one) is recorded as
+skipped instead. The random initialisation of the gym runs is drawn on the CPU (one thread: 16 ns a parameter
+measured on this project's 2-core machine, tens of seconds at 1.7B); ``gpu_common.memoise_cpu_draw`` draws it once
+per process and hands later builds the same values (``cpu_draws`` in each record: how many the process has drawn /
+reused so far). ``inductor_cache_files_at_start``: the files in the inductor cache when the run started (0 for a
+cold compile; a warm-cache run whose cold one was skipped shows 0 too).
+
+Every run's record carries, beside tokens/s, MFU and peak: ``first_step_seconds`` (the first optimizer step's wall
+time, device synchronised before and after), ``warmup_step_seconds``, ``steady_step_seconds`` (the timed steps'
+mean) and ``compile_seconds`` = first step - steady step (for the compiled runs: the cold or warm compile of the
+decoder layer's forward and backward graphs; for the eager runs the first step's own warm-up, for comparison).
 
 tokens/s and MFU: gym_lightning's ``ThroughputCallback`` for the Lightning runs, a synchronised host clock for the
-two baselines (FLOPs convention for all: 6·N + 12·L·H·Q·T per token, PaLM appendix B, ``gym_lightning.metrics``;
+baselines (FLOPs convention for all: 6·N + 12·L·H·Q·T per token, PaLM appendix B, ``gym_lightning.metrics``;
 dense bf16 peak of the chip from gym_lightning.metrics.peak_flops) over the steps after ``--warmup``. The measured
 peak is ``torch.cuda.max_memory_allocated`` over the run, beside the planner's predicted device peak
 (``gym_lightning.planner``: the larger of its load and step phases for the matching strategy; the model's own,
@@ -39,33 +63,91 @@ from __future__ import annotations
 
 import argparse
 import gc
+import importlib
 import json
 import math
+import os
 import statistics
 import sys
 import time
 import traceback
+from collections import Counter
 from functools import partial
 from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import CPU_ONLY_OPS, append_record, one_line, read_records, refuse_jit_builds
+from gpu_common import CPU_ONLY_OPS, append_record, memoise_cpu_draw, one_line, read_records, refuse_jit_builds
 
-BASELINES = ("plain", "hf_trainer")
-# In the order gpu.sh runs them when it has time for all: the baselines, then each gym strategy next to its peer.
-STRATEGIES = (*BASELINES, "gym_ddp", "gym_fsdp", "lightning_fsdp", "gym_zero3", "lightning_deepspeed")
-STRATEGIES += ("gym_zero1", "gym_zero2")
-# What each run is compared with in the table: Lightning's counterpart, else the plain loop.
-PEERS = {"gym_fsdp": "lightning_fsdp", "gym_zero3": "lightning_deepspeed"}
-PEERS |= {name: "plain" for name in ("hf_trainer", "gym_ddp", "gym_zero1", "gym_zero2")}
+BASELINES = ("plain", "hf_trainer", "plain_compiled")
+# The fast path's runs: the gym strategy each runs under, and its CausalLMModule arguments.
+FAST_PATH: dict[str, tuple[str, dict[str, Any]]] = {
+    "gym_fsdp_compiled": ("gym_fsdp", {"compile": True}),
+    "gym_ddp_compiled": ("gym_ddp", {"compile": True}),
+    "gym_fsdp_compiled_warm": ("gym_fsdp", {"compile": True}),
+    "gym_fsdp_liger": ("gym_fsdp", {"compile": True, "fused_ops": {"kernels": "liger"}}),
+}
+COMPILED = ("plain_compiled", *FAST_PATH)
+# Every run, in the order of the table: the wrapper tax, the fast path, ZeRO, the rows issue 47 measured already.
+STRATEGIES = ("plain", "gym_ddp", "gym_fsdp", "plain_compiled", "gym_fsdp_compiled", "gym_fsdp_compiled_warm")
+STRATEGIES += ("gym_ddp_compiled", "gym_fsdp_liger", "gym_zero3", "lightning_deepspeed", "gym_zero1", "gym_zero2")
+STRATEGIES += ("hf_trainer", "lightning_fsdp")
+# Lightning's own strategy each gym strategy is measured beside (every run is also compared with the plain loop).
+LIGHTNING_PEERS = {"gym_fsdp": "lightning_fsdp", "gym_zero3": "lightning_deepspeed"}
+# The cold compile a warm-cache run is compared with.
+COLD_COMPILE = {"gym_fsdp_compiled_warm": "gym_fsdp_compiled"}
+# Issue 47's bars, as tokens/s ratios to the plain eager loop (the medians over rounds; the verdict needs the whole
+# min-max range on one side of the bar). zero3 also needs >= 1.5 x Lightning's DeepSpeedStrategy(stage=3).
+TARGETS_VS_PLAIN = {"gym_ddp": 0.98, "gym_fsdp": 0.98, "gym_zero3": 0.75, "gym_zero1": 0.95, "gym_zero2": 0.95}
+TARGETS_VS_PLAIN |= {"gym_fsdp_compiled": 1.30, "gym_ddp_compiled": 1.30, "gym_fsdp_compiled_warm": 1.30}
+TARGETS_VS_PEER = {"gym_zero3": 1.5}
+COLD_COMPILE_MAX_S = {"gym_fsdp_compiled": 60.0}  # the cold per-block compile at the 1.7B shape
+WARM_COMPILE_MAX_SHARE = 1 / 3  # a second process with the same inductor cache: at most a third of the cold compile
+PEAK_VS_PLAIN_MAX = {name: 1.0 for name in ("gym_fsdp_compiled", "gym_ddp_compiled", "gym_fsdp_compiled_warm")}
+PLANNER_TOLERANCE = {"gym_zero3": 0.05}  # |measured / predicted peak - 1|
 # The planner's strategy for each run (Lightning's FSDP1 and DeepSpeed stage 3 hold what gym's counterparts hold; a
 # plain loop holds what DDP holds at world size 1).
 PLANNER_KEYS = {"plain": "ddp", "hf_trainer": "ddp", "gym_ddp": "ddp", "gym_zero1": "zero1", "gym_zero2": "zero2"}
 PLANNER_KEYS |= {"gym_fsdp": "fsdp_full", "lightning_fsdp": "fsdp_full", "gym_zero3": "zero3"}
-PLANNER_KEYS["lightning_deepspeed"] = "zero3"
+PLANNER_KEYS |= {"lightning_deepspeed": "zero3", "plain_compiled": "ddp"}
+PLANNER_KEYS |= {name: PLANNER_KEYS[strategy] for name, (strategy, _) in FAST_PATH.items()}
 MEDIAN_KEYS = ("tokens_per_sec", "clock_tokens_per_sec", "mfu", "device_tflops_per_sec", "peak_memory_bytes")
+MEDIAN_KEYS += ("first_step_seconds", "steady_step_seconds", "compile_seconds")
 LR = 1e-5
+
+# gpu.sh's processes, in the order it runs them (imports cost 10-20 s a process, the first gym build of a process
+# its CPU draw): (name, seconds kept for the groups after it, runs). "rounds": the wrapper tax, plain / gym_ddp /
+# gym_fsdp interleaved three times, then the cold compile (the bench's first compile, in an empty inductor cache);
+# "warm": the same compile in a second process (the warm-cache criterion), zero3 beside Lightning's
+# DeepSpeedStrategy(stage=3), the other compiled runs, ZeRO-1/2, Liger last (its RoPE patch is process-wide).
+# "issue": the rows issue 47 measured already (transformers.Trainer, Lightning's FSDPStrategy), only on request.
+ROUNDS = ("plain", "gym_ddp", "gym_fsdp")
+GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "rounds": (45, (*ROUNDS * 3, "gym_fsdp_compiled")),  # 45 s: the warm group's first run
+    "warm": (
+        0,
+        (
+            "gym_fsdp_compiled_warm",
+            "gym_zero3",
+            "lightning_deepspeed",
+            "gym_ddp_compiled",
+            "plain_compiled",
+            "gym_zero1",
+            "gym_zero2",
+            "gym_fsdp_liger",
+        ),
+    ),
+    "issue": (0, ("plain", "hf_trainer", "gym_fsdp", "lightning_fsdp")),
+}
+DEFAULT_GROUPS = ("rounds", "warm")
+# --cpu-smoke (CI): two rounds, and one compiled run, gym_fsdp_compiled (its inductor compile of the 2-layer model
+# took 20-59 s cold, 20 s warm, on this project's busy 2 CPU cores; gym_fsdp_compiled_warm is the same run by
+# another name); Lightning's strategies and Liger (Triton) are recorded as skipped on CPU.
+SMOKE_GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "rounds": (0, (*ROUNDS * 2, "gym_fsdp_compiled")),
+    "warm": (0, ("gym_zero3", "lightning_deepspeed", "gym_zero1", "gym_zero2", "gym_fsdp_liger")),
+    "issue": GROUPS["issue"],
+}
 
 # Qwen/Qwen3-1.7B config.json (shape as in gym_lightning.planner.catalog.BUNDLED["qwen3-1.7b"]); no weights needed.
 QWEN3_1_7B: dict[str, Any] = {
@@ -104,7 +186,9 @@ def write_config(out: Path, smoke: bool = False) -> Path:
 
 
 def make_strategy(name: str, batch_size: int) -> Any:
-    """The strategy object, with the arguments checked against Lightning 2.6.6 / DeepSpeed 0.19.8."""
+    """The strategy object of run ``name`` (a fast-path run: its gym strategy), with the arguments checked against
+    Lightning 2.6.6 / DeepSpeed 0.19.8."""
+    name = FAST_PATH.get(name, (name, {}))[0]
     if name == "gym_ddp":
         from gym_lightning.strategies import GymDDPStrategy
 
@@ -139,7 +223,9 @@ def predicted_peak(model_dir: str, strategy: str, batch_size: int, seq_len: int)
     from gym_lightning.planner.phases import phase_peaks
 
     key = PLANNER_KEYS[strategy]
-    chunking = "off" if strategy in BASELINES else "auto"  # the baselines use the model's own (unchunked) loss
+    # The baselines use the model's own (unchunked) loss; the fast path's linear cross-entropy is chunked (the module
+    # maps fused_ops.linear_cross_entropy onto loss_chunking "on", which "auto" also gives at this vocabulary).
+    chunking = "off" if strategy in BASELINES else "auto"
     setup = Setup(
         gpus_per_node=1, precision="bf16-mixed", micro_batch_size=batch_size, seq_length=seq_len, loss_chunking=chunking
     )
@@ -214,21 +300,79 @@ def run_lightning(args: argparse.Namespace, strategy: str, vocab: int) -> dict[s
         lr=LR,
         weight_decay=0.0,
         scheduler="constant",
+        **FAST_PATH.get(strategy, ("", {}))[1],
     )
     throughput, clock = ThroughputCallback(warmup_steps=args.warmup, log_every_n_steps=5), StepClock(args.warmup)
-    optimizer = optimizer_probe()
-    trainer = bench_trainer(args, strategy, [throughput, clock, optimizer])
+    optimizer, first_steps = optimizer_probe(), warmup_timer(args.warmup, "cpu" if args.cpu_smoke else "cuda")
+    trainer = bench_trainer(args, strategy, [throughput, clock, optimizer, first_steps])
     batches = make_batches(batch_spec(args), rank=0, vocab=vocab)
     trainer.fit(module, datamodule=ReadyBatches(batches, args.batch_size))
     total = throughput.summary.get("total") or {}
-    return {
-        "tokens_per_sec": total.get("tokens_per_sec"),
+    tokens_per_sec = total.get("tokens_per_sec")
+    figures = {
+        "tokens_per_sec": tokens_per_sec,
         "clock_tokens_per_sec": args.steps * args.batch_size * args.seq_len / (clock.t1 - clock.t0),
         "mfu": total.get("mfu"),
         "device_tflops_per_sec": total.get("device_tflops_per_sec"),
         "optimizer": optimizer.summary,
         "device": throughput.summary.get("device_name"),
         "flops": throughput.summary.get("flops"),
+        "compiled_layers": _compiled_layers(module),
+    }
+    return figures | step_figures(first_steps.seconds(), args.batch_size * args.seq_len, tokens_per_sec)
+
+
+def _compiled_layers(module: Any) -> int:
+    """How many layers run a compiled forward (``models.compiled`` sets it on the instance, with ``__wrapped__``)."""
+    model = getattr(module, "model", None)
+    if model is None:
+        return 0
+    return sum(hasattr(m.__dict__.get("forward"), "__wrapped__") for m in model.modules())
+
+
+def warmup_timer(warmup: int, device_type: str) -> Any:
+    """A callback timing the warm-up steps one by one, the device synchronised before the first step and after each
+    warm-up step: the first step's wall time holds a compiled run's compile. The timed steps after them get no sync
+    (it would stall the host's run-ahead and slow the figures); warm-up steps are not in the figures."""
+    import lightning.pytorch as pl
+
+    class WarmupTimer(pl.Callback):
+        def __init__(self) -> None:
+            self.stamps: list[float] = []
+
+        def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+            if not self.stamps:
+                self.stamps.append(synchronised_clock(device_type))
+
+        def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+            if trainer.global_step <= warmup and trainer.global_step == len(self.stamps):
+                self.stamps.append(synchronised_clock(device_type))
+
+        def seconds(self) -> list[float]:
+            return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
+
+    return WarmupTimer()
+
+
+def synchronised_clock(device_type: str) -> float:
+    """``time.perf_counter()`` once the device has finished what was queued (CUDA); the host clock on a CPU."""
+    if device_type == "cuda":
+        import torch
+
+        torch.cuda.synchronize()
+    return time.perf_counter()
+
+
+def step_figures(warmup_seconds: list[float], tokens_per_step: int, tokens_per_sec: float | None) -> dict[str, Any]:
+    """The warm-up steps' seconds, the steady step (the timed steps' mean: tokens a step / tokens a second) and the
+    compile time, the first step less a steady one (issue 47's convention)."""
+    first = warmup_seconds[0] if warmup_seconds else None
+    steady = tokens_per_step / tokens_per_sec if tokens_per_sec else None
+    return {
+        "first_step_seconds": first,
+        "warmup_step_seconds": warmup_seconds,
+        "steady_step_seconds": steady,
+        "compile_seconds": first - steady if first is not None and steady is not None else None,
     }
 
 
@@ -250,25 +394,34 @@ def token_ids(args: argparse.Namespace, vocab: int) -> list[Any]:
 
 
 class SyncClock:
-    """Host clock at the end of optimizer step ``warmup`` and of the last step, each read after synchronising the
-    device (the baselines queue their kernels asynchronously; no other synchronisation is added)."""
+    """Host clock before the first step, at the end of each warm-up step and of the last step, each read after
+    synchronising the device (the baselines queue their kernels asynchronously; the timed steps between the end of
+    the warm-up and the last step get no synchronisation), as ``warmup_timer`` does for the Lightning runs."""
 
     def __init__(self, device: Any, warmup: int, last: int) -> None:
         self.device, self.warmup, self.last = device, warmup, last
         self.t0 = self.t1 = 0.0
+        self.stamps: list[float] = []
+
+    def start(self) -> None:
+        """Before the first step (once)."""
+        if not self.stamps:
+            self.stamps.append(synchronised_clock(self.device.type))
 
     def step_end(self, step: int) -> None:
         """``step``: optimizer steps finished so far (1-based)."""
-        if step not in (self.warmup, self.last):
+        if step > self.warmup and step != self.last:
             return
-        if self.device.type == "cuda":
-            import torch
-
-            torch.cuda.synchronize(self.device)
+        now = synchronised_clock(self.device.type)
+        if step <= self.warmup:
+            self.stamps.append(now)
         if step == self.warmup:
-            self.t0 = time.perf_counter()
-        else:
-            self.t1 = time.perf_counter()
+            self.t0 = now
+        if step == self.last:
+            self.t1 = now
+
+    def warmup_seconds(self) -> list[float]:
+        return [b - a for a, b in zip(self.stamps, self.stamps[1:], strict=False)]
 
 
 def baseline_model(model_dir: str, device: Any) -> Any:
@@ -296,6 +449,7 @@ def plain_loop(model: Any, batches: list[Any], clock: SyncClock) -> dict[str, An
 
     optimizer = fused_adamw(model)
     loss = None
+    clock.start()
     for step, batch in enumerate(batches, start=1):
         ids = batch.to(clock.device, non_blocking=True)
         with torch.autocast(clock.device.type, dtype=torch.bfloat16):
@@ -312,6 +466,9 @@ def hf_trainer_loop(model: Any, batches: list[Any], clock: SyncClock, args: argp
     from transformers import Trainer, TrainerCallback, TrainingArguments, default_data_collator
 
     class Clock(TrainerCallback):
+        def on_step_begin(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            clock.start()
+
         def on_step_end(self, _args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             clock.step_end(state.global_step)
 
@@ -353,11 +510,17 @@ def run_baseline(args: argparse.Namespace, strategy: str, vocab: int) -> dict[st
     device = torch.device("cpu" if args.cpu_smoke else "cuda")
     batches = token_ids(args, vocab)
     model = baseline_model(args.model, device)
+    compiled = 0
+    if strategy == "plain_compiled":  # the fast path's per-layer compile, nothing else of gym_lightning
+        from gym_lightning.models.compiled import CompileArgs, compile_layers
+
+        compiled = compile_layers(model, CompileArgs())
     clock = SyncClock(device, args.warmup, args.warmup + args.steps)
-    loop = plain_loop if strategy == "plain" else partial(hf_trainer_loop, args=args)
-    figures = loop(model, batches, clock)
+    loop = partial(hf_trainer_loop, args=args) if strategy == "hf_trainer" else plain_loop
+    figures = loop(model, batches, clock) | {"compiled_layers": compiled}
     tokens_per_sec = args.steps * args.batch_size * args.seq_len / (clock.t1 - clock.t0)
     figures |= {"tokens_per_sec": tokens_per_sec, "clock_tokens_per_sec": tokens_per_sec}
+    figures |= step_figures(clock.warmup_seconds(), args.batch_size * args.seq_len, tokens_per_sec)
     return figures | model_flops(model, device, args.seq_len, tokens_per_sec)
 
 
@@ -397,9 +560,11 @@ def run_one(args: argparse.Namespace, strategy: str, op_loads: list[dict[str, An
         torch.cuda.empty_cache()
         torch.cuda.reset_peak_memory_stats()
     left = torch.cuda.memory_allocated() if cuda else 0  # what an earlier run of this process left allocated
+    torch.manual_seed(0)  # every round of a run draws its initialisation from the same state (memoise_cpu_draw)
+    cache_files = inductor_cache_files()  # whether a compile found a cache: a warm run after a skipped cold one
     start = time.perf_counter()
     run = run_baseline if strategy in BASELINES else run_lightning
-    figures = run(args, strategy, vocab)
+    figures = run(args, strategy, vocab) | {"inductor_cache_files_at_start": cache_files}
     peak = torch.cuda.max_memory_allocated() if cuda else 0
     figures |= {
         "fit_seconds": time.perf_counter() - start,
@@ -412,17 +577,37 @@ def run_one(args: argparse.Namespace, strategy: str, op_loads: list[dict[str, An
     return figures | predicted_peak(args.model, strategy, args.batch_size, args.seq_len)
 
 
-def skipped_on_cpu(args: argparse.Namespace, strategy: str) -> bool:
-    return args.cpu_smoke and strategy.startswith("lightning_")
+def inductor_cache_files() -> int | None:
+    """Files in ``TORCHINDUCTOR_CACHE_DIR`` (gpu.sh sets one, empty at the bench's start); ``None`` when unset."""
+    folder = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if not folder:
+        return None
+    return sum(len(files) for _, _, files in os.walk(folder))
 
 
-def run_recorded(args: argparse.Namespace, strategy: str, op_loads: list[dict[str, Any]]) -> dict[str, Any]:
-    """One run as one record: its figures, the skip on CPU of Lightning's CUDA-only strategies, or the error (one
-    line)."""
-    record: dict[str, Any] = {"strategy": strategy, "peer": PEERS.get(strategy), "round": args.round}
+def skip_reason(args: argparse.Namespace, strategy: str) -> str | None:
+    """Why ``strategy`` cannot run here (recorded as skipped), else ``None``."""
+    if args.cpu_smoke and strategy.startswith("lightning_"):
+        return "needs CUDA (Lightning's FSDPStrategy / DeepSpeedStrategy)"
+    if FAST_PATH.get(strategy, ("", {}))[1].get("fused_ops", {}).get("kernels") != "liger":
+        return None
+    if args.cpu_smoke:
+        return "needs CUDA (Liger-Kernel's Triton kernels)"
+    try:
+        importlib.import_module("liger_kernel.transformers.monkey_patch")  # what models.fused imports
+    except Exception as err:  # not installed, or a Triton / torch it does not work with: said, not run
+        return "liger-kernel does not import: " + one_line(err)[:300]
+    return None
+
+
+def run_recorded(
+    args: argparse.Namespace, strategy: str, op_loads: list[dict[str, Any]], round_: int, draws: dict[str, int]
+) -> dict[str, Any]:
+    """One run as one record: its figures, the reason it cannot run here (skipped), or the error (one line)."""
+    record: dict[str, Any] = {"strategy": strategy, "round": round_}
     start = time.perf_counter()
-    if skipped_on_cpu(args, strategy):
-        return record | {"ok": None, "skipped": "needs CUDA (Lightning's FSDPStrategy / DeepSpeedStrategy)"}
+    if why := skip_reason(args, strategy):
+        return record | {"ok": None, "skipped": why}
     try:
         record |= run_one(args, strategy, op_loads)
         record["ok"] = bool(record["tokens_per_sec"]) and record["tokens_per_sec"] > 0
@@ -431,27 +616,68 @@ def run_recorded(args: argparse.Namespace, strategy: str, op_loads: list[dict[st
         record |= {"ok": False, "error": one_line(err)[:2000]}
     finally:
         gc.collect()  # the next run of this process starts from what is really left
-    return record | {"seconds": round(time.perf_counter() - start, 2)}
+    return record | {"cpu_draws": dict(draws), "seconds": round(time.perf_counter() - start, 2)}
 
 
 def merge_runs(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One entry per strategy: the median over its successful rounds, else its last error or skip."""
+    """One entry per run that has a record, in ``STRATEGIES`` order: the medians over its successful rounds with
+    their spread, its tokens/s ratio to the plain loop paired round by round (median, min, max), to its Lightning
+    peer and a warm compile's to the cold one; else its last error or skip."""
+    good = {name: _good(records, name) for name in STRATEGIES}
     merged: dict[str, Any] = {}
     for name in STRATEGIES:
         found = [r for r in records if r.get("strategy") == name]
-        good = [r for r in found if r.get("ok") and r.get("tokens_per_sec")]
-        if not good:
-            last = found[-1] if found else {"error": "not run (time budget or an earlier failure)"}
-            merged[name] = {key: last[key] for key in ("error", "skipped") if key in last} or {"error": "no result"}
-            merged[name]["peer"] = PEERS.get(name)
+        if not found:
             continue
-        best = dict(good[-1])
-        for key in MEDIAN_KEYS:
-            values = [r[key] for r in good if r.get(key) is not None]
-            best[key] = statistics.median(values) if values else None
-        best["rounds"] = [r["tokens_per_sec"] for r in good]
-        merged[name] = best
+        if not good[name]:
+            merged[name] = {key: found[-1][key] for key in ("error", "skipped") if key in found[-1]}
+            merged[name] = merged[name] or {"error": "no result"}
+            continue
+        entry = _medians(good[name])
+        if name != "plain" and good["plain"]:
+            entry["vs_plain"] = _paired_ratios(good[name], good["plain"], "tokens_per_sec")
+            entry["vs_plain"]["peak"] = _ratio(entry["peak_memory_bytes"], _medians(good["plain"])["peak_memory_bytes"])
+        if (peer := LIGHTNING_PEERS.get(name)) and good[peer]:
+            theirs = _medians(good[peer])
+            entry["vs_peer"] = {"peer": peer} | {
+                key: _ratio(entry[field], theirs[field])
+                for key, field in (("tokens_per_sec", "tokens_per_sec"), ("peak", "peak_memory_bytes"))
+            }
+        if (cold := COLD_COMPILE.get(name)) and good[cold]:
+            entry["compile_vs_cold"] = _ratio(entry["compile_seconds"], _medians(good[cold])["compile_seconds"])
+        merged[name] = entry
     return merged
+
+
+def _good(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    return [r for r in records if r.get("strategy") == name and r.get("ok") and r.get("tokens_per_sec")]
+
+
+def _medians(good: list[dict[str, Any]]) -> dict[str, Any]:
+    """The last successful round's record with ``MEDIAN_KEYS`` replaced by their medians over the rounds;
+    ``rounds``: tokens/s of each round, in order."""
+    entry = dict(good[-1])
+    for key in MEDIAN_KEYS:
+        values = [r[key] for r in good if r.get(key) is not None]
+        entry[key] = statistics.median(values) if values else None
+    entry["rounds"] = [r["tokens_per_sec"] for r in good]
+    return entry
+
+
+def _paired_ratios(ours: list[dict[str, Any]], plain: list[dict[str, Any]], key: str) -> dict[str, Any]:
+    """``ours / plain`` for ``key``: with several rounds (interleaved), each over the plain loop's round of the same
+    number (the one run next to it), over the plain loop's median where it has no such round; one round (a run of
+    its own, later in the bench) over the median. Median, min, max, how many, how many paired."""
+    by_round = {r.get("round"): r[key] for r in plain}
+    median = statistics.median(by_round.values())
+    paired = by_round if len(ours) > 1 else {}
+    ratios = [r[key] / paired.get(r.get("round"), median) for r in ours]
+    figures = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
+    return figures | {"paired_rounds": sum(r.get("round") in paired for r in ours)}
+
+
+def _ratio(ours: float | None, theirs: float | None) -> float | None:
+    return ours / theirs if ours and theirs else None
 
 
 def collect(checks: Path, bench: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
@@ -466,37 +692,59 @@ def collect(checks: Path, bench: Path, out: Path, meta: dict[str, Any]) -> dict[
     return payload
 
 
+def group_lines(smoke: bool, only: str | None) -> list[str]:
+    """gpu.sh's processes, one line each: name, seconds kept for the later groups, then its runs in order.
+    ``only``: group names separated by commas or spaces (default: ``DEFAULT_GROUPS``)."""
+    table = SMOKE_GROUPS if smoke else GROUPS
+    names = (only or "").replace(",", " ").split() or list(DEFAULT_GROUPS)
+    if unknown := [name for name in names if name not in table]:
+        raise SystemExit(f"gpu_bench.py groups: unknown group(s) {unknown}; expected some of {sorted(table)}")
+    return [" ".join([name, str(table[name][0]), *table[name][1]]) for name in names]
+
+
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     config = sub.add_parser("write-config", help="write the config-only Qwen3-1.7B folder")
     config.add_argument("--out", type=Path, required=True)
     config.add_argument("--cpu-smoke", action="store_true", help="a tiny model of the same architecture")
+    groups = sub.add_parser("groups", help="print gpu.sh's processes: name, reserved seconds, runs")
+    groups.add_argument("--cpu-smoke", action="store_true", help="the CPU smoke's groups")
+    groups.add_argument("--only", help=f"group names, comma-separated (default: {','.join(DEFAULT_GROUPS)})")
     one = sub.add_parser("run", help="train each strategy in turn, appending its figures as one JSON line")
-    one.add_argument("--strategy", nargs="+", choices=STRATEGIES, required=True, help="one or more, in this order")
+    one.add_argument("--strategy", nargs="+", choices=STRATEGIES, required=True, help="in this order; repeats: rounds")
     one.add_argument("--model", help="config-only model folder (default: written into --work)")
     one.add_argument("--jsonl", type=Path, required=True, help="the JSON-lines file to append the records to")
     one.add_argument("--work", default="/tmp/gym_gpu_work", help="scratch folder (model config, logs)")
-    one.add_argument("--round", type=int, default=1, help="which round of the benchmark this run belongs to")
+    one.add_argument("--round", type=int, default=1, help="the round number of each strategy's first run here")
     one.add_argument("--batch-size", type=int, default=4)
     one.add_argument("--seq-len", type=int, default=2048)
     one.add_argument("--steps", type=int, default=10, help="timed optimizer steps")
-    one.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first")
+    one.add_argument("--warmup", type=int, default=3, help="untimed optimizer steps first (>= 1: the first is timed)")
     one.add_argument("--cpu-smoke", action="store_true", help="tiny model on CPU: checks the code path, no figures")
     one.add_argument("--deadline", type=float, help="seconds since the epoch: no run starts that would end later")
-    one.add_argument("--min-run", type=float, default=0.0, help="a run's expected seconds before one was measured")
+    one.add_argument("--min-run", type=float, default=0.0, help="an eager run's expected seconds before one ran")
+    one.add_argument("--min-compiled-run", type=float, default=0.0, help="the same for a compiled run")
     gather = sub.add_parser("collect", help="merge the checks and the runs into one results file")
     gather.add_argument("--checks", type=Path, required=True, help="gpu_check.py's JSON lines")
     gather.add_argument("--bench", type=Path, required=True, help="the runs' JSON lines")
     gather.add_argument("--out", type=Path, required=True)
     gather.add_argument("--meta", default="{}", help="JSON object of facts to print above the tables")
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.command == "run" and args.warmup < 1:
+        parser.error(
+            f"--warmup must be at least 1 (the first step is timed apart, it holds any compile), got {args.warmup}"
+        )
+    return args
 
 
 def main() -> int:
     args = parse_args()
     if args.command == "write-config":
         print(write_config(args.out, args.cpu_smoke))
+        return 0
+    if args.command == "groups":
+        print("\n".join(group_lines(args.cpu_smoke, args.only)))
         return 0
     if args.command == "collect":
         payload = collect(args.checks, args.bench, args.out, json.loads(args.meta))
@@ -505,29 +753,35 @@ def main() -> int:
         return 1 if payload["failed"] else 0
     args.model = args.model or str(write_config(Path(args.work) / "model_config", smoke=args.cpu_smoke))
     op_loads: list[dict[str, Any]] = []
-    lightning_runs = [s for s in args.strategy if s not in BASELINES and not skipped_on_cpu(args, s)]
+    draws: dict[str, int] = {}
+    lightning_runs = [s for s in args.strategy if s not in BASELINES and not skip_reason(args, s)]
     if lightning_runs:  # the baselines import neither gym_lightning nor DeepSpeed to run, a skipped run nothing
         from gym_lightning.quiet import quiet_console
 
         quiet_console()  # as `gym` does: before DeepSpeed is first imported
         op_loads = refuse_jit_builds(CPU_ONLY_OPS if args.cpu_smoke else ())
-    return 1 if run_all(args, op_loads) else 0
+        draws = memoise_cpu_draw(share=not args.cpu_smoke)
+    return 1 if run_all(args, op_loads, draws) else 0
 
 
-def run_all(args: argparse.Namespace, op_loads: list[dict[str, Any]]) -> bool:
-    """Each ``--strategy`` in turn, one record each; none started that would likely end past ``--deadline`` (the
-    slowest run of this process so far, the first one's imports included). Whether a run failed."""
-    failed, slowest = False, args.min_run
+def run_all(args: argparse.Namespace, op_loads: list[dict[str, Any]], draws: dict[str, int]) -> bool:
+    """Each ``--strategy`` in turn, one record each (a repeated name: its next round); none started that would
+    likely end past ``--deadline`` (its own earlier round's seconds, else ``--min-run`` / ``--min-compiled-run``).
+    Whether a run failed."""
+    failed, seen, rounds = False, {}, Counter()
     for strategy in args.strategy:
+        round_ = args.round + rounds[strategy]
+        rounds[strategy] += 1
+        guess = args.min_compiled_run if strategy in COMPILED else args.min_run
+        expected = seen.get(strategy, guess)
         left = math.inf if args.deadline is None else args.deadline - time.time()
-        if left < slowest:  # recorded as not run, rather than cut off by gpu.sh's kill
-            why = f"time budget: {left:.0f} s left, a run takes {slowest:.0f} s"
-            record = {"strategy": strategy, "peer": PEERS.get(strategy), "round": args.round, "ok": None}
-            record["skipped"] = why
+        if left < expected:  # recorded as not run, rather than cut off by gpu.sh's kill
+            why = f"time budget: {left:.0f} s left, the run takes about {expected:.0f} s"
+            record = {"strategy": strategy, "round": round_, "ok": None, "skipped": why}
         else:
             start = time.perf_counter()
-            record = run_recorded(args, strategy, op_loads)
-            slowest = max(slowest, time.perf_counter() - start)
+            record = run_recorded(args, strategy, op_loads, round_, draws)
+            seen[strategy] = max(seen.get(strategy, 0.0), time.perf_counter() - start)
         append_record(args.jsonl, record)
         print(json.dumps(record)[:3000], flush=True)
         failed = failed or record["ok"] is False
