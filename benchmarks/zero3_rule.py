@@ -146,6 +146,10 @@ def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
     results = {name: _run_variant(args, *variant) for name, variant in VARIANTS.items()}
     if rank == 0:
         Path(out).write_text(json.dumps(results))
+    # Both ranks leave the group together: a gloo group torn down at interpreter exit aborted one rank ("terminate
+    # called without an active exception", pytorch #190489), as in the test workers.
+    dist.barrier()
+    dist.destroy_process_group()
 
 
 def _table(results: dict[str, dict[str, Any]]) -> str:

@@ -24,6 +24,14 @@ StrategyClass = Literal["ddp", "fsdp", "zero"]
 # Swap folder of the registered "zero_infinity" name. For a fast local disk, pass the strategy as a class with
 # ``nvme_path`` instead (YAML: ``class_path: gym_lightning.strategies.ZeROStrategy`` + ``init_args.nvme_path``).
 DEFAULT_NVME_PATH = os.path.join(tempfile.gettempdir(), "gym_lightning_nvme")
+
+# A tensor of at most this many x hidden_size elements stays whole on every rank under ZeRO-3 (the Hugging Face
+# integration's ``"auto"`` rule, 10 x hidden): every norm weight, bias and per-head norm of a decoder layer (hidden or
+# fewer elements), never a projection matrix (at least hidden x head_dim >= 64 x hidden elements). A persisted tensor
+# is never gathered (no all-gather, no wait); it costs its whole size on every rank (DeepSpeed keeps it whole next to
+# its partition: ``partition_parameters.py``, ``ds_persist``), which for vectors is under 0.01 % of the model. Here
+# because ``strategies.zero.rule`` sets it and the planner, a layer below the strategies, models it.
+ZERO3_PERSIST_WIDTHS = 10
 # The class of each strategy family, by the key the presets use: its public path and the name it is shown by.
 STRATEGY_CLASSES: dict[StrategyClass, str] = {
     "ddp": "gym_lightning.strategies.GymDDPStrategy",
@@ -147,6 +155,7 @@ __all__ = [
     "STRATEGY_NAMES",
     "STRATEGY_PRESETS",
     "STRATEGY_PRESET_BY_NAME",
+    "ZERO3_PERSIST_WIDTHS",
     "HFSetting",
     "StrategyClass",
     "StrategyPreset",

@@ -35,7 +35,7 @@ from typing import Any, Literal
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import LoraTargets, ModelShape
-from gym_lightning.vocabulary import STRATEGY_CLASSES, STRATEGY_PRESET_BY_NAME, StrategyClass
+from gym_lightning.vocabulary import STRATEGY_CLASSES, STRATEGY_PRESET_BY_NAME, ZERO3_PERSIST_WIDTHS, StrategyClass
 
 Precision = Literal["bf16-mixed", "32-true"]
 Optimizer = Literal["adamw", "sgd", "adafactor"]
@@ -148,7 +148,9 @@ class Setup:
     optimizer: Optimizer = "adamw"
     attention: Attention = "sdpa"
     bucket_size: int | None = None  # ZeROStrategy's: None = one decoder layer's elements (derived_bucket_size)
-    zero3_param_persistence_threshold: int = 100_000  # DeepSpeed's default
+    # ZeRO-3 persistence; None: ZeROStrategy's rule (strategies.zero.rule): tensors of at most 10 x hidden elements,
+    # within a budget of one decoder layer's elements per rank (stage3_model_persistence_threshold)
+    zero3_param_persistence_threshold: int | None = None
     sub_group_size: int | None = None  # ZeRO-3 optimizer sub-group; None = one decoder layer, as ZeROStrategy sets
     cuda_reserved: int = GiB  # CUDA context, NCCL and cuBLAS workspaces: never available to tensors
     fragmentation: float = 0.05  # share of the rest lost to the caching allocator's fragmentation
@@ -199,16 +201,28 @@ def param_counts(shape: ModelShape, setup: Setup) -> ParamCounts:
     groups = shape.tensor_groups(setup.lora_r, setup.lora_targets)
     trainable = sum(g.numel * g.count for g in groups if g.trainable)
     total = sum(g.numel * g.count for g in groups)
-    threshold = setup.zero3_param_persistence_threshold
+    threshold = persistence_threshold(shape, setup)
     nf4 = {f"layer.{name}" for name in nf4_linears(shape, setup)}
-    persistent = sum(g.numel * g.count for g in groups if g.numel < threshold and g.name not in nf4)
+    persistent = sum(g.numel * g.count for g in groups if g.numel <= threshold and g.name not in nf4)
     in_layer = [g for g in groups if g.name.startswith(("layer.", "lora."))]
     layer = sum(g.numel * g.count for g in in_layer) // shape.num_layers
+    if setup.zero3_param_persistence_threshold is None:
+        # The rule's budget: DeepSpeed stops persisting once the total would pass it (mark_persistent_parameters
+        # walks the parameters in order and skips the ones that do not fit; the sum of the small ones capped at the
+        # budget is that walk's result when they are all smaller than what is left, as norms and biases are).
+        persistent = min(persistent, layer)
     layer_trainable = sum(g.numel * g.count for g in in_layer if g.trainable) // shape.num_layers
     embedding = shape.embedding_params()
     largest_trainable = max(layer_trainable, embedding if setup.lora_r == 0 else 0)
     largest = max(layer, embedding)
     return ParamCounts(trainable, total - trainable, persistent, largest, largest_trainable, total, layer)
+
+
+def persistence_threshold(shape: ModelShape, setup: Setup) -> int:
+    """ZeRO-3's ``stage3_param_persistence_threshold``: ``Setup``'s, or ZeROStrategy's rule (10 x hidden)."""
+    if setup.zero3_param_persistence_threshold is not None:
+        return setup.zero3_param_persistence_threshold
+    return ZERO3_PERSIST_WIDTHS * shape.hidden_size
 
 
 def nf4_linears(shape: ModelShape, setup: Setup) -> dict[str, tuple[int, int]]:
@@ -254,7 +268,7 @@ def quantized_base(shape: ModelShape, setup: Setup) -> QuantizedBase:
     tensors = [t for fan_in, fan_out in linears.values() for t in nf4_tensors(fan_in, fan_out).values()]
     layer_weights = sum(fan_in * fan_out for fan_in, fan_out in linears.values())
     layer_bytes = sum(n * b for n, b in tensors)
-    small = sum(n * b for n, b in tensors if n < setup.zero3_param_persistence_threshold)
+    small = sum(n * b for n, b in tensors if n <= persistence_threshold(shape, setup))
     largest = max((fan_in * fan_out for fan_in, fan_out in linears.values()), default=0)
     return QuantizedBase(
         layers * layer_weights, layers * layer_bytes, layer_weights, layer_bytes, layers * small, largest

@@ -7,6 +7,8 @@ AdamW, sharded loading, layer-sized ZeRO buckets, streaming export) add or remov
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 
 from gym_lightning.loss import CHUNKED_LOSS_MIN_VOCAB as MODULE_THRESHOLD
@@ -85,8 +87,13 @@ def test_zero_buckets_follow_the_layer_size() -> None:
     assert save["zero1"] == pytest.approx(2 * PSI + 12 * PSI / 2 + 2 * LAYER)
     assert save["zero2"] == pytest.approx(2 * PSI + 12 * PSI / 2 + 2 * 2 * LAYER)
     # ZeRO-3: 16-bit params and grads, masters and Adam sharded (16Ψ/2), the fp32 gradient copy of one optimizer
-    # sub-group (one layer), tensors under the persistence threshold (1e5: all of them here) whole, one bucket
-    assert save["zero3"] == pytest.approx(16 * PSI / 2 + 4 * LAYER + 2 * PSI + 2 * LAYER)
+    # sub-group (one layer), tensors of at most 10 x hidden elements whole (ZeROStrategy's rule: the 2 x 2 layer
+    # norms and the final norm, 5 x 64), one bucket
+    assert save["zero3"] == pytest.approx(16 * PSI / 2 + 4 * LAYER + 2 * 5 * 64 + 2 * LAYER)
+    # DeepSpeed's own threshold (1e5: every tensor of this toy) keeps them all whole, the setting of a user's JSON
+    deepspeed_default = replace(CPU, zero3_param_persistence_threshold=100_000)
+    zero3 = phase_peaks(SHAPE, STRATEGY_BY_KEY["zero3"], deepspeed_default).save.host - 500 * MiB
+    assert zero3 == pytest.approx(16 * PSI / 2 + 4 * LAYER + 2 * PSI + 2 * LAYER)
 
 
 def test_chunked_loss_bounds_the_logits() -> None:

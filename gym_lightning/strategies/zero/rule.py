@@ -22,13 +22,7 @@ from typing import Any
 
 from gym_lightning.strategies.zero.config import AUTO
 from gym_lightning.strategies.zero.sizing import derived_bucket_size, stage3_limits
-
-# A tensor of at most this many x hidden_size elements stays whole on every rank under ZeRO-3 (the Hugging Face
-# integration's ``"auto"`` rule, 10 x hidden): every norm weight, bias and per-head norm of a decoder layer (hidden or
-# fewer elements), never a projection matrix (at least hidden x head_dim >= 64 x hidden elements). A persisted tensor
-# is never gathered (no all-gather, no wait); it costs its whole size on every rank (DeepSpeed keeps it whole next to
-# its partition: ``partition_parameters.py``, ``ds_persist``), which for vectors is under 0.01 % of the model.
-PERSIST_WIDTHS = 10
+from gym_lightning.vocabulary import ZERO3_PERSIST_WIDTHS
 
 
 @dataclass(frozen=True)
@@ -102,7 +96,7 @@ def _stage3(shape: ZeroShape) -> dict[str, Any]:
         # more gathered layer whatever the per-tensor threshold lets through.
         settings["stage3_model_persistence_threshold"] = shape.layer_numel
     if shape.hidden_size is not None:
-        settings["stage3_param_persistence_threshold"] = PERSIST_WIDTHS * shape.hidden_size
+        settings["stage3_param_persistence_threshold"] = ZERO3_PERSIST_WIDTHS * shape.hidden_size
     return settings
 
 
@@ -155,7 +149,6 @@ def persisted_numel(tensor_numels: list[int], param_threshold: int, model_thresh
 
 
 __all__ = [
-    "PERSIST_WIDTHS",
     "RULE_ONLY_AUTO_KEYS",
     "ZeroRule",
     "ZeroShape",
