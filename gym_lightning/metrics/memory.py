@@ -147,28 +147,28 @@ def _zero_buckets(opt: Any) -> Iterator[torch.Tensor]:
 def _ddp_bucket_bytes(module: nn.Module) -> int:
     """Bytes of DDP's reducer buckets that the gradients (already counted) do not live in.
 
-    With ``gradient_as_bucket_view=True`` a bucket whose parameters' ``.grad`` are its views is one distinct gradient
-    storage of exactly the bucket's size; each such storage accounts for one bucket of that size. The reducer's
-    buckets are private, so they are matched by size (``_compat.ddp_bucket_sizes``): a fresh gradient exactly as
-    large as a one-parameter bucket would be taken for it (gym_ddp keeps its gradients in the buckets, so that
-    arises only for the step after ``NonFiniteGuard`` dropped them).
+    With ``gradient_as_bucket_view=True`` the gradients of a bucket are views of one storage, which several
+    parameters share; the bytes of such shared storages are bucket bytes already counted as gradients. The
+    reducer's buckets are private: their total comes from its logging data (``_compat.ddp_bucket_sizes``), which
+    lags a rebuild by one iteration (a static graph rebuilds after its first; measured: 1 bucket logged, 2 real) but
+    keeps the total, so totals are compared, not bucket by bucket. A storage of one parameter is a fresh gradient
+    (beside the buckets) unless a bucket of exactly that size holds one parameter only.
     """
     if not isinstance(module, DistributedDataParallel):
         return 0
-    storages: dict[int, int] = {}  # data_ptr -> nbytes of each distinct gradient storage
-    if module.gradient_as_bucket_view:
-        for param in module.parameters():
-            if param.grad is not None:
-                storage = param.grad.untyped_storage()
-                storages[storage.data_ptr()] = storage.nbytes()
-    unmatched = Counter(storages.values())
-    held = 0
-    for size in ddp_bucket_sizes(module):
-        if unmatched[size] > 0:
-            unmatched[size] -= 1
-        else:
-            held += size
-    return held
+    sizes = ddp_bucket_sizes(module)
+    if not module.gradient_as_bucket_view:
+        return sum(sizes)
+    users: dict[int, list[int]] = {}  # data_ptr -> [nbytes, parameters whose .grad lives there]
+    for param in module.parameters():
+        if param.grad is not None:
+            storage = param.grad.untyped_storage()
+            users.setdefault(storage.data_ptr(), [storage.nbytes(), 0])[1] += 1
+    shared = sum(nbytes for nbytes, count in users.values() if count > 1)
+    singles = Counter(nbytes for nbytes, count in users.values() if count == 1)
+    one_parameter_buckets = Counter(sizes)
+    in_buckets = shared + sum(size * min(n, one_parameter_buckets[size]) for size, n in singles.items())
+    return max(0, sum(sizes) - in_buckets)
 
 
 def _tensors(obj: Any) -> Iterator[torch.Tensor]:
