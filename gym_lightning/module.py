@@ -97,9 +97,10 @@ def decoder_output(model: torch.nn.Module) -> Iterator[DecoderOutput]:
     """
     try:
         decoder = model.get_decoder()
-    except (AttributeError, ValueError):
+    except (AttributeError, ValueError, NotImplementedError):
         decoder = None
-    captured = DecoderOutput(hooked=isinstance(decoder, torch.nn.Module))
+    # transformers' get_decoder falls back to the model itself, whose first output is the (empty) logits.
+    captured = DecoderOutput(hooked=isinstance(decoder, torch.nn.Module) and decoder is not model)
     if not captured.hooked:
         yield captured
         return
@@ -317,6 +318,8 @@ class CausalLMModule(pl.LightningModule):
         with decoder_output(self._base_model()) as captured:
             outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=not captured.hooked)
         hidden = captured.value if captured.hooked else outputs.hidden_states[-1]
+        if hidden is None:
+            raise RuntimeError(f"{type(self._base_model()).__name__}'s decoder was not called in its forward")
         head = self._base_model().get_output_embeddings()
         chunks = counts[0]  # a device sync only on NCCL-only groups
         if self._liger_loss(head):

@@ -171,3 +171,17 @@ def test_generation_with_a_kv_cache_runs_the_eager_layers() -> None:
     compile_layers(model, CompileArgs())
     assert torch.equal(model.generate(prompt, max_new_tokens=4, do_sample=False), expected)
     assert counters["stats"]["unique_graphs"] == 0
+
+
+def test_the_chunked_loss_reads_the_decoders_output_and_never_a_models_own() -> None:
+    from gym_lightning.module import decoder_output
+
+    module = CausalLMModule("tiny-llama", config_overrides=SMALL, pretrained=False)
+    module.configure_model()
+    ids = torch.randint(0, 100, (2, 7), generator=torch.Generator().manual_seed(0))
+    with decoder_output(module.model) as captured:
+        reference = module.model(input_ids=ids, output_hidden_states=True, use_cache=False).hidden_states[-1]
+    assert captured.hooked and torch.equal(captured.value, reference)  # after the final norm, as hidden_states[-1]
+    with decoder_output(module.model.model) as captured:  # get_decoder() of a decoder is the model itself
+        module.model.model(input_ids=ids)
+    assert not captured.hooked and captured.value is None
