@@ -1025,7 +1025,7 @@ def _model_values(args: argparse.Namespace) -> dict[str, Any]:
         "model.optim": str(args.optim),
         "model.decay_rule": "hf",  # no decay on biases and LayerNorm/norm weights, HF's get_decay_parameter_names
         "model.hf_scheduler": str(args.lr_scheduler_type),  # HF's "constant" ignores the warm-up itself
-        "model.scheduler_kwargs": _scheduler_kwargs(args.lr_scheduler_kwargs),
+        "model.scheduler_kwargs": _json_dict(args.lr_scheduler_kwargs, "--lr_scheduler_kwargs"),
         "model.warmup_steps": 0 if warmup < 1 else int(warmup),
         "model.warmup_ratio": ratio,
         "export.output_dir": str(Path(args.output_dir or "trainer_output") / "hf"),
@@ -1056,7 +1056,7 @@ def _fast_path_values(args: argparse.Namespace) -> dict[str, Any]:
     if args.torch_compile or any(value is not None for value in settings.values()):
         chosen = {key: value for key, value in settings.items() if value is not None}
         values["model.compile"] = chosen or True
-    config = _scheduler_kwargs(args.liger_kernel_config, "--liger_kernel_config") or {}
+    config = _json_dict(args.liger_kernel_config, "--liger_kernel_config") or {}
     if not (args.use_liger_kernel or args.enable_liger_kernel or config):
         return values
     if unknown := sorted(set(config) - set(LIGER_CONFIG_KEYS) - {"cross_entropy"}):
@@ -1102,11 +1102,9 @@ def _quantization_values(args: argparse.Namespace) -> dict[str, Any]:
     return {key: value for key, value in quantization.items() if value is not None}
 
 
-def _scheduler_kwargs(
-    kwargs: dict[str, Any] | str | None, flag: str = "--lr_scheduler_kwargs"
-) -> dict[str, Any] | None:
-    """HF's --lr_scheduler_kwargs (or another dict ``flag``): a dict (from a YAML/JSON file) or its JSON text (from
-    the command line)."""
+def _json_dict(kwargs: dict[str, Any] | str | None, flag: str) -> dict[str, Any] | None:
+    """A dict flag of HF's (``--lr_scheduler_kwargs``, ``liger_kernel_config``): a dict (from a YAML/JSON file) or
+    its JSON text (from the command line)."""
     if isinstance(kwargs, str):
         try:
             return json.loads(kwargs)

@@ -68,6 +68,7 @@ from gym_lightning._compat import (
 from gym_lightning.checkpointing.safe_load import use_weights_only_engine
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
+from gym_lightning.models.compiled import decoder_layer_names, decoder_layers
 from gym_lightning.models.facts import ModelFacts, model_facts_of
 from gym_lightning.models.moe import moe_block_classes
 from gym_lightning.models.plan import BuildPlan, WeightsSource
@@ -197,12 +198,10 @@ def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any], training
     """
     from deepspeed.utils import set_z3_leaf_modules
 
-    from gym_lightning.strategies.fsdp import find_layer_classes
-
     if "leaf_module" in (config.get("zero_optimization") or {}):
         return []
-    names = sorted(find_layer_classes(model))
-    layers = [module for module in model.modules() if type(module).__name__ in names]
+    names = sorted(decoder_layer_names(model))
+    layers = decoder_layers(model)
     if training and any(len({p.requires_grad for p in layer.parameters()}) > 1 for layer in layers):
         _log_leaf_classes((), "decoder layer")
         if any("forward" in vars(layer) for layer in layers):  # models.compiled sets the instance's forward
