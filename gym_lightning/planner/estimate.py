@@ -43,6 +43,7 @@ Attention = Literal["sdpa", "eager"]
 Accelerator = Literal["gpu", "cpu"]
 LossChunking = Literal["auto", "on", "off"]
 Quantization = Literal["none", "nf4"]
+GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
 
 GiB = 1024**3
 # The module's ``loss_chunking="auto"`` threshold (gym_lightning.loss.CHUNKED_LOSS_MIN_VOCAB; not imported: the
@@ -77,6 +78,7 @@ class Strategy:
     offload_parameters: Literal["none", "cpu", "nvme"] = "none"
     keep_gathered: bool = False  # FSDP grad_op: gathered parameters live from forward to backward
     ddp: bool = False  # gym_ddp: its gradients are DDP's buckets (FSDP "none" also has stage 0 and keeps its term)
+    hybrid: bool = False  # FSDP hybrid: sharded within a node, replicated across nodes
 
 
 def planner_strategy(
@@ -99,7 +101,17 @@ def planner_strategy(
     if strategy_class == "fsdp":
         sharding, offload = init_args.get("sharding", "full"), "cpu" if init_args.get("cpu_offload") else "none"
         stage = 0 if sharding == "none" else 3
-        return Strategy(key, label, shown, "torch", stage, offload, offload, keep_gathered=sharding == "grad_op")
+        return Strategy(
+            key,
+            label,
+            shown,
+            "torch",
+            stage,
+            offload,
+            offload,
+            keep_gathered=sharding == "grad_op",
+            hybrid=sharding == "hybrid",
+        )
     offloads = (init_args.get("offload_optimizer", "none"), init_args.get("offload_parameters", "none"))
     return Strategy(key, label, shown, "deepspeed", int(init_args["stage"]), *offloads)
 
@@ -163,6 +175,9 @@ class Setup:
     quantization: Quantization = "none"  # "nf4": QLoRA, the frozen base's decoder linears in 4-bit NF4 (lora_r > 0)
     sequence_parallel_size: int = 1  # the strategies' sequence_parallel_size: ranks that share one sequence (Ulysses)
     mlp_tile_tokens: int = 0  # CausalLMModule(mlp_tile_tokens=...): tokens per tiled-MLP step; 0 = not tiled
+    accumulate_grad_batches: int = 1  # micro-batches per optimizer step (Trainer(accumulate_grad_batches=...))
+    gradient_compression: GradientCompression = "none"  # gym_ddp / gym_fsdp's: how gradients travel (step time)
+    powersgd_rank: int = 1  # gym_ddp's powersgd_rank
 
     @property
     def world_size(self) -> int:
@@ -333,7 +348,7 @@ def dtype_bytes(strategy: Strategy, setup: Setup) -> tuple[int, int, int, int]:
 def model_states(shape: ModelShape, strategy: Strategy, setup: Setup) -> ModelStates:
     """Per-GPU model-state bytes; the optimizer-state column includes fp32 master weights."""
     counts = param_counts(shape, setup)
-    n, t = setup.world_size, counts.trainable
+    n, t = setup.gpus_per_node if strategy.hybrid else setup.world_size, counts.trainable
     p, pf, master, fp32_grad = dtype_bytes(strategy, setup)
     base = frozen_bytes(shape, setup, pf)  # pf x the frozen count, or less with an NF4 base
     opt = OPTIMIZER_STATE_BYTES[setup.optimizer] + master  # per trainable parameter, to be sharded from stage 1

@@ -4,11 +4,12 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Any, get_args
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import LoraTargets, ModelShape
+from gym_lightning.planner.budget import Budget, aligned, fastest, ranking, speed_dict, speed_lines
 from gym_lightning.planner.catalog import resolve_shape
 from gym_lightning.planner.estimate import (
     STRATEGIES,
@@ -16,12 +17,14 @@ from gym_lightning.planner.estimate import (
     Accelerator,
     Attention,
     Estimate,
+    GradientCompression,
     LossChunking,
     Optimizer,
     Precision,
     Quantization,
     Setup,
     Strategy,
+    _is_int,
     estimate,
     estimate_all,
     local_tokens,
@@ -29,11 +32,12 @@ from gym_lightning.planner.estimate import (
     param_counts,
     planner_strategy,
     quantized_base,
-    recommend,
     sequence_parallel_problems,
 )
 from gym_lightning.planner.long_sequence import SEQUENCE_GRID, longest_sequence, sequence_step
+from gym_lightning.planner.machines import Figures, Machine, machine
 from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
+from gym_lightning.planner.timing import Hardware, Speed, speed
 from gym_lightning.vocabulary import STRATEGY_NAMES, STRATEGY_PRESET_BY_NAME
 
 GiB = 1024**3
@@ -75,10 +79,26 @@ class PlanReport:
     estimates: list[Estimate]
     show_longest_sequence: bool = False  # table(): add the "longest seq" column (to_dict() always has it)
     selected: str | None = None  # the key of the run's own strategy (plan(strategy=...)): a line of its own
+    machine: Machine | None = None  # the hardware the step time is predicted on (None: no speed predictions)
+    budget: Budget = field(
+        default_factory=Budget
+    )  # tokens to train and the price of a GPU-hour (time and cost columns)
 
     @property
     def recommendation(self) -> Estimate | None:
-        return recommend(self.estimates)
+        """The fastest strategy that fits (predicted tokens/s; the list's order without a machine)."""
+        return fastest(self.estimates, self.speeds())
+
+    def speeds(self) -> list[Speed | None]:
+        """The step-time model's prediction for each strategy, in ``estimates`` order (None where not modelled)."""
+        if self.machine is None:
+            return [None] * len(self.estimates)
+        hw = self.machine.hardware
+        return [speed(self.shape, e.strategy, self.setup, hw) if e.modelled else None for e in self.estimates]
+
+    def ranking(self) -> list[str]:
+        """The keys of the strategies that fit, fastest first."""
+        return [self.estimates[i].strategy.key for i in ranking(self.estimates, self.speeds())]
 
     def longest_sequences(self) -> list[int]:
         """The longest sequence that fits the GPUs at micro-batch 1 with each strategy, in ``estimates`` order
@@ -105,13 +125,25 @@ class PlanReport:
             "data_parallel_size": self.setup.data_parallel_size,  # N / sp groups, each training its own sequences
             "tokens_per_rank": local_tokens(self.setup, self.setup.micro_batch_size),
             "longest_sequence_step": sequence_step(self.setup),
+            "hardware": None if self.machine is None else _machine_dict(self.machine),
             "strategies": [
-                {**_estimate_dict(e), "longest_sequence": n, "phases": _phases_dict(p)}
-                for e, n, p in zip(self.estimates, self.longest_sequences(), self.phases(), strict=True)
+                {**_estimate_dict(e), "longest_sequence": n, "phases": _phases_dict(p), "speed": v}
+                for e, n, p, v in zip(
+                    self.estimates, self.longest_sequences(), self.phases(), self._speed_dicts(), strict=True
+                )
             ],
+            "ranking": self.ranking(),
             "recommendation": None if best is None else best.strategy.key,
             "selected": self.selected,
         }
+
+    def _speed_dicts(self) -> list[dict[str, Any] | None]:
+        ranks = {key: place + 1 for place, key in enumerate(self.ranking())}
+        gpus = self.setup.world_size
+        return [
+            speed_dict(v, gpus, self.budget, ranks.get(e.strategy.key))
+            for e, v in zip(self.estimates, self.speeds(), strict=True)
+        ]
 
     def _active(self) -> str:
         """`` (3.35B active, 8 of 128 experts per token)`` for a mixture of experts, else nothing."""
@@ -159,9 +191,16 @@ class PlanReport:
             header.append("longest seq")
             for row, e, n in zip(rows, self.estimates, self.longest_sequences(), strict=True):
                 row.append(f"{n:,}" if e.modelled else "—")
-        lines += _aligned([header, *rows])
-        lines += ["", *self.phase_table(), "", self.recommendation_line(), *self.selected_lines()]
+        lines += aligned([header, *rows])
+        lines += ["", *self.phase_table(), *self.speed_table(), "", self.recommendation_line(), *self.selected_lines()]
         return "\n".join(lines)
+
+    def speed_table(self) -> list[str]:
+        """The predicted speed of each strategy (a blank line first), none without a machine."""
+        if self.machine is None:
+            return []
+        lines = speed_lines(self.estimates, self.speeds(), self.machine, self.setup.world_size, self.budget)
+        return ["", *lines] if lines else []
 
     def selected_lines(self) -> list[str]:
         """One line on the run's own strategy (``plan(strategy=...)``), none without one."""
@@ -212,7 +251,7 @@ class PlanReport:
             ]
             cells = cells if e.modelled else ["—"] * len(cells)
             rows.append([e.strategy.label, *cells])
-        return [f"Peak per phase, GiB, {title}:", *_aligned(rows)]
+        return [f"Peak per phase, GiB, {title}:", *aligned(rows)]
 
     def recommendation_line(self) -> str:
         best = self.recommendation
@@ -221,9 +260,13 @@ class PlanReport:
                 "Recommendation: nothing fits. Try activation checkpointing, a smaller micro-batch or sequence, "
                 "LoRA (--lora_r), more GPUs or nodes, or more host memory for offloading."
             )
+        predicted = dict(zip((e.strategy.key for e in self.estimates), self.speeds(), strict=True))[best.strategy.key]
+        why = "the fastest that fits"
+        if predicted is not None:
+            why += f" ({predicted.tokens_per_second_per_gpu:,.0f} tokens/s per GPU predicted)"
         return (
-            f"Recommendation: {best.strategy.label} (strategy: {best.strategy.trainer_strategy}), the fastest that "
-            f"fits; {_gib(best.gpu_total)} per GPU, micro-batch up to {best.max_micro_batch}."
+            f"Recommendation: {best.strategy.label} (strategy: {best.strategy.trainer_strategy}), {why}; "
+            f"{_gib(best.gpu_total)} per GPU, micro-batch up to {best.max_micro_batch}."
         )
 
 
@@ -273,6 +316,21 @@ def _estimate_dict(e: Estimate) -> dict[str, Any]:
     return out
 
 
+def _machine_dict(found: Machine) -> dict[str, Any]:
+    hw = found.hardware
+    return {
+        "gpu": found.gpu,
+        "name": hw.name,
+        "peak_flops": hw.peak_flops,
+        "compute_efficiency": hw.compute_efficiency,
+        "memory_bandwidth": hw.memory_bandwidth,
+        "intra_node_bus_bandwidth": hw.intra_bandwidth,
+        "inter_node_bus_bandwidth": hw.inter_bandwidth,
+        "host_bandwidth": hw.host_bandwidth,
+        "assumed": list(found.notes),
+    }
+
+
 def _phases_dict(peaks: PhasePeaks) -> dict[str, dict[str, int]]:
     return {name: {"host": round(p.host), "device": round(p.device)} for name, p in peaks.by_phase().items()}
 
@@ -282,21 +340,11 @@ def _gib(value: float, unit: bool = True) -> str:
     return f"{text} GiB" if unit else text
 
 
-def _aligned(rows: list[list[str]]) -> list[str]:
-    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
-    return [
-        "  ".join(
-            cell.ljust(w) if i == 0 else cell.rjust(w) for i, (cell, w) in enumerate(zip(row, widths, strict=True))
-        )
-        for row in rows
-    ]
-
-
 def plan(
     model: str | ModelShape,
     gpus_per_node: int = 8,
     nodes: int = 1,
-    gpu_memory: str | int = "80GB",
+    gpu_memory: str | int | None = None,
     host_memory: str | int = "1TB",
     precision: Precision = "bf16-mixed",
     micro_batch_size: int = 1,
@@ -316,6 +364,14 @@ def plan(
     longest_sequence: bool = False,
     strategy: str | Strategy | None = None,
     config_overrides: Mapping[str, Any] | None = None,
+    gpu: str | None = None,
+    interconnect: str | None = None,
+    figures: Figures | None = None,
+    hardware: Hardware | None = None,
+    accumulate_grad_batches: int = 1,
+    gradient_compression: str = "none",
+    tokens: float | None = None,
+    price_per_gpu_hour: float | None = None,
 ) -> PlanReport:
     """Memory per GPU and per node of finetuning ``model`` with every strategy, and the fastest one that fits.
 
@@ -323,7 +379,8 @@ def plan(
         model: A bundled architecture name (``llama-3-8b``, ``qwen3-32b``, ... see ``shapes.BUNDLED``), a
             gym_lightning preset (``tiny-llama``), a local ``config.json`` or model folder, or a :class:`ModelShape`.
         gpus_per_node: GPUs per node (>= 1). nodes: Nodes (>= 1); all GPUs are data-parallel ranks.
-        gpu_memory: Memory of one GPU, e.g. ``"80GB"`` (binary units, see :func:`parse_bytes`) or bytes.
+        gpu_memory: Memory of one GPU, e.g. ``"80GB"`` (binary units, see :func:`parse_bytes`) or bytes; ``None``:
+            the ``gpu``'s.
         host_memory: CPU RAM per node, e.g. ``"1TB"``.
         precision: ``"bf16-mixed"`` (16-bit compute, fp32 master weights) or ``"32-true"``.
         micro_batch_size: Sequences per GPU per forward pass (>= 1). seq_length: Tokens per sequence (>= 1).
@@ -346,15 +403,32 @@ def plan(
             registered name (``zero3``), a planner key (``fsdp_grad_op``) or a :class:`Strategy`; one the list
             lacks is added as a row.
         config_overrides: ``config.json`` keys changed first, as ``CausalLMModule(config_overrides=...)``.
+        gpu: A GPU of the hardware catalog (``h100-sxm``, ``h200``, ``a100-40gb``, ``b200``, ...; ``metrics.hardware``)
+            the speed is predicted on; ``None``: H100 SXM. Its memory is the default ``gpu_memory``.
+        interconnect: The fabric between nodes (``ib-ndr400``, ``ethernet-100``, ...), an intra-node link
+            (``pcie4``) or both (``pcie4,ethernet-100``); ``None``: the GPU's usual link, InfiniBand NDR across nodes.
+        figures: Explicit figures (peak TFLOP/s, compute efficiency, bandwidths) over the catalog's.
+        hardware: The step-time model's figures, given whole (CPU ranks: measured); overrides gpu and interconnect.
+        accumulate_grad_batches: Micro-batches per optimizer step.
+        gradient_compression: gym_ddp's / gym_fsdp's ``gradient_compression`` (``none``, ``fp16``, ``bf16``,
+            ``powersgd``): the bytes their gradients travel in.
+        tokens: Tokens to train on: the hours, GPU-hours (and cost) of each strategy.
+        price_per_gpu_hour: Dollars per GPU-hour: the cost column.
     """
     problems = _problems(
         gpus_per_node, nodes, precision, micro_batch_size, seq_length, lora_r, lora_targets, optimizer, attention
     )
-    gpu_bytes, host_bytes = _memory(gpu_memory, "gpu_memory", problems), _memory(host_memory, "host_memory", problems)
+    gpu_bytes = 80 * GiB if gpu_memory is None else _memory(gpu_memory, "gpu_memory", problems)  # else the GPU's
+    host_bytes = _memory(host_memory, "host_memory", problems)
     file_bytes = _memory(checkpoint_file_size, "checkpoint_file_size", problems)
     problems += _loss_and_quant_problems(loss_chunk_tokens, accelerator, loss_chunking, quantization, lora_r)
     shape, unknown = _resolve(model, config_overrides)
     chosen = run_strategy(strategy, problems)
+    budget = Budget(tokens, price_per_gpu_hour)
+    problems += budget.problems() + _speed_problems(accumulate_grad_batches, gradient_compression)
+    found = _machine(accelerator, precision, nodes, gpu, interconnect, figures, hardware, problems)
+    if gpu_memory is None and found is not None and found.gpu_memory:
+        gpu_bytes = found.gpu_memory
     setup = Setup(
         gpus_per_node=gpus_per_node,
         nodes=nodes,
@@ -375,14 +449,55 @@ def plan(
         quantization=quantization,
         sequence_parallel_size=sequence_parallel_size,
         mlp_tile_tokens=0 if mlp_tile_tokens is None else mlp_tile_tokens,
+        accumulate_grad_batches=accumulate_grad_batches,
+        gradient_compression=gradient_compression,  # type: ignore[arg-type]
     )
     shape = _refuse(problems + sequence_parallel_problems(shape, setup), shape, unknown)
     estimates = estimate_all(shape, setup)
     if chosen is not None and not any(e.strategy.key == chosen.key for e in estimates):
         estimates.append(estimate(shape, chosen, setup))
     return PlanReport(
-        shape, setup, estimates, show_longest_sequence=longest_sequence, selected=None if chosen is None else chosen.key
+        shape,
+        setup,
+        estimates,
+        show_longest_sequence=longest_sequence,
+        selected=None if chosen is None else chosen.key,
+        machine=found,
+        budget=budget,
     )
+
+
+def _machine(
+    accelerator: str,
+    precision: str,
+    nodes: int,
+    gpu: str | None,
+    interconnect: str | None,
+    figures: Figures | None,
+    hardware: Hardware | None,
+    problems: list[str],
+) -> Machine | None:
+    """The plan's :class:`Machine`: ``hardware`` as given, else the catalog's GPU; none on CPU ranks without measured
+    figures. A name or figure it cannot read goes to ``problems``."""
+    if hardware is not None:
+        return Machine(hardware, 0, "given")
+    if accelerator == "cpu":
+        return None
+    try:
+        return machine(precision, nodes if isinstance(nodes, int) else 1, gpu, interconnect, figures)
+    except GymUserError as err:
+        problems.append(str(err).rstrip("."))
+        return None
+
+
+def _speed_problems(accumulate_grad_batches: int, gradient_compression: str) -> list[str]:
+    problems = []
+    if not _is_int(accumulate_grad_batches, 1):
+        problems.append(f"accumulate_grad_batches must be an integer >= 1, got {accumulate_grad_batches!r}")
+    if gradient_compression not in get_args(GradientCompression):
+        choices = ", ".join(get_args(GradientCompression))
+        problems.append(f"gradient_compression must be one of {choices}, got {gradient_compression!r}")
+    return problems
 
 
 def run_strategy(strategy: str | Strategy | None, problems: list[str]) -> Strategy | None:
@@ -408,7 +523,7 @@ def run_strategy(strategy: str | Strategy | None, problems: list[str]) -> Strate
 def _memory_layout(strategy: Strategy) -> tuple[object, ...]:
     """What the planner's memory model reads of a strategy: everything but its names."""
     s = strategy
-    return (s.framework, s.stage, s.offload_optimizer, s.offload_parameters, s.keep_gathered)
+    return (s.framework, s.stage, s.offload_optimizer, s.offload_parameters, s.keep_gathered, s.hybrid)
 
 
 def _refuse(problems: list[str], shape: ModelShape | None, unknown: GymUserError | None) -> ModelShape:

@@ -10,9 +10,10 @@ from gym_lightning.metrics.peak_flops import DENSE_PEAK_FLOPS, chip_key, dense_p
 @pytest.mark.parametrize(
     ("name", "key"),
     [
-        ("NVIDIA A100-SXM4-80GB", "a100"),
-        ("NVIDIA A100-PCIE-40GB", "a100"),
-        ("NVIDIA A100 80GB PCIe", "a100"),
+        ("NVIDIA A100-SXM4-80GB", "a100-sxm-80gb"),
+        ("NVIDIA A100-SXM4-40GB", "a100-sxm-40gb"),
+        ("NVIDIA A100-PCIE-40GB", "a100-pcie-40gb"),
+        ("NVIDIA A100 80GB PCIe", "a100-pcie-80gb"),
         ("NVIDIA H100 80GB HBM3", "h100-sxm"),
         ("NVIDIA H100 PCIe", "h100-pcie"),
         ("NVIDIA H100 NVL", "h100-nvl"),
@@ -22,6 +23,7 @@ from gym_lightning.metrics.peak_flops import DENSE_PEAK_FLOPS, chip_key, dense_p
         ("NVIDIA L40", "l40"),
         ("NVIDIA L4", "l4"),
         ("NVIDIA GeForce RTX 4090", "rtx-4090"),
+        ("NVIDIA B200", "b200"),
         ("Tesla V100-SXM2-16GB", "v100-sxm"),
     ],
 )
@@ -30,7 +32,7 @@ def test_cuda_names_map_to_chips(name: str, key: str) -> None:
 
 
 @pytest.mark.parametrize(
-    "name", ["NVIDIA GeForce RTX 4090 D", "NVIDIA GH200 480GB", "NVIDIA H800", "NVIDIA B200", "cpu", "AMD MI300X"]
+    "name", ["NVIDIA GeForce RTX 4090 D", "NVIDIA GH200 480GB", "NVIDIA GB200", "NVIDIA H800", "cpu", "AMD MI300X"]
 )
 def test_unknown_chips_give_none_not_a_guess(name: str) -> None:
     assert chip_key(name) is None
@@ -45,6 +47,7 @@ def test_dense_not_sparse_figures() -> None:
     assert dense_peak_flops("NVIDIA A100-SXM4-80GB", "tf32") == pytest.approx(156e12)
     assert dense_peak_flops("NVIDIA GeForce RTX 4090", "bf16") == pytest.approx(165.2e12)
     assert dense_peak_flops("NVIDIA L40S", "fp8") == pytest.approx(733e12)
+    assert dense_peak_flops("NVIDIA B200", "bf16") == pytest.approx(2250e12)  # HGX B200 sheet: 36 PF sparse / 8 / 2
 
 
 def test_every_chip_orders_dtypes_sensibly() -> None:

@@ -1,0 +1,163 @@
+"""The machines a plan runs on: a catalog GPU, its node's link and the fabric between nodes
+(``gym_lightning/assets/hardware.yaml`` through ``metrics.hardware``) become the step-time model's
+:class:`~gym_lightning.planner.timing.Hardware`, with the user's explicit figures over them.
+
+The compute efficiency (the fraction of the dense peak a training loop's model FLOPs reach) is calibrated once, on the
+plain PyTorch loop's H200 row (:data:`~gym_lightning.planner.timing.PLAIN_LOOP`), and used for every GPU: the same
+kernels (cuBLAS GEMMs, SDPA's flash attention, fused AdamW) reach about the same fraction of any recent NVIDIA chip's
+peak at these sizes. That is an assumption, and ``compute_efficiency`` overrides it (docs/planner.md validates it).
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+
+from gym_lightning.errors import GymUserError
+from gym_lightning.metrics import hardware as catalog
+from gym_lightning.planner.catalog import resolve_shape
+from gym_lightning.planner.estimate import STRATEGY_BY_KEY, Setup, param_counts
+from gym_lightning.planner.timing import (
+    PLAIN_LOOP,
+    Hardware,
+    calibrated_efficiency,
+    flops_per_token,
+    optimizer_seconds,
+    step_traffic_bytes,
+)
+
+DEFAULT_GPU = "h100-sxm"
+# The fabric assumed when a plan spans nodes and names none: the usual one of H100 / H200 clusters (8 x 400 Gb/s
+# InfiniBand NDR per node, one NIC per GPU). The report says it was assumed.
+DEFAULT_FABRIC = "ib-ndr400"
+GB = 1e9
+
+
+@dataclass(frozen=True)
+class Figures:
+    """Explicit figures that override the catalog's (``None``: the catalog's).
+
+    Args:
+        peak_tflops: Dense TFLOP/s of one GPU in the compute dtype.
+        compute_efficiency: Fraction of the peak a training loop reaches (0 < x <= 1).
+        memory_bandwidth_gbs: GPU memory GB/s.
+        intra_node_bandwidth_gbs: All-reduce bus bandwidth within a node, GB/s (nccl-tests ``busbw``).
+        inter_node_bandwidth_gbs: Bus bandwidth of a collective across nodes, GB/s.
+        host_bandwidth_gbs: Pinned host <-> GPU copy GB/s (offload).
+    """
+
+    peak_tflops: float | None = None
+    compute_efficiency: float | None = None
+    memory_bandwidth_gbs: float | None = None
+    intra_node_bandwidth_gbs: float | None = None
+    inter_node_bandwidth_gbs: float | None = None
+    host_bandwidth_gbs: float | None = None
+
+    def problems(self) -> list[str]:
+        """Every figure that is not a positive number (an efficiency above 1 too)."""
+        found = []
+        for name in self.__dataclass_fields__:
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
+                found.append(f"{name} must be a positive number, got {value!r}")
+        if isinstance(self.compute_efficiency, (int, float)) and self.compute_efficiency > 1:
+            found.append(f"compute_efficiency is a fraction of the peak, at most 1, got {self.compute_efficiency!r}")
+        return found
+
+
+@dataclass(frozen=True)
+class Machine:
+    """A plan's hardware: the figures the step-time model reads, the GPU's memory, and what was assumed."""
+
+    hardware: Hardware
+    gpu_memory: int
+    gpu: str
+    notes: tuple[str, ...] = field(default=())
+
+
+def compute_dtype(precision: str) -> str:
+    """The dtype the matmuls run in: bf16 under ``bf16-mixed``, fp32 otherwise."""
+    return "bf16" if precision.startswith("bf16") else "fp32"
+
+
+@functools.cache
+def calibrated_compute_efficiency() -> float:
+    """The fraction of the H200's dense bf16 peak that makes the model's plain-loop step last what it measured
+    (:data:`PLAIN_LOOP`: 25,764 tokens/s; about 0.316)."""
+    shape, chip = resolve_shape(str(PLAIN_LOOP["model"])), catalog.gpu(str(PLAIN_LOOP["gpu"]))
+    setup = Setup(
+        gpus_per_node=1, micro_batch_size=int(PLAIN_LOOP["micro_batch"]), seq_length=int(PLAIN_LOOP["seq_length"])
+    )
+    tokens = setup.micro_batch_size * setup.seq_length
+    trainable = param_counts(shape, setup).trainable
+    step_bytes = step_traffic_bytes(STRATEGY_BY_KEY["ddp"], setup)  # torch's fused AdamW, as the plain loop's
+    optimizer = optimizer_seconds(trainable, step_bytes, chip.memory_bandwidth)
+    step = tokens / float(PLAIN_LOOP["tokens_per_s"])
+    return calibrated_efficiency(tokens * flops_per_token(shape, setup).model, step, chip.dense_peak["bf16"], optimizer)
+
+
+def _links(
+    gpu: catalog.GPU, interconnect: str | None, nodes: int
+) -> tuple[catalog.Link, catalog.Link | None, list[str]]:
+    """``(intra-node link, fabric or None, notes)``: ``interconnect`` names a fabric, a link, or ``link,fabric``."""
+    notes: list[str] = []
+    intra, inter = catalog.link(gpu.link), None
+    for name in [] if interconnect is None else [part for part in interconnect.split(",") if part.strip()]:
+        found = catalog.fabric(name)
+        if found.key in catalog.LINKS:
+            intra = found
+        else:
+            inter = found
+    if nodes > 1 and inter is None:
+        inter = catalog.fabric(DEFAULT_FABRIC)
+        notes.append(f"no --interconnect between the {nodes} nodes: {inter.name} assumed")
+    return intra, inter, notes
+
+
+def machine(
+    precision: str,
+    nodes: int,
+    gpu: str | None = None,
+    interconnect: str | None = None,
+    figures: Figures | None = None,
+) -> Machine:
+    """The :class:`Machine` of ``gpu`` (a catalog name; :data:`DEFAULT_GPU` when ``None``) in nodes linked by
+    ``interconnect`` (a fabric such as ``ib-ndr400``, an intra-node link such as ``pcie4``, or ``pcie4,ethernet-100``),
+    with ``figures`` over the catalog's.
+
+    Args:
+        precision: The run's precision: its compute dtype picks the peak.
+        nodes: Nodes of the job (a fabric is assumed beyond one when none is named).
+        gpu: A catalog GPU key or alias.
+        interconnect: See above.
+        figures: Explicit figures that override the catalog's.
+    """
+    figures = figures or Figures()
+    problems = figures.problems()
+    if problems:
+        raise GymUserError("Invalid hardware figures: " + "; ".join(problems) + ".")
+    chip = catalog.gpu(gpu or DEFAULT_GPU)
+    intra, inter, notes = _links(chip, interconnect, nodes)
+    dtype = compute_dtype(precision)
+    peak = chip.dense_peak.get(dtype, 0.0) if figures.peak_tflops is None else figures.peak_tflops * 1e12
+    if peak <= 0:
+        raise GymUserError(f"The catalog has no dense {dtype} peak for {chip.name}: pass --peak_tflops.")
+    name = f"{chip.key}, {intra.key}" + (f", {inter.key}" if inter is not None and nodes > 1 else "")
+    hardware = Hardware(
+        name=name,
+        peak_flops=peak,
+        compute_efficiency=figures.compute_efficiency or calibrated_compute_efficiency(),
+        memory_bandwidth=_gbs(figures.memory_bandwidth_gbs) or chip.memory_bandwidth,
+        intra_bandwidth=_gbs(figures.intra_node_bandwidth_gbs) or intra.bus_bandwidth,
+        inter_bandwidth=_gbs(figures.inter_node_bandwidth_gbs) or (inter.bus_bandwidth if inter else 0.0),
+        intra_latency=intra.latency,
+        inter_latency=inter.latency if inter is not None else intra.latency,
+        host_bandwidth=_gbs(figures.host_bandwidth_gbs) or catalog.host_link(chip.host_link).bandwidth,
+        host_memory_bandwidth=catalog.HOST.memory_bandwidth,
+        nvme_bandwidth=catalog.HOST.nvme_bandwidth,
+    )
+    return Machine(hardware, chip.memory, chip.key, tuple(notes))
+
+
+def _gbs(value: float | None) -> float:
+    return 0.0 if value is None else value * GB
