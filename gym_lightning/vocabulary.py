@@ -80,6 +80,10 @@ STRATEGY_PRESETS: tuple[StrategyPreset, ...] = (
     ),
 )
 STRATEGY_NAMES: tuple[str, ...] = tuple(preset.name for preset in STRATEGY_PRESETS)
+# ``trainer.strategy: gym_auto`` (YAML, ``gym train --strategy``): the planner picks the fastest of the names above
+# that fits the run's model, batch and hardware (``planner.auto``), before the Trainer exists. Not Lightning's "auto",
+# which stays the Trainer's own default.
+AUTO_STRATEGY = "gym_auto"
 STRATEGY_PRESET_BY_NAME: dict[str, StrategyPreset] = {preset.name: preset for preset in STRATEGY_PRESETS}
 
 

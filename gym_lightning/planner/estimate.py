@@ -79,6 +79,19 @@ class Strategy:
     keep_gathered: bool = False  # FSDP grad_op: gathered parameters live from forward to backward
     ddp: bool = False  # gym_ddp: its gradients are DDP's buckets (FSDP "none" also has stage 0 and keeps its term)
     hybrid: bool = False  # FSDP hybrid: sharded within a node, replicated across nodes
+    # What selects it (trainer.strategy): a registered name, else the family's class with these init args.
+    name: str | None = None
+    family: StrategyClass | None = None
+    init_args: tuple[tuple[str, Any], ...] = ()
+
+    def trainer_config(self) -> str | dict[str, Any] | None:
+        """``trainer.strategy`` that selects it: the registered name, else ``{"class_path", "init_args"}``; ``None``
+        for a row that no gym_lightning strategy stands for."""
+        if self.name is not None:
+            return self.name
+        if self.family is None:
+            return None
+        return {"class_path": STRATEGY_CLASSES[self.family], "init_args": dict(self.init_args)}
 
 
 def planner_strategy(
@@ -96,8 +109,9 @@ def planner_strategy(
     """
     arguments = ", ".join(f"{k}={v!r}" for k, v in init_args.items())
     shown = name or f"{STRATEGY_CLASSES[strategy_class].rsplit('.', 1)[-1]}({arguments})"
+    selects: dict[str, Any] = {"name": name, "family": strategy_class, "init_args": tuple(init_args.items())}
     if strategy_class == "ddp":
-        return Strategy(key, label, shown, "torch", 0, ddp=True)
+        return Strategy(key, label, shown, "torch", 0, ddp=True, **selects)
     if strategy_class == "fsdp":
         sharding, offload = init_args.get("sharding", "full"), "cpu" if init_args.get("cpu_offload") else "none"
         stage = 0 if sharding == "none" else 3
@@ -111,9 +125,10 @@ def planner_strategy(
             offload,
             keep_gathered=sharding == "grad_op",
             hybrid=sharding == "hybrid",
+            **selects,
         )
     offloads = (init_args.get("offload_optimizer", "none"), init_args.get("offload_parameters", "none"))
-    return Strategy(key, label, shown, "deepspeed", int(init_args["stage"]), *offloads)
+    return Strategy(key, label, shown, "deepspeed", int(init_args["stage"]), *offloads, **selects)
 
 
 def _planned(key: str, label: str, preset: str | tuple[StrategyClass, dict[str, Any]]) -> Strategy:

@@ -34,7 +34,13 @@ from typing import Any
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.planner.estimate import Strategy, planner_strategy
-from gym_lightning.vocabulary import STRATEGY_NAMES, STRATEGY_PRESET_BY_NAME, StrategyClass, strategy_class_of
+from gym_lightning.vocabulary import (
+    AUTO_STRATEGY,
+    STRATEGY_NAMES,
+    STRATEGY_PRESET_BY_NAME,
+    StrategyClass,
+    strategy_class_of,
+)
 
 # The defaults a run gets when its YAML leaves a setting out: CausalLMModule's, GymDataModule's and LoRAArgs'
 # (tests/planner/test_run_config.py checks them against those signatures; not imported: no torch here).
@@ -224,13 +230,14 @@ def _trainer_settings(trainer: Mapping[str, Any], run: RunSettings) -> None:
     else:
         run.notes.append(f"trainer.devices {devices}: planned for --gpus_per_node (8 unless given)")
     run.settings["nodes"] = nodes
+    run.settings["accumulate_grad_batches"] = trainer.get("accumulate_grad_batches", 1)
     if str(trainer.get("accelerator", "auto")) == "cpu":
         run.settings["accelerator"] = "cpu"
 
 
 def _strategy_settings(strategy: Any, run: RunSettings) -> None:
     """The run's strategy as the planner's :class:`Strategy`, with its sequence-parallel size and checkpointing."""
-    if strategy is None or strategy == "auto":
+    if strategy is None or strategy in ("auto", AUTO_STRATEGY):  # gym_auto: the plan's recommendation is the choice
         return
     if isinstance(strategy, str):
         if strategy not in STRATEGY_PRESET_BY_NAME:
@@ -255,6 +262,8 @@ def _strategy_settings(strategy: Any, run: RunSettings) -> None:
         run.settings["sequence_parallel_size"] = init_args["sequence_parallel_size"]
     if init_args.get("activation_checkpointing"):
         run.settings["activation_checkpointing"] = True
+    if "gradient_compression" in init_args:
+        run.settings["gradient_compression"] = init_args["gradient_compression"]
     if ignored := sorted(set(init_args) - set(MEMORY_ARGS[family]) - NO_MEMORY_ARGS):
         run.notes.append(f"not planned: trainer.strategy.init_args {', '.join(ignored)} (not in the planner's model)")
 
