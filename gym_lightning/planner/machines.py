@@ -161,3 +161,37 @@ def machine(
 
 def _gbs(value: float | None) -> float:
     return 0.0 if value is None else value * GB
+
+
+def cpu_hardware(
+    matmul_flops: float,
+    memory_bandwidth: float,
+    bus_bandwidth: float,
+    latency: float,
+    compute_efficiency: float,
+) -> Hardware:
+    """The step-time figures of CPU ranks, measured (``metrics.calibrate.measure_host`` on every rank at once):
+    gloo's all-reduce computes on the cores that train, so nothing overlaps (``overlap=False``), and the "device"
+    memory is the host's.
+
+    Args:
+        matmul_flops: One rank's matmul FLOP/s in the compute dtype.
+        memory_bandwidth: One rank's memory bandwidth, bytes/s, measured while the others measure theirs.
+        bus_bandwidth: gloo's all-reduce bus bandwidth between the ranks, bytes/s (0 alone).
+        latency: Seconds of a small all-reduce.
+        compute_efficiency: The fraction of ``matmul_flops`` a training loop's model FLOPs reach on CPU ranks.
+    """
+    return Hardware(
+        name="CPU ranks (measured)",
+        peak_flops=matmul_flops,
+        compute_efficiency=compute_efficiency,
+        memory_bandwidth=memory_bandwidth,
+        intra_bandwidth=bus_bandwidth or memory_bandwidth,
+        inter_bandwidth=bus_bandwidth or memory_bandwidth,
+        intra_latency=latency,
+        inter_latency=latency,
+        host_bandwidth=memory_bandwidth,
+        host_memory_bandwidth=memory_bandwidth,
+        nvme_bandwidth=memory_bandwidth,
+        overlap=False,
+    )

@@ -1,0 +1,89 @@
+"""Micro-benchmarks of the machine a process runs on, for the planner's step-time model on CPU ranks: matmul FLOP/s,
+memory bandwidth and the process group's all-reduce bus bandwidth (pure torch, no Lightning).
+
+A GPU's figures come from the catalog (``assets/hardware.yaml``); a CPU's depend on the host, its cores and what
+else runs there, so they are measured: each in a fraction of a second, medians of short repeats. The all-reduce is
+timed like nccl-tests' ``all_reduce_perf`` and reported as its bus bandwidth (``algbw x 2(n-1)/n``), the figure the
+model reads for NCCL links too.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass(frozen=True)
+class HostFigures:
+    """What :func:`measure_host` found on this process.
+
+    Args:
+        matmul_flops: FLOP/s of square matmuls of the model's width in its compute dtype, on this process's threads.
+        memory_bandwidth: Bytes/s read plus written by an elementwise update of a tensor larger than the caches.
+        bus_bandwidth: All-reduce bus bandwidth of the default process group, bytes/s (0 without one or alone).
+        latency: Seconds of a small all-reduce (0 without a group).
+    """
+
+    matmul_flops: float
+    memory_bandwidth: float
+    bus_bandwidth: float = 0.0
+    latency: float = 0.0
+
+
+def _median_seconds(run: Callable[[], object], repeats: int, budget: float) -> float:
+    """Median seconds of ``run`` over ``repeats`` calls after one warm-up, stopping early past ``budget`` seconds."""
+    run()
+    times: list[float] = []
+    started = time.perf_counter()
+    for _ in range(repeats):
+        begin = time.perf_counter()
+        run()
+        times.append(time.perf_counter() - begin)
+        if time.perf_counter() - started > budget:
+            break
+    return statistics.median(times)
+
+
+def matmul_flops(width: int, dtype: torch.dtype = torch.float32, repeats: int = 5, budget: float = 0.3) -> float:
+    """FLOP/s of a ``width x width`` by ``width x width`` matmul (``2 width^3`` FLOPs) on the CPU."""
+    a, b = torch.randn(width, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
+    return 2 * width**3 / _median_seconds(lambda: a @ b, repeats, budget)
+
+
+def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, budget: float = 0.3) -> float:
+    """Bytes/s of ``x += y`` over fp32 tensors of ``nbytes`` each (two reads and one write per element)."""
+    x, y = torch.zeros(nbytes // 4), torch.ones(nbytes // 4)
+    return 3 * nbytes / _median_seconds(lambda: x.add_(y), repeats, budget)
+
+
+def all_reduce_figures(nbytes: int = 32 * 2**20, repeats: int = 5) -> tuple[float, float]:
+    """``(bus bandwidth, latency)`` of the default process group: an all-reduce of ``nbytes`` fp32 (nccl-tests'
+    ``busbw = bytes / time x 2(n-1)/n``) and one of 4 bytes; ``(0, 0)`` without a group or alone. Every rank must
+    call it (they are collectives); the slowest rank's times are returned to all."""
+    if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
+        return 0.0, 0.0
+    n = dist.get_world_size()
+    big, small = torch.ones(nbytes // 4), torch.ones(1)
+    dist.barrier()
+    large = _median_seconds(lambda: dist.all_reduce(big), repeats, budget=5.0)
+    tiny = _median_seconds(lambda: dist.all_reduce(small), repeats, budget=1.0)
+    slowest = torch.tensor([large, tiny], dtype=torch.float64)
+    dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
+    large, tiny = slowest.tolist()
+    return nbytes * 2 * (n - 1) / n / max(large - tiny, 1e-9), tiny
+
+
+def measure_host(width: int, dtype: torch.dtype = torch.float32) -> HostFigures:
+    """The :class:`HostFigures` of this process (collective: call on every rank when a process group exists).
+
+    Args:
+        width: The model's hidden size (the matmul benchmark's size, at least 256).
+        dtype: The compute dtype (``torch.bfloat16`` under bf16-mixed autocast).
+    """
+    bus, latency = all_reduce_figures()
+    return HostFigures(matmul_flops(max(width, 256), dtype), memory_bandwidth(), bus, latency)
