@@ -21,9 +21,12 @@ import importlib.util
 import os
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+import torch
+from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
@@ -35,8 +38,11 @@ from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.commands import COMMANDS
 from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.errors import EveryRankError, GymUserError
+from gym_lightning.metrics.hardware import gpu_for_device_name
 from gym_lightning.models.presets import resolve_tokenizer_source
 from gym_lightning.module import CausalLMModule
+from gym_lightning.planner.auto import AutoChoice, choose_strategy, is_auto
+from gym_lightning.planner.machines import DEFAULT_GPU
 from gym_lightning.precision import clipping_precision
 from gym_lightning.prediction_writer import JsonlPredictionWriter
 from gym_lightning.quiet import quiet_console
@@ -44,6 +50,7 @@ from gym_lightning.strategies import ZeROStrategy, strategy_name_problem
 from gym_lightning.strategies.rank_failure import NOTE_PREFIX, exit_within, rank_failure_line
 from gym_lightning.strategies.zero.config import load_deepspeed_json
 from gym_lightning.strategies.zero.hf_auto import adopted_accumulation
+from gym_lightning.vocabulary import AUTO_STRATEGY
 
 # LightningCLI's subcommands, with the one line ``gym --help`` shows for each.
 LIGHTNING_COMMANDS: dict[str, str] = {
@@ -66,6 +73,8 @@ class GymCLI(LightningCLI):
 
     - links the data module's tokenizer to the model's (one source of truth);
     - adds the ``export:`` (``HFExport``) and ``nonfinite:`` (``NonFiniteGuard``) sections as callbacks;
+    - resolves ``trainer.strategy: gym_auto`` to the fastest strategy that fits, with one line saying which and why
+      (``resolve_auto_strategy``), before anything else reads the strategy;
     - finds user errors before anything is built (an unknown strategy name, an unreadable ``--ckpt_path``);
     - adopts a DeepSpeed JSON's ``gradient_accumulation_steps`` into ``trainer.accumulate_grad_batches`` before the
       Trainer exists (the strategy only checks that the two agree);
@@ -97,6 +106,8 @@ class GymCLI(LightningCLI):
     def before_instantiate_classes(self) -> None:
         config = self.config[self.subcommand] if self.subcommand else self.config
         trainer = config["trainer"]
+        if is_auto(trainer.get("strategy")):  # first: the name check and the accumulation adoption read the choice
+            trainer["strategy"] = resolve_auto_strategy(config)
         strategy = trainer.get("strategy")
         if isinstance(strategy, str) and (problem := strategy_name_problem(strategy)):
             raise GymUserError(f"--trainer.strategy {strategy!r}: {problem}")
@@ -150,6 +161,122 @@ def check_ckpt_path(ckpt_path: str | None) -> None:
         if problems := file_problems(path):  # before the file is read: a damaged one is named, with what to do
             raise damaged_checkpoint_error(path, problems)
         load_lightning_checkpoint(path, required=("state_dict", "pytorch-lightning_version"))
+
+
+# ---------------------------------------------------------------------------------------- trainer.strategy gym_auto
+@dataclass(frozen=True)
+class DetectedHardware:
+    """The hardware a ``gym_auto`` run plans for (``detect_hardware``).
+
+    Args:
+        accelerator: ``"gpu"`` (CUDA) or ``"cpu"``.
+        gpu: The catalog GPU's key (``metrics.hardware``), ``None`` on CPU or for a GPU the catalog does not list.
+        gpu_memory: Bytes of device 0 as the driver reports them; ``None`` on CPU.
+        devices: Ranks per node that ``trainer.devices: auto`` gives (every visible GPU; one CPU process).
+        host_memory: Bytes of physical RAM of this node; ``None`` where ``os.sysconf`` cannot tell.
+        device_name: CUDA's name of device 0 (``torch.cuda.get_device_name``); ``None`` on CPU.
+    """
+
+    accelerator: str
+    gpu: str | None
+    gpu_memory: int | None
+    devices: int
+    host_memory: int | None
+    device_name: str | None = None
+
+
+def detect_hardware(trainer: Mapping[str, Any]) -> DetectedHardware:
+    """The hardware the run's ``trainer`` section (plain data) will train on, as ``gym_auto`` plans for it.
+
+    CUDA when ``trainer.accelerator`` is not ``cpu`` and a GPU is visible (what Lightning's ``auto`` picks too);
+    else CPU ranks, which have no step-time figures: the planner's list order decides there.
+
+    Args:
+        trainer: The ``trainer`` section (``accelerator`` is read).
+    """
+    host_memory = physical_memory()
+    if str(trainer.get("accelerator") or "auto") != "cpu" and torch.cuda.is_available():
+        name = torch.cuda.get_device_name(0)
+        catalog = gpu_for_device_name(name)
+        memory = torch.cuda.get_device_properties(0).total_memory
+        count = torch.cuda.device_count()
+        return DetectedHardware("gpu", catalog.key if catalog else None, memory, count, host_memory, name)
+    # Lightning's CPUAccelerator.auto_device_count() is 1: devices auto is one process.
+    return DetectedHardware("cpu", None, None, 1, host_memory)
+
+
+def physical_memory() -> int | None:
+    """Bytes of physical RAM of this node (``SC_PAGE_SIZE`` x ``SC_PHYS_PAGES``), ``None`` where unknown."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, ValueError, OSError):  # not POSIX (os.sysconf missing) or the names are not supported
+        return None
+
+
+def resolve_auto_strategy(config: Any) -> str | Namespace:
+    """The ``trainer.strategy`` value ``gym_auto`` stands for in the parsed ``config`` (the subcommand's namespace):
+    the planner's fastest strategy that fits this model, batch and hardware (``planner.auto.choose_strategy``).
+
+    Every rank calls this with the same config on the same kind of node (the launcher starts them alike), so every
+    rank reaches the same choice without a collective (there is no process group yet). The line saying which and
+    why is printed once, by rank zero.
+
+    Args:
+        config: The parsed configuration (``trainer``, ``model``, ``data``), a jsonargparse ``Namespace``.
+
+    Raises:
+        GymUserError: when the planner cannot read the config, or no strategy fits (the CLI exits with status 2).
+    """
+    plain = {name: _without_none(_field(config, name)) for name in ("trainer", "model", "data")}
+    hardware = detect_hardware(plain["trainer"])
+    if hardware.accelerator == "cpu":  # accelerator auto without a GPU is CPU ranks: plan host memory, not a GPU's
+        plain["trainer"]["accelerator"] = "cpu"
+    choice = _choose(plain, hardware)
+    rank_zero_info(choice.line)
+    if hardware.accelerator == "gpu" and hardware.gpu is None:  # ranked with another chip's speeds: say so
+        rank_zero_info(
+            f"{AUTO_STRATEGY}: {hardware.device_name!r} is not in gym_lightning's GPU catalog "
+            f"(gym_lightning/assets/hardware.yaml): the speeds are {DEFAULT_GPU}'s, the memory is this GPU's own."
+        )
+    if isinstance(choice.strategy, str):
+        return choice.strategy
+    # jsonargparse instantiates a class given as class_path + init_args namespaces; omitted arguments keep defaults.
+    return Namespace(class_path=choice.strategy["class_path"], init_args=Namespace(**choice.strategy["init_args"]))
+
+
+def _choose(config: dict[str, Any], hardware: DetectedHardware) -> AutoChoice:
+    """``choose_strategy`` for the run's plain ``config`` on ``hardware``; a config the planner cannot read is named
+    as gym_auto's problem (the user did not ask for a plan otherwise).
+
+    Args:
+        config: The run's ``trainer``, ``model`` and ``data`` sections as plain data.
+        hardware: What ``detect_hardware`` found.
+    """
+    try:
+        return choose_strategy(
+            config,
+            gpu=hardware.gpu,
+            gpu_memory=hardware.gpu_memory,
+            host_memory=hardware.host_memory,
+            gpus_per_node=hardware.devices,
+            source="this run",
+        )
+    except GymUserError as err:
+        if str(err).startswith(f"strategy {AUTO_STRATEGY}"):  # nothing fits: the message already says gym_auto
+            raise
+        raise GymUserError(
+            f"trainer.strategy {AUTO_STRATEGY} plans the run before it starts: {err} Change that setting, or name the "
+            "strategy instead of gym_auto."
+        ) from None
+
+
+def _without_none(section: Any) -> dict[str, Any]:
+    """A parsed section as plain data without its ``None`` values: a setting left at ``None`` is the default the
+    run gets (``trainer.precision: null`` is 32-true), which the planner reads as a key left out."""
+    if section is None:
+        return {}
+    data = section.as_dict() if isinstance(section, Namespace) else dict(section)
+    return {key: value for key, value in data.items() if value is not None}
 
 
 # --------------------------------------------------------------------------------- DeepSpeed JSON -> the Trainer

@@ -11,6 +11,7 @@ from lightning.pytorch.callbacks import Callback
 from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_info, rank_zero_warn
+from gym_lightning.callbacks.plan_check import prediction
 from gym_lightning.callbacks.reports import markdown_table, report_dir, write_json
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics.flops import transformer_flops
@@ -40,6 +41,13 @@ class ThroughputCallback(Callback):
     MFU needs the dense peak of one device: from :mod:`gym_lightning.metrics.peak_flops` for known CUDA chips, or
     ``peak_flops``; never guessed.
 
+    Plan check: at the end of fit the planner's step-time model (``planner.timing``) predicts this run's optimizer
+    step time and tokens/s from the strategy, the model's shape, the measured micro-batch and sequence length and the
+    hardware (the catalog GPU of the CUDA device; on CPU ranks figures measured on the spot, a collective that every
+    rank runs), and the summary table prints them beside the measured ones with the ratio measured / predicted step
+    time; ``throughput.json`` holds them under ``"plan"`` (``callbacks.plan_check.prediction``), or
+    ``{"unavailable": why}`` when the planner cannot model the run.
+
     Args:
         warmup_steps: Optimizer steps excluded at the start (allocator warm-up, compilation, first all-gathers);
             ``>= 0``.
@@ -51,6 +59,8 @@ class ThroughputCallback(Callback):
         peak_flops: Dense peak FLOP/s of ONE device in the training dtype; overrides the table. ``None`` to look the
             chip up.
         report_name: File name of the JSON summary in the log directory.
+        predict: Add the planner's predicted step time and tokens/s to the summary (see "Plan check"); ``False``
+            skips it (and, on CPU ranks, the second or so of host measurements it costs).
     """
 
     def __init__(
@@ -61,8 +71,11 @@ class ThroughputCallback(Callback):
         flops_per_token: float | None = None,
         peak_flops: float | None = None,
         report_name: str = "throughput.json",
+        predict: bool = True,
     ) -> None:
         problems = _argument_problems(warmup_steps, window_steps, log_every_n_steps, flops_per_token, peak_flops)
+        if not isinstance(predict, bool):
+            problems.append(f"predict must be true or false, got {predict!r}")
         if problems:
             raise GymUserError("invalid ThroughputCallback arguments:\n  - " + "\n  - ".join(problems))
         self.warmup_steps = warmup_steps
@@ -71,6 +84,7 @@ class ThroughputCallback(Callback):
         self.flops_per_token = flops_per_token
         self.peak_flops = peak_flops
         self.report_name = report_name
+        self.predict = predict
         self.summary: dict[str, Any] = {}
         self._paused = 0.0
         self._pause_start: float | None = None
@@ -122,6 +136,10 @@ class ThroughputCallback(Callback):
         if last is not None and measured > last.job.steps:
             self._window.append(self._read(trainer, steps=measured))
         self.summary = self._summary(trainer, measured)
+        if self.predict:  # on every rank: on CPU ranks it measures the host with collectives
+            total = self.summary["total"] or {}
+            steps, tokens = total.get("optimizer_steps_per_sec"), total.get("tokens_per_sec")
+            self.summary["plan"] = prediction(trainer, pl_module, self.summary["job_counts"], steps, tokens)
         path = report_dir(trainer) / self.report_name  # collective (broadcasts the log dir): every rank calls it
         if trainer.is_global_zero:
             write_json(path, self.summary)
@@ -221,11 +239,14 @@ def _argument_problems(
 
 
 def _summary_table(summary: dict[str, Any]) -> str:
+    """The end-of-fit report: measured rates, with the plan's predictions beside them when there are any."""
     total = summary.get("total")
+    plan = summary.get("plan")
     if not total:
         return (
             f"ThroughputCallback: nothing measured ({summary['measured_steps']} optimizer steps after "
             f"{summary['warmup_steps']} warm-up steps); run more steps or lower warmup_steps."
+            + ("" if plan is None else "\nplan check: no prediction, the run was too short to measure.")
         )
 
     def fmt(key: str, scale: float = 1.0, digits: int = 1) -> str:
@@ -245,4 +266,28 @@ def _summary_table(summary: dict[str, Any]) -> str:
         f"Throughput over {summary['measured_steps']} optimizer steps after {summary['warmup_steps']} warm-up steps, "
         f"{summary['world_size']} x {summary['device_name']} ({summary['matmul_dtype']})"
     )
-    return title + "\n" + markdown_table(["metric", "value"], rows)
+    if plan is None:
+        return title + "\n" + markdown_table(["metric", "value"], rows)
+    return title + "\n" + _with_plan(rows, total, plan)
+
+
+def _with_plan(rows: list[list[str]], total: dict[str, Any], plan: dict[str, Any]) -> str:
+    """``rows`` with a "plan" column (the planner's step time and tokens/s) and a line on the ratio or on why there
+    is no prediction."""
+    if "unavailable" in plan:
+        table = markdown_table(["metric", "measured", "plan"], [[*row, ""] for row in rows])
+        return table + f"\nplan check: no prediction: {plan['unavailable']}."
+    steps = total.get("optimizer_steps_per_sec")
+    predicted = {
+        "tokens/s (job)": f"{plan['tokens_per_second']:,.1f}",
+        "tokens/s per device": f"{plan['device_tokens_per_second']:,.1f}",
+        "optimizer steps/s": f"{1 / plan['step_seconds']:,.3f}",
+    }
+    rows = [[*row, predicted.get(row[0], "")] for row in rows]
+    rows.insert(5, ["step time (s)", "n/a" if not steps else f"{1 / steps:,.4f}", f"{plan['step_seconds']:,.4f}"])
+    table = markdown_table(["metric", "measured", "plan"], rows)
+    return table + (
+        f"\nplan check: measured / predicted step time = {plan['ratio']:.2f} ({plan['strategy']}, "
+        f"{plan['hardware']['name']}, micro-batch {plan['setup']['micro_batch_size']} x "
+        f"{plan['setup']['seq_length']} tokens)"
+    )

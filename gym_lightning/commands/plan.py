@@ -10,6 +10,14 @@ prints the same as JSON. ``--quantization nf4`` (or ``--load_in_4bit``) with ``-
 ``--mlp_tile_tokens T`` (tiled MLP); ``--longest_sequence`` adds a column with the longest sequence that fits each
 strategy at micro-batch 1 (always in ``--json``). Bad flags end with one line on stderr and exit status 2.
 
+``--gpu h200 --interconnect ib-ndr400 --tokens 2e9 --price_per_gpu_hour 3.5`` adds the speed table: per strategy the
+predicted step time, tokens/s per GPU, MFU, scaling against one GPU, the rank among those that fit, and the hours,
+GPU-hours and dollars of the tokens (``--rows N --epochs E``: N x E x ``--seq_length`` tokens); the recommendation
+is the fastest that fits (``planner.timing``, ``planner.budget``; docs/planner.md, "Step time"). The GPU, its node's
+link and the fabric come from the hardware catalog (``gym_lightning/assets/hardware.yaml``); ``--peak_tflops``,
+``--compute_efficiency``, ``--memory_bandwidth``, ``--intra_node_bandwidth``, ``--inter_node_bandwidth`` and
+``--host_bandwidth`` override its figures.
+
 ``--config run.yaml`` plans the run a ``gym fit --config run.yaml`` launches: its model, strategy (a line of its
 own under the table), micro-batch, sequence length, precision, LoRA, quantisation, sequence parallelism, GPUs
 (``planner.run_config`` lists what is read). Flags given beside it override the file; what the planner cannot
@@ -28,12 +36,38 @@ import yaml
 
 from gym_lightning.commands import CommandParser
 from gym_lightning.errors import GymUserError
+from gym_lightning.metrics.hardware import FABRICS, GPUS, LINKS
 from gym_lightning.models.shapes import LoraTargets
 from gym_lightning.planner.catalog import BUNDLED
-from gym_lightning.planner.estimate import Accelerator, Attention, LossChunking, Optimizer, Precision, Quantization
+from gym_lightning.planner.estimate import (
+    Accelerator,
+    Attention,
+    GradientCompression,
+    LossChunking,
+    Optimizer,
+    Precision,
+    Quantization,
+)
+from gym_lightning.planner.machines import DEFAULT_FABRIC, DEFAULT_GPU, Figures
 from gym_lightning.planner.report import plan
 from gym_lightning.planner.run_config import run_settings
 from gym_lightning.vocabulary import STRATEGY_NAMES
+
+# Explicit hardware figures (flag -> what it overrides); each is a Figures field of the same name, or FIGURE_FIELDS'.
+FIGURE_FLAGS: dict[str, str] = {
+    "peak_tflops": "dense TFLOP/s of one GPU in the compute dtype",
+    "compute_efficiency": "fraction of the peak a training loop reaches (calibrated: 0.315)",
+    "memory_bandwidth": "GPU memory GB/s",
+    "intra_node_bandwidth": "all-reduce bus bandwidth within a node, GB/s (nccl-tests busbw)",
+    "inter_node_bandwidth": "all-reduce bus bandwidth across nodes, GB/s (nccl-tests busbw)",
+    "host_bandwidth": "pinned host <-> GPU copy GB/s (offload)",
+}
+FIGURE_FIELDS: dict[str, str] = {
+    "memory_bandwidth": "memory_bandwidth_gbs",
+    "intra_node_bandwidth": "intra_node_bandwidth_gbs",
+    "inter_node_bandwidth": "inter_node_bandwidth_gbs",
+    "host_bandwidth": "host_bandwidth_gbs",
+}
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -43,7 +77,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--strategy", help=f"the run's strategy, on a line of its own: {', '.join(STRATEGY_NAMES)}")
     parser.add_argument("--gpus_per_node", type=int, default=8)
     parser.add_argument("--nodes", type=int, default=1)
-    parser.add_argument("--gpu_memory", default="80GB", help="memory per GPU, e.g. 24GB, 80GB (binary units)")
+    parser.add_argument("--gpu", help=f"the GPU (hardware catalog): {', '.join(GPUS)}; default {DEFAULT_GPU}")
+    parser.add_argument(
+        "--interconnect",
+        help=f"fabric between nodes ({', '.join(FABRICS)}), a node's link ({', '.join(LINKS)}), or link,fabric; "
+        f"default: the GPU's link, {DEFAULT_FABRIC} across nodes",
+    )
+    parser.add_argument("--gpu_memory", help="memory per GPU, e.g. 24GB, 80GB (binary units); default: the --gpu's")
     parser.add_argument("--host_memory", default="1TB", help="CPU RAM per node, e.g. 512GB")
     parser.add_argument("--precision", choices=get_args(Precision), default="bf16-mixed")
     parser.add_argument("--micro_batch_size", type=int, default=1)
@@ -79,8 +119,33 @@ def build_parser() -> argparse.ArgumentParser:
         action="store_true",
         help="add a column: the longest sequence that fits each strategy at micro-batch 1",
     )
+    _speed_arguments(parser)
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
+
+
+def _speed_arguments(parser: argparse.ArgumentParser) -> None:
+    """The step time's and the budget's flags: accumulation, compression, tokens, price, explicit hardware figures."""
+    parser.add_argument("--accumulate_grad_batches", type=int, default=1, help="micro-batches per optimizer step")
+    parser.add_argument("--gradient_compression", choices=get_args(GradientCompression), default="none")
+    parser.add_argument("--tokens", type=float, help="tokens to train on: hours, GPU-hours and cost per strategy")
+    parser.add_argument("--rows", type=int, help="rows of the data set (tokens = rows x epochs x seq_length)")
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs over --rows")
+    parser.add_argument("--price_per_gpu_hour", type=float, help="dollars per GPU-hour: the cost column")
+    for name, unit in FIGURE_FLAGS.items():
+        parser.add_argument(f"--{name}", type=float, help=f"override the catalog: {unit}")
+
+
+def _speed_settings(args: dict[str, Any]) -> dict[str, Any]:
+    """``plan()``'s figures and tokens from the flags (``--rows`` x ``--epochs`` x ``--seq_length`` tokens)."""
+    figures = {name: args.pop(name, None) for name in FIGURE_FLAGS}
+    args["figures"] = Figures(**{FIGURE_FIELDS.get(k, k): v for k, v in figures.items()})
+    rows, epochs = args.pop("rows", None), args.pop("epochs", 1.0)
+    if rows is not None:
+        if args.get("tokens") is not None:
+            raise GymUserError("--tokens and --rows both say how much to train on: pass one.")
+        args["tokens"] = rows * epochs * args.get("seq_length", 2048)
+    return args
 
 
 def plan_arguments(argv: list[str] | None = None) -> dict[str, Any]:
@@ -91,7 +156,7 @@ def plan_arguments(argv: list[str] | None = None) -> dict[str, Any]:
     if config is None:
         if args["model"] is None:
             parser.error("the following arguments are required: --model (or --config)")
-        return args
+        return _speed_settings(args)
     # Parsed again with every default suppressed: what remains was given on the command line.
     for action in parser._actions:
         action.default = argparse.SUPPRESS
@@ -100,7 +165,7 @@ def plan_arguments(argv: list[str] | None = None) -> dict[str, Any]:
     run = run_settings(_read_yaml(config), source=config)
     for note in run.notes:
         print(f"gym plan: {config}: {note}.", file=sys.stderr)
-    return {**args, **run.settings, **explicit}
+    return _speed_settings({**args, **run.settings, **explicit})
 
 
 def _read_yaml(path: str) -> Any:

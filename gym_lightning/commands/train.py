@@ -50,6 +50,10 @@ Mapping decisions (where Lightning and the HF Trainer differ):
 - ``--ddp_timeout SECONDS`` (HF's default 1800 is Lightning's too): the strategy's collective ``timeout``; a rank
   that does not arrive within it is named and the job ends (``strategies.rank_failure``). Without ``--strategy`` or
   ``--deepspeed`` it selects ``gym_ddp`` (the strategy Lightning's ``auto`` would pick is plain DDP).
+- ``--strategy NAME``: ``trainer.strategy`` (``gym_ddp``, ``gym_fsdp``, ``zero1``..., or Lightning's names);
+  ``--strategy gym_auto``: the planner picks the fastest strategy that fits this model, batch and hardware when the
+  run starts, and says which and why in one line (``planner.auto``; ``gym plan`` shows the ranking). It refuses
+  ``--ddp_timeout`` and ``--sequence_parallel_size``: they are arguments of a strategy not chosen yet.
 - ``--deepspeed ds.json``: ``trainer.strategy = ZeROStrategy(config=ds.json)`` (stage from the JSON, ``"auto"``
   resolved from these flags). ``--gradient_accumulation_steps`` and ``--max_grad_norm`` left at HF's defaults take
   the JSON's explicit numbers (they are one setting each, see ``strategies/zero/hf_auto.py``).
@@ -123,7 +127,7 @@ from gym_lightning.optim import HFSchedulerName, OptimizerName
 from gym_lightning.quant.config import COMPUTE_DTYPES, QUANT_STORAGES, QUANT_TYPES
 from gym_lightning.strategies.zero.config import load_deepspeed_json
 from gym_lightning.strategies.zero.hf_auto import adopted_value
-from gym_lightning.vocabulary import SETTING_FLAGS  # `gym fit` setting -> the flags here that set it
+from gym_lightning.vocabulary import AUTO_STRATEGY, SETTING_FLAGS  # SETTING_FLAGS: `gym fit` setting -> its flags
 
 # The HF schedules and optimizers the module builds (transformers.get_scheduler; optim.build_optimizer).
 SCHEDULERS: tuple[str, ...] = get_args(HFSchedulerName)
@@ -501,7 +505,13 @@ class GymArguments:
     )
     num_nodes: int | None = field(default=None, metadata={"help": "Nodes; default: the launcher's, else 1."})
     accelerator: str = field(default="auto", metadata={"help": "cpu, gpu, cuda, auto."})
-    strategy: str | None = field(default=None, metadata={"help": "A Lightning strategy name instead of --deepspeed."})
+    strategy: str | None = field(
+        default=None,
+        metadata={
+            "help": f"A Lightning strategy name instead of --deepspeed; {AUTO_STRATEGY}: the planner picks the fastest "
+            "that fits this model, batch and hardware as the run starts (one line says which and why)."
+        },
+    )
     sequence_parallel_size: int = field(
         default=1,
         metadata={"help": "Ranks sharing each sequence (Ulysses, as ALST/TRL name it); needs gym_ddp/gym_fsdp/ZeRO."},
@@ -719,6 +729,7 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
         problems.append("--bf16 and --fp16 exclude each other; pass one.")
     if args.deepspeed and args.strategy:
         problems.append("--deepspeed and --strategy both choose the strategy; pass one.")
+    problems += _auto_strategy_problems(args)
     problems += plan_data(args, _eval_strategy(args) != "no").problems
     if str(args.optim) not in OPTIMIZERS:
         problems.append(
@@ -741,6 +752,31 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
     if template := _template_problem(args):
         problems.append(template)
     return problems
+
+
+def _auto_strategy_problems(args: argparse.Namespace) -> list[str]:
+    """``--strategy gym_auto`` with a flag that sets an argument of the strategy: refused, since the strategy does not
+    exist yet when the flags are mapped (the planner picks it as the run starts, ``cli.resolve_auto_strategy``) and
+    not every strategy it may pick takes every argument.
+
+    Args:
+        args: The parsed flags.
+    """
+    if args.strategy != AUTO_STRATEGY:
+        return []
+    set_flags = [
+        flag
+        for flag, given in (
+            ("--ddp_timeout", args.ddp_timeout != HF_DDP_TIMEOUT),
+            ("--sequence_parallel_size", args.sequence_parallel_size != 1),
+        )
+        if given
+    ]
+    return [
+        f"{flag} sets an argument of the strategy, and --strategy {AUTO_STRATEGY} leaves the choice to the planner; "
+        f"drop {flag}, or name the strategy (gym plan --config run.yaml ranks them)."
+        for flag in set_flags
+    ]
 
 
 def _choice_problems(args: argparse.Namespace) -> list[str]:

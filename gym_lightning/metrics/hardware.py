@@ -76,10 +76,11 @@ class HostLink:
 
 @dataclass(frozen=True)
 class HostSpec:
-    """Node-level defaults for offload: CPU memory bandwidth (CPU Adam) and NVMe bandwidth, per node."""
+    """Node-level defaults: CPU memory bandwidth (CPU Adam), NVMe bandwidth, and the CPU's matmul efficiency."""
 
     memory_bandwidth: float  # bytes/s
     nvme_bandwidth: float  # bytes/s
+    cpu_compute_efficiency: float  # achieved model FLOP/s of a CPU training loop / the CPU's matmul FLOP/s, in (0, 1]
     sources: tuple[str, ...]
     assumed: tuple[str, ...]
 
@@ -128,6 +129,20 @@ class _Reader:
         value = entry.get(field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             self.problems.append(f"{where}.{field} is {value!r}; expected a positive number.")
+            return 0.0
+        return float(value)
+
+    def fraction(self, entry: Mapping[str, Any], field: str, where: str) -> float:
+        """A number in (0, 1] from ``entry[field]``; 0.0 (and a problem) when missing or out of range.
+
+        Args:
+            entry: the YAML mapping of one entry.
+            field: the field's name.
+            where: the entry's path in the file, for the message (``"host"``).
+        """
+        value = entry.get(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1:
+            self.problems.append(f"{where}.{field} is {value!r}; expected a fraction > 0 and <= 1.")
             return 0.0
         return float(value)
 
@@ -250,12 +265,13 @@ def _read_host(entry: Mapping[str, Any], read: _Reader) -> HostSpec:
         entry: its YAML mapping.
         read: the reader that collects problems.
     """
-    figures = ("memory_bandwidth", "nvme_bandwidth")
+    figures = ("memory_bandwidth", "nvme_bandwidth", "cpu_compute_efficiency")
     sources = tuple(read.text(entry, f"{figure}_source", "host") or "" for figure in figures)
     assumed = tuple(read.text(entry, f"{figure}_assumed", "host", optional=True) or "" for figure in figures)
     return HostSpec(
         memory_bandwidth=read.positive(entry, "memory_bandwidth_gbs", "host") * _GB,
         nvme_bandwidth=read.positive(entry, "nvme_bandwidth_gbs", "host") * _GB,
+        cpu_compute_efficiency=read.fraction(entry, "cpu_compute_efficiency", "host"),
         sources=sources,
         assumed=tuple(text for text in assumed if text),
     )

@@ -108,7 +108,7 @@ def speed_lines(
     rows = [header]
     for i, (e, s) in enumerate(zip(estimates, speeds, strict=True)):
         rows.append(_speed_row(e, s, ranks.get(i), gpus, budget, len(header)))
-    notes = [f"Assumed: {note}." for note in machine.notes]
+    notes = [f"Note: {note}." for note in machine.notes]
     return [title + ":", *aligned(rows), *notes]
 
 

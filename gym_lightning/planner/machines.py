@@ -11,7 +11,9 @@ peak at these sizes. That is an assumption, and ``compute_efficiency`` overrides
 from __future__ import annotations
 
 import functools
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics import hardware as catalog
@@ -31,6 +33,7 @@ DEFAULT_GPU = "h100-sxm"
 # InfiniBand NDR per node, one NIC per GPU). The report says it was assumed.
 DEFAULT_FABRIC = "ib-ndr400"
 GB = 1e9
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -96,13 +99,23 @@ def calibrated_compute_efficiency() -> float:
     return calibrated_efficiency(tokens * flops_per_token(shape, setup).model, step, chip.dense_peak["bf16"], optimizer)
 
 
+def _lookup(find: Callable[[], T], problems: list[str]) -> T | None:
+    """``find()``, or ``None`` with its error added to ``problems`` (every unknown name in one message)."""
+    try:
+        return find()
+    except GymUserError as err:
+        problems.append(str(err).rstrip("."))
+        return None
+
+
 def _links(
-    gpu: catalog.GPU, interconnect: str | None, nodes: int
-) -> tuple[catalog.Link, catalog.Link | None, list[str]]:
-    """``(intra-node link, fabric or None, notes)``: ``interconnect`` names a fabric, a link, or ``link,fabric``."""
+    intra: catalog.Link | None, interconnect: str | None, nodes: int
+) -> tuple[catalog.Link | None, catalog.Link | None, list[str]]:
+    """``(intra-node link, fabric or None, notes)``: ``interconnect`` names a fabric, a link, or ``link,fabric``;
+    ``intra`` is the GPU's usual link (``None`` when the GPU is unknown)."""
     notes: list[str] = []
-    intra, inter = catalog.link(gpu.link), None
-    for name in [] if interconnect is None else [part for part in interconnect.split(",") if part.strip()]:
+    inter = None
+    for name in [] if interconnect is None else [part.strip() for part in interconnect.split(",") if part.strip()]:
         found = catalog.fabric(name)
         if found.key in catalog.LINKS:
             intra = found
@@ -134,10 +147,11 @@ def machine(
     """
     figures = figures or Figures()
     problems = figures.problems()
-    if problems:
-        raise GymUserError("Invalid hardware figures: " + "; ".join(problems) + ".")
-    chip = catalog.gpu(gpu or DEFAULT_GPU)
-    intra, inter, notes = _links(chip, interconnect, nodes)
+    chip = _lookup(lambda: catalog.gpu(gpu or DEFAULT_GPU), problems)
+    links = _lookup(lambda: _links(catalog.link(chip.link) if chip else None, interconnect, nodes), problems)
+    if problems or chip is None or links is None or links[0] is None:
+        raise GymUserError("; ".join(problems) + ".")
+    intra, inter, notes = links[0], links[1], links[2]
     dtype = compute_dtype(precision)
     peak = chip.dense_peak.get(dtype, 0.0) if figures.peak_tflops is None else figures.peak_tflops * 1e12
     if peak <= 0:
