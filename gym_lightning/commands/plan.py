@@ -38,6 +38,7 @@ from gym_lightning.commands import CommandParser
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics.hardware import FABRICS, GPUS, LINKS
 from gym_lightning.models.shapes import LoraTargets
+from gym_lightning.planner.auto import choice_line, is_auto
 from gym_lightning.planner.catalog import BUNDLED
 from gym_lightning.planner.estimate import (
     Accelerator,
@@ -51,7 +52,7 @@ from gym_lightning.planner.estimate import (
 from gym_lightning.planner.machines import DEFAULT_FABRIC, DEFAULT_GPU, Figures
 from gym_lightning.planner.report import plan
 from gym_lightning.planner.run_config import run_settings
-from gym_lightning.vocabulary import STRATEGY_NAMES
+from gym_lightning.vocabulary import AUTO_STRATEGY, STRATEGY_NAMES
 
 # Explicit hardware figures (flag -> what it overrides); each is a Figures field of the same name, or FIGURE_FIELDS'.
 FIGURE_FLAGS: dict[str, str] = {
@@ -162,10 +163,15 @@ def plan_arguments(argv: list[str] | None = None) -> dict[str, Any]:
         action.default = argparse.SUPPRESS
     explicit = vars(parser.parse_args(argv))
     explicit.pop("config")
-    run = run_settings(_read_yaml(config), source=config)
+    document = _read_yaml(config)
+    run = run_settings(document, source=config)
     for note in run.notes:
         print(f"gym plan: {config}: {note}.", file=sys.stderr)
-    return _speed_settings({**args, **run.settings, **explicit})
+    trainer = document.get("trainer") if isinstance(document, dict) else None
+    auto = "strategy" not in explicit and is_auto(
+        (trainer or {}).get("strategy") if isinstance(trainer, dict) else None
+    )
+    return {**_speed_settings({**args, **run.settings, **explicit}), "auto": auto}
 
 
 def _read_yaml(path: str) -> Any:
@@ -180,9 +186,14 @@ def _read_yaml(path: str) -> Any:
 def main(argv: list[str] | None = None) -> None:
     """Entry point (``COMMANDS["plan"]`` in ``gym_lightning.cli``); ValueErrors become one line, exit 2, there."""
     args = plan_arguments(argv)
-    as_json = args.pop("json")
+    as_json, auto = args.pop("json"), args.pop("auto", False)
     report = plan(**args)
-    print(json.dumps(report.to_dict(), indent=2) if as_json else report.table())
+    if as_json:
+        print(json.dumps({**report.to_dict(), **({"auto": choice_line(report)} if auto else {})}, indent=2))
+        return
+    print(report.table())
+    if auto:  # the run's strategy is gym_auto: the recommendation is what it will train with
+        print(f"Your run (strategy: {AUTO_STRATEGY}): {choice_line(report)}")
 
 
 if __name__ == "__main__":

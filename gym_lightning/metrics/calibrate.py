@@ -49,14 +49,33 @@ def _median_seconds(run: Callable[[], object], repeats: int, budget: float) -> f
     return statistics.median(times)
 
 
-def matmul_flops(width: int, dtype: torch.dtype = torch.float32, repeats: int = 5, budget: float = 0.3) -> float:
-    """FLOP/s of a ``width x width`` by ``width x width`` matmul (``2 width^3`` FLOPs) on the CPU."""
-    a, b = torch.randn(width, width, dtype=dtype), torch.randn(width, width, dtype=dtype)
-    return 2 * width**3 / _median_seconds(lambda: a @ b, repeats, budget)
+def matmul_flops(
+    width: int,
+    dtype: torch.dtype = torch.float32,
+    repeats: int = 5,
+    budget: float = 0.3,
+    rows: int | None = None,
+    cols: int | None = None,
+) -> float:
+    """FLOP/s of a ``rows x width`` by ``width x cols`` matmul (``2 rows width cols`` FLOPs; square by default)."""
+    rows, cols = rows or width, cols or width
+    a, b = torch.randn(rows, width, dtype=dtype), torch.randn(width, cols, dtype=dtype)
+    return 2 * rows * width * cols / _median_seconds(lambda: a @ b, repeats, budget)
 
 
-def memory_bandwidth(nbytes: int = 256 * 2**20, repeats: int = 5, budget: float = 0.3) -> float:
-    """Bytes/s of ``x += y`` over fp32 tensors of ``nbytes`` each (two reads and one write per element)."""
+def model_matmul_flops(width: int, dtype: torch.dtype = torch.float32, tokens: int = 2048) -> float:
+    """FLOP/s of the matmul a decoder layer spends most of its time in: ``tokens x width`` activations by a
+    ``width x 3 width`` weight (an MLP projection), with ``tokens`` cut so one call is about 8 GFLOPs (a 4096-wide
+    layer would otherwise take seconds on a CPU core). Square matmuls of the width alone misjudge small models: a
+    256-wide square product measured 1.7-3.6 GFLOP/s on this 2-core host where the model's 2048 x 128 x 384 ran 10."""
+    cols = 3 * width
+    rows = max(256, min(tokens, int(8e9 / (2 * width * cols))))
+    return matmul_flops(width, dtype, rows=rows, cols=cols)
+
+
+def memory_bandwidth(nbytes: int = 64 * 2**20, repeats: int = 5, budget: float = 0.3) -> float:
+    """Bytes/s of ``x += y`` over fp32 tensors of ``nbytes`` each (two reads and one write per element; 64 MiB each
+    is past the last-level cache of the hosts this runs on, 30-60 MiB)."""
     x, y = torch.zeros(nbytes // 4), torch.ones(nbytes // 4)
     return 3 * nbytes / _median_seconds(lambda: x.add_(y), repeats, budget)
 
@@ -82,8 +101,8 @@ def measure_host(width: int, dtype: torch.dtype = torch.float32) -> HostFigures:
     """The :class:`HostFigures` of this process (collective: call on every rank when a process group exists).
 
     Args:
-        width: The model's hidden size (the matmul benchmark's size, at least 256).
+        width: The model's hidden size (:func:`model_matmul_flops`).
         dtype: The compute dtype (``torch.bfloat16`` under bf16-mixed autocast).
     """
     bus, latency = all_reduce_figures()
-    return HostFigures(matmul_flops(max(width, 256), dtype), memory_bandwidth(), bus, latency)
+    return HostFigures(model_matmul_flops(width, dtype), memory_bandwidth(), bus, latency)

@@ -54,6 +54,7 @@ def test_required_entries_present() -> None:
     assert {"ib-hdr200", "ib-ndr400", "roce-400", "ethernet-100", "ethernet-25"} <= set(FABRICS)
     assert {"pcie4", "pcie5"} <= set(HOST_LINKS)
     assert HOST.memory_bandwidth > 0 and HOST.nvme_bandwidth > 0
+    assert 0 < HOST.cpu_compute_efficiency <= 1
 
 
 def test_dense_peaks_in_flops() -> None:
@@ -185,6 +186,14 @@ def test_every_problem_in_one_message(tmp_path: Path) -> None:
     assert "gpus.h100-sxm.memory_bandwidth_gbs is -1" in message
     assert "fabrics.ib-ndr400.bus_bandwidth_gbs is 'fast'" in message
     assert "'h100' means both" in message
+
+
+@pytest.mark.parametrize("value", [0, 1.5, -0.2, "fast", None, True])
+def test_cpu_compute_efficiency_must_be_a_fraction(tmp_path: Path, value: object) -> None:
+    data = yaml.safe_load(CATALOG_PATH.read_text())
+    data["host"]["cpu_compute_efficiency"] = value
+    with pytest.raises(GymUserError, match=r"host\.cpu_compute_efficiency is .*expected a fraction > 0 and <= 1"):
+        load_catalog(_write(tmp_path, data))
 
 
 def test_packaged_catalog_loads_the_same_tables() -> None:

@@ -39,7 +39,8 @@ def test_every_shipped_config_plans(config: Path, capsys: pytest.CaptureFixture[
     table = capsys.readouterr().out
     assert "Recommendation:" in table
     strategy = yaml.safe_load(config.read_text())["trainer"].get("strategy")
-    assert ("Your run:" in table) == (strategy is not None)
+    assert ("Your run" in table) == (strategy is not None)
+    assert ("Your run (strategy: gym_auto): gym_auto: " in table) == (strategy == "gym_auto")
 
 
 def test_the_planned_values_are_the_yaml_s(capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,0 +1,390 @@
+"""Calibrate the planner's step-time model on this CPU, then validate it against measured 2-rank CPU runs over gloo.
+
+    python benchmarks/plan_validate.py --out /tmp/plan_validate.md           # ~10 min on a 2-core CPU
+    python benchmarks/plan_validate.py --sizes 10m --batches 1x256 --strategies gym_ddp   # a smoke run
+
+1. **Calibration** (this process, one thread: each of the 2 ranks gets one core of this 2-core machine): the matmul
+   FLOP/s of each model's width (``metrics.calibrate.matmul_flops``, fp32) and the achieved model FLOP/s of a plain
+   PyTorch loop (forward, summed cross-entropy, backward, torch AdamW, no Lightning) of ONE reference size and
+   batch (``--reference``). The CPU compute efficiency is what makes the model's one-rank step (compute + optimizer
+   step) last the measured step: ``planner.timing.calibrated_efficiency`` (achieved / matmul FLOP/s, the optimizer's
+   predicted share taken out of the step).
+2. **gloo and memory**: 2 processes measure ``all_reduce_figures`` and ``memory_bandwidth`` at the same time (what
+   the ranks see while training together).
+3. **Measured runs**: the real CLI on 2 CPU ranks (``python -m gym_lightning fit``, ``32-true``, the tiny-llama
+   preset widened with ``--model.config_overrides``, packed rows of the bundled addition set), one per size, batch
+   shape and strategy. :class:`StepTimer` (a callback) times each optimizer step from the end of one to the end of
+   the next after a barrier; the median of the timed steps after ``--warmup`` is the measured step.
+4. **Prediction**: ``planner.timing.speed`` with the run's ``Setup`` and ``planner.machines.cpu_hardware`` of the
+   figures above; error = predicted / measured - 1. A markdown table goes to stdout and ``--out``, the raw figures
+   to ``--out`` with ``.json``.
+
+Precision is ``32-true`` throughout: on AVX2-class CPUs a bf16 matmul whose second operand is not transposed takes a
+slow path (benchmarks/scale.py measured 27-33 s against 0.6 s), which no FLOP count would predict.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning.pytorch as pl
+
+BENCH_DIR = Path(__file__).resolve().parent
+REPO_ROOT = BENCH_DIR.parent
+MIB = 2**20
+# Llama decoders on the shipped 512-token vocabulary (tiny-llama's, so the embedding is < 1 % of the model):
+# layer parameters ~ 4h^2 (attention, 1 key/value head per query head) + 3hi (SwiGLU, i = 3h) = 13h^2.
+SIZES: dict[str, dict[str, int]] = {
+    "9m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 3, "num_attention_heads": 8},
+    "26m": {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 4, "num_attention_heads": 12},
+    "47m": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 4, "num_attention_heads": 16},
+}
+# Batch shapes: micro-batch x sequence length, "a2" = accumulate_grad_batches 2. 256 tokens per rank and step: the
+# 47m model's step takes ~3 s per rank on one busy core, and 24 runs of ~25 s start-up each must fit ~15 minutes.
+BATCHES = ("1x256", "2x64a2")
+STRATEGIES = ("gym_ddp", "gym_fsdp", "zero2", "zero3")
+PLANNER_KEYS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp_full", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
+
+
+def overrides(size: str) -> dict[str, Any]:
+    """``config_overrides`` of the tiny-llama preset for ``size`` (key/value heads = query heads)."""
+    fields = SIZES[size]
+    return {**fields, "num_key_value_heads": fields["num_attention_heads"], "max_position_embeddings": 1024}
+
+
+def parse_batch(batch: str) -> tuple[int, int, int]:
+    """``(micro_batch, seq_length, accumulate_grad_batches)`` of ``"2x128a2"``."""
+    shape, _, accumulate = batch.partition("a")
+    micro, seq = shape.split("x")
+    return int(micro), int(seq), int(accumulate or 1)
+
+
+def shape_of(size: str) -> Any:
+    """The planner's ModelShape of ``size`` (the preset's config with the overrides)."""
+    from gym_lightning.models.loading import load_model_config
+    from gym_lightning.models.shapes import shape_from_config
+
+    return shape_from_config(load_model_config("tiny-llama", overrides(size), False).to_dict(), f"tiny-llama {size}")
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 1. calibration (one process)
+
+
+def plain_loop(size: str, batch: str, warmup: int, steps: int) -> dict[str, float]:
+    """Median seconds of a plain training step of ``size`` at ``batch`` (one thread): forward + summed cross-entropy
+    + backward, and the module's AdamW step (``build_optimizer("adamw_torch_fused")``: fused where the CPU has the
+    kernel, as in the measured runs) timed apart.
+
+    Args:
+        size: A key of :data:`SIZES`.
+        batch: A batch shape (``"1x256"``; accumulation is not used here).
+        warmup: Untimed steps first.
+        steps: Timed steps.
+    """
+    import torch
+
+    from gym_lightning.loss import summed_cross_entropy
+    from gym_lightning.models.loading import build_causal_lm
+    from gym_lightning.optim import build_optimizer, weight_decay_groups
+
+    micro, seq, _ = parse_batch(batch)
+    torch.manual_seed(0)
+    model = build_causal_lm("tiny-llama", config_overrides=overrides(size)).train()
+    groups = weight_decay_groups(model.named_parameters(), 0.0)
+    optimizer = build_optimizer("adamw_torch_fused", groups, lr=1e-5, betas=(0.9, 0.999), eps=1e-8)
+    ids = torch.randint(0, model.config.vocab_size, (micro, seq))
+    compute, step = [], []
+    for i in range(warmup + steps):
+        start = time.perf_counter()
+        logits = model(input_ids=ids, use_cache=False).logits
+        (summed_cross_entropy(logits, ids) / ids.numel()).backward()
+        middle = time.perf_counter()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        if i >= warmup:
+            compute.append(middle - start)
+            step.append(time.perf_counter() - middle)
+    return {"compute": statistics.median(compute), "optimizer": statistics.median(step)}
+
+
+def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
+    """Matmul FLOP/s at every size's width, memory bandwidth alone, and the plain loop at ``reference`` (one
+    thread); returns them with the compute efficiency."""
+    import torch
+
+    from gym_lightning.metrics.calibrate import matmul_flops, memory_bandwidth
+    from gym_lightning.planner import Setup
+    from gym_lightning.planner.estimate import param_counts
+    from gym_lightning.planner.timing import (
+        PLAIN,
+        calibrated_efficiency,
+        flops_per_token,
+        optimizer_seconds,
+        step_traffic_bytes,
+    )
+
+    torch.set_num_threads(1)
+    size, batch = reference.split("/")
+    micro, seq, _ = parse_batch(batch)
+    matmul = {s: matmul_flops(SIZES[s]["hidden_size"], torch.float32, repeats=9, budget=1.0) for s in sizes}
+    bandwidth = memory_bandwidth(repeats=9, budget=1.0)
+    loop = plain_loop(size, batch, warmup=2, steps=5)
+    shape, setup = shape_of(size), Setup(accelerator="cpu", gpus_per_node=1, precision="32-true",
+                                         micro_batch_size=micro, seq_length=seq)  # fmt: skip
+    step_flops = micro * seq * flops_per_token(shape, setup).model
+    optimizer = optimizer_seconds(param_counts(shape, setup).trainable, step_traffic_bytes(PLAIN, setup), bandwidth)
+    peak = matmul[size]
+    return {
+        "reference": reference,
+        "matmul_flops": matmul,
+        "memory_bandwidth_alone": bandwidth,
+        "plain_loop": loop,
+        "plain_loop_flops": step_flops / loop["compute"],
+        "optimizer_predicted": optimizer,
+        "efficiency_raw": step_flops / (loop["compute"] + loop["optimizer"]) / peak,
+        "efficiency": calibrated_efficiency(step_flops, loop["compute"] + loop["optimizer"], peak, optimizer),
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 2. gloo and memory bandwidth, 2 processes at once
+
+
+def _comm_worker(rank: int, port: int, out: str, gradient_bytes: list[int]) -> None:
+    """One of 2 gloo ranks: all-reduce figures, memory bandwidth and matmul FLOP/s measured beside the other rank,
+    and the time of one all-reduce of each model's fp32 gradient bytes (diagnostic)."""
+    import torch
+    import torch.distributed as dist
+
+    from gym_lightning.metrics.calibrate import all_reduce_figures, matmul_flops, memory_bandwidth
+
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
+    bus, latency = all_reduce_figures(repeats=9)
+    dist.barrier()
+    bandwidth = memory_bandwidth(repeats=9, budget=1.0)
+    dist.barrier()
+    matmul = matmul_flops(768, torch.float32, repeats=9, budget=1.0)
+    grads = {}
+    for nbytes in gradient_bytes:
+        tensor = torch.ones(nbytes // 4)
+        dist.barrier()
+        start = time.perf_counter()
+        dist.all_reduce(tensor)
+        grads[str(nbytes)] = time.perf_counter() - start
+    figures = {"bus_bandwidth": bus, "latency": latency, "memory_bandwidth": bandwidth, "matmul_768": matmul}
+    Path(out, f"comm{rank}.json").write_text(json.dumps({**figures, "gradient_all_reduce": grads}))
+    dist.destroy_process_group()
+
+
+def measure_comm(gradient_bytes: list[int]) -> dict[str, Any]:
+    """Both ranks' figures of :func:`_comm_worker`; the bandwidths are the slower rank's."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        port = sock.getsockname()[1]
+    with tempfile.TemporaryDirectory() as out:
+        mp.spawn(_comm_worker, args=(port, out, gradient_bytes), nprocs=2, join=True)
+        ranks = [json.loads(Path(out, f"comm{r}.json").read_text()) for r in (0, 1)]
+    return {
+        "bus_bandwidth": min(r["bus_bandwidth"] for r in ranks),
+        "latency": max(r["latency"] for r in ranks),
+        "memory_bandwidth": min(r["memory_bandwidth"] for r in ranks),
+        "matmul_768_concurrent": min(r["matmul_768"] for r in ranks),
+        "gradient_all_reduce": {
+            k: max(r["gradient_all_reduce"][k] for r in ranks) for k in ranks[0]["gradient_all_reduce"]
+        },
+    }
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 3. measured runs (the real CLI, 2 ranks)
+
+
+class StepTimer(pl.Callback):
+    """Times every optimizer step on rank 0: at the end of the batch that stepped (``global_step`` moved), after a
+    barrier (the step ends when the slower rank's does), from the previous such end. Writes ``{"steps": [...]}``.
+
+    Args:
+        out: JSON file rank 0 writes the step seconds to.
+    """
+
+    def __init__(self, out: str) -> None:
+        self.out = Path(out)
+        self.last_step, self.last_time = 0, 0.0
+        self.seconds: list[float] = []
+
+    def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
+        if trainer.global_step == self.last_step:
+            return  # a micro-batch that did not step (gradient accumulation)
+        trainer.strategy.barrier()
+        now = time.perf_counter()
+        if self.last_step > 0:
+            self.seconds.append(now - self.last_time)
+        self.last_step, self.last_time = trainer.global_step, now
+        if trainer.global_rank == 0:
+            self.out.write_text(json.dumps({"steps": self.seconds}))
+
+
+def fit_command(size: str, batch: str, strategy: str, run: Path, steps: int) -> list[str]:
+    """The real CLI on 2 CPU ranks: 32-true, packed rows, no validation, checkpointing, export or logger."""
+    micro, seq, accumulate = parse_batch(batch)
+    timer = {"class_path": "benchmarks.plan_validate.StepTimer", "init_args": {"out": str(run / "steps.json")}}
+    return [
+        sys.executable, "-m", "gym_lightning", "fit", "--seed_everything", "0",
+        "--trainer.accelerator", "cpu", "--trainer.devices", "2", "--trainer.strategy", strategy,
+        "--trainer.precision", "32-true", "--trainer.max_steps", str(steps), "--trainer.max_epochs", "1",
+        "--trainer.accumulate_grad_batches", str(accumulate), "--trainer.limit_val_batches", "0",
+        "--trainer.num_sanity_val_steps", "0", "--trainer.enable_checkpointing", "false",
+        "--trainer.logger", "false", "--trainer.enable_progress_bar", "false",
+        "--trainer.default_root_dir", str(run), f"--trainer.callbacks+={json.dumps(timer)}",
+        "--model.model", "tiny-llama", "--model.config_overrides", json.dumps(overrides(size)),
+        "--model.val_exact_match", "false", "--model.lr", "1e-5", "--model.scheduler", "constant",
+        "--data.dataset", "addition", "--data.packing", "true", "--data.max_seq_length", str(seq),
+        "--data.batch_size", str(micro), "--data.mask_prompt", "false", "--export.output_dir", "null",
+    ]  # fmt: skip
+
+
+def run_one(workdir: Path, size: str, batch: str, strategy: str, warmup: int, timed: int) -> dict[str, Any]:
+    """One CLI run; ``{"steps": [seconds of each timed step], "wall": ...}`` or ``{"failed": rc}``."""
+    run = workdir / f"{size}-{batch}-{strategy}"
+    run.mkdir(parents=True, exist_ok=True)
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    start = time.perf_counter()
+    command = fit_command(size, batch, strategy, run, warmup + timed)
+    done = subprocess.run(command, env=env, cwd=REPO_ROOT, capture_output=True, text=True)
+    wall = time.perf_counter() - start
+    (run / "log.txt").write_text(done.stdout + done.stderr)
+    if done.returncode != 0:
+        print(f"{run.name} failed (rc {done.returncode}): {done.stderr[-1500:]}", file=sys.stderr)
+        return {"failed": done.returncode, "wall": wall}
+    steps = json.loads((run / "steps.json").read_text())["steps"]
+    return {"steps": steps[warmup - 1 :], "wall": wall}  # the first duration is step 2's
+
+
+# ---------------------------------------------------------------------------------------------------------------
+# 4. prediction and the table
+
+
+def predict(size: str, batch: str, strategy: str, figures: dict[str, Any]) -> Any:
+    """``planner.timing.speed`` of one run on the measured CPU figures."""
+    from gym_lightning.planner import Setup
+    from gym_lightning.planner.estimate import STRATEGY_BY_KEY
+    from gym_lightning.planner.machines import cpu_hardware
+    from gym_lightning.planner.timing import speed
+
+    micro, seq, accumulate = parse_batch(batch)
+    setup = Setup(accelerator="cpu", gpus_per_node=2, nodes=1, precision="32-true", micro_batch_size=micro,
+                  seq_length=seq, accumulate_grad_batches=accumulate, optimizer="adamw")  # fmt: skip
+    calibration, comm = figures["calibration"], figures["comm"]
+    hw = cpu_hardware(
+        matmul_flops=calibration["matmul_flops"][size],
+        memory_bandwidth=comm["memory_bandwidth"],
+        bus_bandwidth=comm["bus_bandwidth"],
+        latency=comm["latency"],
+        compute_efficiency=calibration["efficiency"],
+    )
+    return speed(shape_of(size), STRATEGY_BY_KEY[PLANNER_KEYS[strategy]], setup, hw)
+
+
+def render(figures: dict[str, Any]) -> str:
+    """The markdown report: the calibrated figures, then one row per run."""
+    cal, comm = figures["calibration"], figures["comm"]
+    loop = cal["plain_loop"]
+    lines = [
+        f"Calibration ({cal['reference']}, 1 thread, 32-true): matmul "
+        + ", ".join(f"{s} {v / 1e9:.1f}" for s, v in cal["matmul_flops"].items())
+        + f" GFLOP/s; plain loop fwd+bwd {loop['compute'] * 1e3:.0f} ms ({cal['plain_loop_flops'] / 1e9:.1f} "
+        f"GFLOP/s), AdamW step {loop['optimizer'] * 1e3:.1f} ms measured / {cal['optimizer_predicted'] * 1e3:.1f} "
+        f"ms predicted; CPU compute efficiency {cal['efficiency']:.3f} "
+        f"(raw achieved/matmul {cal['efficiency_raw']:.3f}).",
+        f"2 ranks at once: gloo bus bandwidth {comm['bus_bandwidth'] / 1e9:.2f} GB/s, latency "
+        f"{comm['latency'] * 1e6:.0f} us, memory bandwidth {comm['memory_bandwidth'] / 1e9:.1f} GB/s per rank "
+        f"(alone {cal['memory_bandwidth_alone'] / 1e9:.1f}), matmul(768) {comm['matmul_768_concurrent'] / 1e9:.1f} "
+        "GFLOP/s per rank.",
+        "",
+        "| size | params | batch | strategy | measured s | predicted s | error | compute | exposed comm | optimizer |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, result in figures["runs"].items():
+        size, batch, strategy = key.split("/")
+        shape = shape_of(size)
+        if "steps" not in result:
+            lines.append(f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | failed | | | | | |")
+            continue
+        measured = statistics.median(result["steps"])
+        step = predict(size, batch, strategy, figures).step
+        lines.append(
+            f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | {measured:.3f} | {step.total:.3f} | "
+            f"{step.total / measured - 1:+.1%} | {step.compute:.3f} | {step.exposed_communication:.3f} | "
+            f"{step.optimizer:.3f} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--sizes", nargs="+", default=list(SIZES), choices=list(SIZES))
+    parser.add_argument("--batches", nargs="+", default=list(BATCHES))
+    parser.add_argument("--strategies", nargs="+", default=list(STRATEGIES), choices=list(PLANNER_KEYS))
+    parser.add_argument("--reference", default="26m/1x256", help="SIZE/BATCH of the calibration's plain loop")
+    parser.add_argument("--warmup", type=int, default=2, help="untimed optimizer steps")
+    parser.add_argument("--timed", type=int, default=5, help="timed optimizer steps")
+    parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gym-plan-validate")
+    parser.add_argument("--out", type=Path, default=None, help="markdown report (and .json beside it)")
+    parser.add_argument("--render-only", action="store_true", help="rebuild the table from --out's JSON")
+    args = parser.parse_args()
+    json_out = (args.out or args.workdir / "report.md").with_suffix(".json")
+    if args.render_only:
+        figures = json.loads(json_out.read_text())
+    else:
+        figures = measure(args)
+        json_out.parent.mkdir(parents=True, exist_ok=True)
+        json_out.write_text(json.dumps(figures, indent=1))
+    report = render(figures)
+    print(report)
+    if args.out:
+        args.out.write_text(report)
+
+
+def measure(args: argparse.Namespace) -> dict[str, Any]:
+    """Steps 1-3: calibration, the 2-rank figures, then every run (progress on stderr)."""
+    from gym_lightning.planner import Setup
+    from gym_lightning.planner.estimate import param_counts
+
+    started = time.perf_counter()
+    figures: dict[str, Any] = {
+        "calibration": calibrate(args.reference, sorted(set(args.sizes) | {args.reference.split("/")[0]}))
+    }
+    gradient_bytes = [4 * param_counts(shape_of(s), Setup(accelerator="cpu")).trainable for s in args.sizes]
+    figures["comm"] = measure_comm(gradient_bytes)
+    print(f"calibrated in {time.perf_counter() - started:.0f} s: {figures}", file=sys.stderr, flush=True)
+    figures["runs"] = {}
+    for size in args.sizes:
+        for batch in args.batches:
+            for strategy in args.strategies:
+                result = run_one(args.workdir, size, batch, strategy, args.warmup, args.timed)
+                figures["runs"][f"{size}/{batch}/{strategy}"] = result
+                print(
+                    f"{size} {batch} {strategy}: {result} ({time.perf_counter() - started:.0f} s)",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    return figures
+
+
+if __name__ == "__main__":
+    main()
