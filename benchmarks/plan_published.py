@@ -224,10 +224,11 @@ def section() -> str:
         "Within 15 %: the plain loop (the calibration), transformers.Trainer, gym_fsdp and Lightning's FSDP (the model "
         "has nothing to move on one GPU; the 5 % they lose is host-side work per step it does not contain). Outside: "
         "gym_ddp's row was measured with a DDP wrapper and its bucket copy on one GPU, which issue 47 removed (the "
-        "model predicts the code as it is now; the new row is owed to the next GPU run), and the ZeRO-3 rows, measured "
-        "before ZeRO's settings rule: DeepSpeed's per-module fetch hooks and their stream waits cost 0.34 s of host time "
-        "per step with nothing on the wire, which a bytes model cannot see. Issue 47 cut those hooks 9x (323 -> 35 per "
-        "step on 2 CPU ranks); the rows under the rule are owed to `bash benchmarks/gpu.sh --part bench`.",
+        "model predicts the code as it is now; the new row is owed to the next GPU run), and the ZeRO-3 rows, "
+        "measured before ZeRO's settings rule: one GPU moves nothing on the wire, yet ZeRO-3 added 0.34 s per step. "
+        "The likely cause is DeepSpeed's per-module fetch and release hooks with their stream waits, host-side work a "
+        "bytes model cannot see; issue 47's rule cut those hooks 9x (323 -> 35 fetch calls per step, measured on 2 CPU "
+        "ranks). The rows under the rule are owed to `bash benchmarks/gpu.sh --part bench`.",
         "",
         "### Published multi-GPU runs of other projects",
         "",
