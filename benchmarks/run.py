@@ -661,12 +661,13 @@ def render_gpu_runs(runs: dict[str, Any]) -> str:
     for name, run in runs.items():
         if "error" in run or "skipped" in run:
             why = ("failed: " + run["error"]) if "error" in run else ("skipped: " + run["skipped"])
-            rows.append([name, why[:160].replace("|", "/"), *[""] * 8])
+            rows.append([name, why[:160].replace("|", "/"), *[""] * 9])
         else:
             rows.append(_gpu_run_row(name, run, bench))
     header = ["run", "rounds", "tokens/s: median (min-max)", "÷ plain loop: median (min-max)", "MFU"]
     header += ["peak CUDA memory (max allocated)", "peak ÷ plain", "planner's peak (measured ÷ predicted)"]
     header += ["compile s (first step - steady)", "÷ Lightning's peer (tokens/s; peak)"]
+    header += ["planner's tokens/s (measured ÷ predicted)"]
     return markdown_table(header, rows)
 
 
@@ -687,7 +688,18 @@ def _gpu_run_row(name: str, run: dict[str, Any], bench: Any) -> list[str]:
         _planner_cell(run, bench.PLANNER_TOLERANCE.get(name)),
         _compile_cell(name, run, bench),
         _peer_cell(run.get("vs_peer"), bench.TARGETS_VS_PEER.get(name)),
+        _speed_cell(run),
     ]
+
+
+def _speed_cell(run: dict[str, Any]) -> str:
+    """The step-time model's tokens/s for the run (planner.timing) and measured ÷ predicted, within 15 % or not
+    (issue 48's validation bar for one-GPU rows; compiled rows are predicted as eager ones, so they show the gain)."""
+    predicted = run.get("predicted_tokens_per_sec")
+    if not predicted:
+        return ""
+    share = run["tokens_per_sec"] / predicted
+    return f"{predicted:,.0f} ({run.get('predicted_on')}), {share:.3f}{' ✅' if abs(share - 1) <= 0.15 else ' ❌'}"
 
 
 def _bar(low: float, high: float, target: float | None, at_least: bool = True) -> str:

@@ -232,7 +232,25 @@ def predicted_peak(model_dir: str, strategy: str, batch_size: int, seq_len: int)
     peaks = phase_peaks(resolve_shape(model_dir), STRATEGY_BY_KEY[key], setup)
     load, step = peaks.load.device, peaks.step.device
     figures = {"planner_strategy": key, "predicted_load_bytes": load, "predicted_step_bytes": step}
-    return figures | {"predicted_peak_bytes": max(load, step)}
+    return figures | {"predicted_peak_bytes": max(load, step)} | predicted_speed(model_dir, key, setup)
+
+
+def predicted_speed(model_dir: str, key: str, setup: Any) -> dict[str, Any]:
+    """The planner's step-time prediction for this run (planner.timing, the catalog GPU of this device; the H200's
+    figures on a CPU smoke run), which the rendered table sets beside the measured tokens/s."""
+    import torch
+
+    from gym_lightning.metrics.hardware import gpu_for_device_name
+    from gym_lightning.planner.catalog import resolve_shape
+    from gym_lightning.planner.estimate import STRATEGY_BY_KEY
+    from gym_lightning.planner.machines import machine
+    from gym_lightning.planner.timing import speed
+
+    chip = gpu_for_device_name(torch.cuda.get_device_name()) if torch.cuda.is_available() else None
+    gpu = chip.key if chip is not None else "h200"
+    hardware = machine(setup.precision, 1, gpu).hardware
+    predicted = speed(resolve_shape(model_dir), STRATEGY_BY_KEY[key], setup, hardware)
+    return {"predicted_tokens_per_sec": predicted.tokens_per_second_per_gpu, "predicted_on": gpu}
 
 
 def optimizer_probe() -> Any:
