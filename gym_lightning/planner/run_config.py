@@ -7,9 +7,11 @@ The run's YAML                                        The planner's setting (``p
 ====================================================  =========================================================
 ``model.model``, ``model.config_overrides``           ``model``, ``config_overrides``
 ``trainer.strategy`` (a name, or ``class_path`` +     ``strategy`` (reported on a line of its own), and its
-``init_args``)                                        ``sequence_parallel_size``; FSDP's ``activation_checkpointing``
+``init_args``; ``gym_auto``: none, the plan picks)    ``sequence_parallel_size``; FSDP's ``activation_checkpointing``;
+                                                      ``gradient_compression``
 ``trainer.precision``                                 ``precision`` (``16-mixed`` as ``bf16-mixed``: same bytes)
 ``trainer.devices``, ``trainer.num_nodes``            ``gpus_per_node``, ``nodes``
+``trainer.accumulate_grad_batches``                   ``accumulate_grad_batches`` (step time)
 ``trainer.accelerator``                               ``accelerator`` (``cpu``, else ``gpu``)
 ``data.batch_size``, ``data.max_seq_length``          ``micro_batch_size``, ``seq_length``
 ``model.lora`` (``r``, ``target_modules``)            ``lora_r``, ``lora_targets``

@@ -123,3 +123,27 @@ def test_gym_plan_command_prints_the_speed_table_and_json(capsys: pytest.Capture
     assert all(s["speed"] is None or s["speed"]["step_seconds"] > 0 for s in data["strategies"])
     with pytest.raises(GymUserError, match="--tokens and --rows"):
         plan_main(["--model", "qwen3-8b", "--tokens", "1e9", "--rows", "10"])
+
+
+def test_every_row_names_the_trainer_strategy_that_runs_it() -> None:
+    from gym_lightning.planner.estimate import STRATEGIES
+    from gym_lightning.vocabulary import STRATEGY_CLASSES, STRATEGY_NAMES
+
+    for row in STRATEGIES:
+        selects = row.trainer_config()
+        assert selects is not None, row.key
+        assert selects in STRATEGY_NAMES or selects["class_path"] in STRATEGY_CLASSES.values(), row.key
+    assert STRATEGY_BY_KEY["fsdp_grad_op"].trainer_config() == {
+        "class_path": "gym_lightning.strategies.GymFSDPStrategy",
+        "init_args": {"sharding": "grad_op"},
+    }
+    assert STRATEGY_BY_KEY["zero3"].trainer_config() == "zero3"
+
+
+def test_run_settings_read_accumulation_and_compression() -> None:
+    from gym_lightning.planner.run_config import run_settings
+
+    strategy = {"class_path": "gym_lightning.strategies.GymDDPStrategy", "init_args": {"gradient_compression": "bf16"}}
+    run = run_settings({"trainer": {"accumulate_grad_batches": 4, "strategy": strategy}})
+    assert run.settings["accumulate_grad_batches"] == 4 and run.settings["gradient_compression"] == "bf16"
+    assert "strategy" not in run_settings({"trainer": {"strategy": "gym_auto"}}).settings  # the plan chooses
