@@ -37,6 +37,7 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
+from docs_section import replace_section
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -160,30 +161,50 @@ def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
 # 2. gloo and memory bandwidth, 2 processes at once
 
 
-def _comm_worker(rank: int, port: int, out: str, gradient_bytes: list[int]) -> None:
-    """One of 2 gloo ranks: all-reduce figures, memory bandwidth and matmul FLOP/s measured beside the other rank,
-    and the time of one all-reduce of each model's fp32 gradient bytes (diagnostic)."""
+def _collective_seconds(nbytes: int) -> dict[str, float]:
+    """Seconds of one all-reduce, all-gather and reduce-scatter whose full tensor is ``nbytes`` of fp32, each once
+    after a barrier (diagnostic: the model times all three from the one all-reduce bus bandwidth)."""
     import torch
     import torch.distributed as dist
 
-    from gym_lightning.metrics.calibrate import all_reduce_figures, matmul_flops, memory_bandwidth
+    full, half = torch.ones(nbytes // 8 * 2), torch.ones(nbytes // 8)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "all_gather": lambda: dist.all_gather_into_tensor(full, half),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(half, full),
+    }
+    seconds = {}
+    for name, call in calls.items():
+        dist.barrier()
+        start = time.perf_counter()
+        call()
+        seconds[name] = time.perf_counter() - start
+    return seconds
+
+
+def _comm_worker(rank: int, port: int, out: str, gradient_bytes: list[int]) -> None:
+    """One of 2 gloo ranks: all-reduce figures, memory bandwidth and matmul FLOP/s measured beside the other rank,
+    and the time of one all-reduce, all-gather and reduce-scatter of each model's fp32 gradient bytes (diagnostic)."""
+    import torch
+    import torch.distributed as dist
+
+    from gym_lightning.metrics.calibrate import collective_figures, matmul_flops, memory_bandwidth
 
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{port}", rank=rank, world_size=2)
-    bus, latency = all_reduce_figures(repeats=9)
+    collectives = collective_figures(repeats=9)
+    bus, latency = collectives["all_reduce"], collectives["latency"]
     dist.barrier()
     bandwidth = memory_bandwidth(repeats=9, budget=1.0)
     dist.barrier()
     matmul = matmul_flops(768, torch.float32, repeats=9, budget=1.0)
-    grads = {}
-    for nbytes in gradient_bytes:
-        tensor = torch.ones(nbytes // 4)
-        dist.barrier()
-        start = time.perf_counter()
-        dist.all_reduce(tensor)
-        grads[str(nbytes)] = time.perf_counter() - start
+    grads = {str(nbytes): _collective_seconds(nbytes) for nbytes in gradient_bytes}
     figures = {"bus_bandwidth": bus, "latency": latency, "memory_bandwidth": bandwidth, "matmul_768": matmul}
-    Path(out, f"comm{rank}.json").write_text(json.dumps({**figures, "gradient_all_reduce": grads}))
+    figures |= {
+        "gather_bus_bandwidth": collectives["all_gather"],
+        "scatter_bus_bandwidth": collectives["reduce_scatter"],
+    }
+    Path(out, f"comm{rank}.json").write_text(json.dumps({**figures, "gradient_collectives": grads}))
     dist.destroy_process_group()
 
 
@@ -201,11 +222,14 @@ def measure_comm(gradient_bytes: list[int]) -> dict[str, Any]:
         ranks = [json.loads(Path(out, f"comm{r}.json").read_text()) for r in (0, 1)]
     return {
         "bus_bandwidth": min(r["bus_bandwidth"] for r in ranks),
+        "gather_bus_bandwidth": min(r["gather_bus_bandwidth"] for r in ranks),
+        "scatter_bus_bandwidth": min(r["scatter_bus_bandwidth"] for r in ranks),
         "latency": max(r["latency"] for r in ranks),
         "memory_bandwidth": min(r["memory_bandwidth"] for r in ranks),
         "matmul_768_concurrent": min(r["matmul_768"] for r in ranks),
-        "gradient_all_reduce": {
-            k: max(r["gradient_all_reduce"][k] for r in ranks) for k in ranks[0]["gradient_all_reduce"]
+        "gradient_collectives": {
+            nbytes: {name: max(r["gradient_collectives"][nbytes][name] for r in ranks) for name in seconds}
+            for nbytes, seconds in ranks[0]["gradient_collectives"].items()
         },
     }
 
@@ -216,7 +240,11 @@ def measure_comm(gradient_bytes: list[int]) -> dict[str, Any]:
 
 class StepTimer(pl.Callback):
     """Times every optimizer step on rank 0: at the end of the batch that stepped (``global_step`` moved), after a
-    barrier (the step ends when the slower rank's does), from the previous such end. Writes ``{"steps": [...]}``.
+    barrier (the step ends when the slower rank's does), from the previous such end. Also splits each step, on rank
+    0's clock, into forward (batch start -> ``on_before_backward``), backward (-> ``on_after_backward``, FSDP's and
+    ZeRO-2/3's reduce-scatters included), optimizer (``on_before_optimizer_step`` -> batch end: the step and, for
+    ZeRO-1/2, the parameter all-gather) summed over its micro-batches; the rest of the step is Lightning's loop, data
+    and waiting for the other rank. Writes ``{"steps": [...], "phases": [{...}, ...]}``.
 
     Args:
         out: JSON file rank 0 writes the step seconds to.
@@ -224,19 +252,43 @@ class StepTimer(pl.Callback):
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
-        self.last_step, self.last_time = 0, 0.0
+        self.last_step, self.last_time, self.mark = 0, 0.0, 0.0
         self.seconds: list[float] = []
+        self.phases: list[dict[str, float]] = []
+        self.current = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
+
+    def _lap(self, phase: str | None) -> None:
+        """Add the time since the last mark to ``phase`` (none: just mark)."""
+        now = time.perf_counter()
+        if phase is not None:
+            self.current[phase] += now - self.mark
+        self.mark = now
+
+    def on_train_batch_start(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._lap(None)
+
+    def on_before_backward(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._lap("forward")
+
+    def on_after_backward(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._lap("backward")
+
+    def on_before_optimizer_step(self, trainer: pl.Trainer, *args: Any) -> None:
+        self._lap(None)
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         if trainer.global_step == self.last_step:
             return  # a micro-batch that did not step (gradient accumulation)
+        self._lap("optimizer")
         trainer.strategy.barrier()
         now = time.perf_counter()
         if self.last_step > 0:
             self.seconds.append(now - self.last_time)
+            self.phases.append(self.current)
+        self.current = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
         self.last_step, self.last_time = trainer.global_step, now
         if trainer.global_rank == 0:
-            self.out.write_text(json.dumps({"steps": self.seconds}))
+            self.out.write_text(json.dumps({"steps": self.seconds, "phases": self.phases}))
 
 
 def fit_command(size: str, batch: str, strategy: str, run: Path, steps: int) -> list[str]:
@@ -271,16 +323,31 @@ def run_one(workdir: Path, size: str, batch: str, strategy: str, warmup: int, ti
     if done.returncode != 0:
         print(f"{run.name} failed (rc {done.returncode}): {done.stderr[-1500:]}", file=sys.stderr)
         return {"failed": done.returncode, "wall": wall}
-    steps = json.loads((run / "steps.json").read_text())["steps"]
-    return {"steps": steps[warmup - 1 :], "wall": wall}  # the first duration is step 2's
+    timed = json.loads((run / "steps.json").read_text())
+    # The first duration is step 2's (step 1 has no start).
+    return {"steps": timed["steps"][warmup - 1 :], "phases": timed["phases"][warmup - 1 :], "wall": wall}
 
 
 # ---------------------------------------------------------------------------------------------------------------
 # 4. prediction and the table
 
 
-def predict(size: str, batch: str, strategy: str, figures: dict[str, Any]) -> Any:
-    """``planner.timing.speed`` of one run on the measured CPU figures."""
+def sharded_bus_bandwidth(comm: dict[str, Any], size: str) -> float | None:
+    """The bus bandwidth gloo's all-gather and reduce-scatter reached on ``size``'s fp32 gradient bytes (one call
+    each, the mean of their two times), for the diagnostic column; ``None`` without that measurement."""
+    from gym_lightning.planner import Setup
+    from gym_lightning.planner.estimate import param_counts
+
+    nbytes = str(4 * param_counts(shape_of(size), Setup(accelerator="cpu")).trainable)
+    measured = comm.get("gradient_collectives", {}).get(nbytes)
+    if not measured:
+        return None
+    seconds = (measured["all_gather"] + measured["reduce_scatter"]) / 2
+    return int(nbytes) / 2 / seconds  # (n-1)/n x bytes / time, n = 2
+
+
+def predict(size: str, batch: str, strategy: str, figures: dict[str, Any], bus: float | None = None) -> Any:
+    """``planner.timing.speed`` of one run on the measured CPU figures (``bus``: another bus bandwidth, diagnostic)."""
     from gym_lightning.planner import Setup
     from gym_lightning.planner.estimate import STRATEGY_BY_KEY
     from gym_lightning.planner.machines import cpu_hardware
@@ -293,11 +360,29 @@ def predict(size: str, batch: str, strategy: str, figures: dict[str, Any]) -> An
     hw = cpu_hardware(
         matmul_flops=calibration["matmul_flops"][size],
         memory_bandwidth=comm["memory_bandwidth"],
-        bus_bandwidth=comm["bus_bandwidth"],
+        bus_bandwidth=bus or comm["bus_bandwidth"],
         latency=comm["latency"],
         compute_efficiency=calibration["efficiency"],
+        gather_bus_bandwidth=0.0 if bus else comm.get("gather_bus_bandwidth", 0.0),
+        scatter_bus_bandwidth=0.0 if bus else comm.get("scatter_bus_bandwidth", 0.0),
     )
     return speed(shape_of(size), STRATEGY_BY_KEY[PLANNER_KEYS[strategy]], setup, hw)
+
+
+def _collective_lines(comm: dict[str, Any]) -> list[str]:
+    """One line per gradient size: measured seconds of each collective beside the model's (from the bus bandwidth)."""
+    from gym_lightning.planner.timing import all_gather_seconds, all_reduce_seconds
+
+    lines = []
+    bus, latency = comm["bus_bandwidth"], comm["latency"]
+    for nbytes, seconds in comm.get("gradient_collectives", {}).items():
+        model = {"all_reduce": all_reduce_seconds(int(nbytes), 2, bus, latency)}
+        model["all_gather"] = model["reduce_scatter"] = all_gather_seconds(int(nbytes), 2, bus, latency)
+        shown = ", ".join(f"{name} {s * 1e3:.0f} ms (model {model[name] * 1e3:.0f})" for name, s in seconds.items())
+        busbw = int(nbytes) / 2 / ((seconds["all_gather"] + seconds["reduce_scatter"]) / 2) / 1e9
+        lines.append(f"gloo, {int(nbytes) / 1e6:.0f} MB fp32 gradients, one call each: {shown}; all-gather / "
+                     f"reduce-scatter busbw {busbw:.2f} GB/s.")  # fmt: skip
+    return lines
 
 
 def render(figures: dict[str, Any]) -> str:
@@ -311,28 +396,65 @@ def render(figures: dict[str, Any]) -> str:
         f"GFLOP/s), AdamW step {loop['optimizer'] * 1e3:.1f} ms measured / {cal['optimizer_predicted'] * 1e3:.1f} "
         f"ms predicted; CPU compute efficiency {cal['efficiency']:.3f} "
         f"(raw achieved/matmul {cal['efficiency_raw']:.3f}).",
-        f"2 ranks at once: gloo bus bandwidth {comm['bus_bandwidth'] / 1e9:.2f} GB/s, latency "
+        f"2 ranks at once: gloo bus bandwidth {comm['bus_bandwidth'] / 1e9:.2f} GB/s (all-gather "
+        f"{comm.get('gather_bus_bandwidth', 0) / 1e9:.2f}, reduce-scatter "
+        f"{comm.get('scatter_bus_bandwidth', 0) / 1e9:.2f}, 32 MiB), latency "
         f"{comm['latency'] * 1e6:.0f} us, memory bandwidth {comm['memory_bandwidth'] / 1e9:.1f} GB/s per rank "
         f"(alone {cal['memory_bandwidth_alone'] / 1e9:.1f}), matmul(768) {comm['matmul_768_concurrent'] / 1e9:.1f} "
         "GFLOP/s per rank.",
+        *_collective_lines(comm),
         "",
-        "| size | params | batch | strategy | measured s | predicted s | error | compute | exposed comm | optimizer |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| size | params | batch | strategy | measured s (min) | predicted s | error | compute | exposed comm | "
+        "optimizer | diagnostic: error with all-gather/reduce-scatter timed at this model's gradient size |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, result in figures["runs"].items():
         size, batch, strategy = key.split("/")
         shape = shape_of(size)
         if "steps" not in result:
-            lines.append(f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | failed | | | | | |")
+            lines.append(f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | failed | | | | | | |")
             continue
         measured = statistics.median(result["steps"])
         step = predict(size, batch, strategy, figures).step
+        sharded_bus = sharded_bus_bandwidth(comm, size) if PLANNER_KEYS[strategy] != "ddp" else None
+        other = predict(size, batch, strategy, figures, sharded_bus).step.total if sharded_bus else None
         lines.append(
-            f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | {measured:.3f} | {step.total:.3f} | "
-            f"{step.total / measured - 1:+.1%} | {step.compute:.3f} | {step.exposed_communication:.3f} | "
-            f"{step.optimizer:.3f} |"
+            f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | {measured:.3f} "
+            f"({min(result['steps']):.3f}) | {step.total:.3f} | {step.total / measured - 1:+.1%} | "
+            f"{step.compute:.3f} | {step.exposed_communication:.3f} | {step.optimizer:.3f} | "
+            + (f"{other / measured - 1:+.1%} |" if other else "|")
         )
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _phase_lines(figures)) + "\n"
+
+
+def _phase_lines(figures: dict[str, Any]) -> list[str]:
+    """A second table: the measured step split into phases (rank 0, medians) beside the model's terms."""
+    lines = [
+        "",
+        "Measured phases (rank 0, median seconds per optimizer step, micro-batches summed; other = loop, data, "
+        "waiting for the other rank) beside the model's forward (1/3 of compute), backward (2/3 + exposed comm) and "
+        "optimizer:",
+        "",
+        "| size | batch | strategy | forward | model | backward | model | optimizer | model | other |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for key, result in figures["runs"].items():
+        if not result.get("phases"):
+            continue
+        size, batch, strategy = key.split("/")
+        step = predict(size, batch, strategy, figures).step
+        phase = {name: statistics.median(p[name] for p in result["phases"]) for name in result["phases"][0]}
+        other = statistics.median(result["steps"]) - sum(phase.values())
+        lines.append(
+            f"| {size} | {batch} | {strategy} | {phase['forward']:.3f} | {step.compute / 3:.3f} | "
+            f"{phase['backward']:.3f} | {step.compute * 2 / 3 + step.exposed_communication:.3f} | "
+            f"{phase['optimizer']:.3f} | {step.optimizer:.3f} | {other:.3f} |"
+        )
+    return lines if len(lines) > 5 else []
+
+
+DOC = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+HEADING = "## Step time on 2 CPU ranks over gloo"
 
 
 def main() -> None:
@@ -346,6 +468,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gym-plan-validate")
     parser.add_argument("--out", type=Path, default=None, help="markdown report (and .json beside it)")
     parser.add_argument("--render-only", action="store_true", help="rebuild the table from --out's JSON")
+    parser.add_argument("--write", action="store_true", help=f"replace the section {HEADING!r} of docs/planner.md")
     args = parser.parse_args()
     json_out = (args.out or args.workdir / "report.md").with_suffix(".json")
     if args.render_only:
@@ -358,6 +481,11 @@ def main() -> None:
     print(report)
     if args.out:
         args.out.write_text(report)
+    if args.write:
+        section = (
+            f"{HEADING}\n\nWritten by `python benchmarks/plan_validate.py --write` ({time.strftime('%Y-%m-%d')}).\n\n"
+        )
+        DOC.write_text(replace_section(DOC.read_text(), HEADING, section + report))
 
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:

@@ -219,7 +219,13 @@ def run_hardware(trainer: pl.Trainer, precision: str, width: int) -> tuple[Hardw
     dtype = torch.bfloat16 if precision == "bf16-mixed" else torch.float32
     host = measure_host(width, dtype)
     hardware = cpu_hardware(
-        host.matmul_flops, host.memory_bandwidth, host.bus_bandwidth, host.latency, catalog.HOST.cpu_compute_efficiency
+        host.matmul_flops,
+        host.memory_bandwidth,
+        host.bus_bandwidth,
+        host.latency,
+        catalog.HOST.cpu_compute_efficiency,
+        host.gather_bus_bandwidth,
+        host.scatter_bus_bandwidth,
     )
     return hardware, ("CPU figures measured on this host at the end of fit",)
 

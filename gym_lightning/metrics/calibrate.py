@@ -27,12 +27,16 @@ class HostFigures:
         memory_bandwidth: Bytes/s read plus written by an elementwise update of a tensor larger than the caches.
         bus_bandwidth: All-reduce bus bandwidth of the default process group, bytes/s (0 without one or alone).
         latency: Seconds of a small all-reduce (0 without a group).
+        gather_bus_bandwidth: All-gather bus bandwidth, bytes/s (0 without a group).
+        scatter_bus_bandwidth: Reduce-scatter bus bandwidth, bytes/s (0 without a group).
     """
 
     matmul_flops: float
     memory_bandwidth: float
     bus_bandwidth: float = 0.0
     latency: float = 0.0
+    gather_bus_bandwidth: float = 0.0
+    scatter_bus_bandwidth: float = 0.0
 
 
 def _median_seconds(run: Callable[[], object], repeats: int, budget: float) -> float:
@@ -84,17 +88,38 @@ def all_reduce_figures(nbytes: int = 32 * 2**20, repeats: int = 5) -> tuple[floa
     """``(bus bandwidth, latency)`` of the default process group: an all-reduce of ``nbytes`` fp32 (nccl-tests'
     ``busbw = bytes / time x 2(n-1)/n``) and one of 4 bytes; ``(0, 0)`` without a group or alone. Every rank must
     call it (they are collectives); the slowest rank's times are returned to all."""
+    figures = collective_figures(nbytes, repeats)
+    return figures["all_reduce"], figures["latency"]
+
+
+def collective_figures(nbytes: int = 32 * 2**20, repeats: int = 5) -> dict[str, float]:
+    """Bus bandwidths of the default process group's all-reduce, all-gather and reduce-scatter of ``nbytes`` (the
+    full tensor, fp32), bytes/s, and the latency of a 4-byte all-reduce, seconds; zeros without a group or alone.
+    A collective, as :func:`all_reduce_figures`. Measured each: gloo's all-gather and reduce-scatter reached 0.23-0.53
+    GB/s on this host where its all-reduce reached 1.4-1.8 (benchmarks/plan_validate.py), so one figure for all three
+    made FSDP and ZeRO look 2-3x faster on CPU ranks than they ran; NCCL's are alike (nccl-tests)."""
+    names = ("all_reduce", "all_gather", "reduce_scatter", "latency")
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
-        return 0.0, 0.0
+        return dict.fromkeys(names, 0.0)
     n = dist.get_world_size()
-    big, small = torch.ones(nbytes // 4), torch.ones(1)
-    dist.barrier()
-    large = _median_seconds(lambda: dist.all_reduce(big), repeats, budget=5.0)
-    tiny = _median_seconds(lambda: dist.all_reduce(small), repeats, budget=1.0)
-    slowest = torch.tensor([large, tiny], dtype=torch.float64)
+    full, part, tiny = torch.ones(nbytes // 4 // n * n), torch.ones(nbytes // 4 // n), torch.ones(1)
+    calls = {
+        "all_reduce": lambda: dist.all_reduce(full),
+        "all_gather": lambda: dist.all_gather_into_tensor(full, part),
+        "reduce_scatter": lambda: dist.reduce_scatter_tensor(part, full),
+        "latency": lambda: dist.all_reduce(tiny),
+    }
+    seconds = {}
+    for name, call in calls.items():
+        dist.barrier()
+        seconds[name] = _median_seconds(call, repeats, budget=5.0)
+    slowest = torch.tensor([seconds[name] for name in names], dtype=torch.float64)
     dist.all_reduce(slowest, op=dist.ReduceOp.MAX)
-    large, tiny = slowest.tolist()
-    return nbytes * 2 * (n - 1) / n / max(large - tiny, 1e-9), tiny
+    times = dict(zip(names, slowest.tolist(), strict=True))
+    size, latency = full.numel() * 4, times["latency"]
+    factors = {"all_reduce": 2 * (n - 1) / n, "all_gather": (n - 1) / n, "reduce_scatter": (n - 1) / n}
+    out = {name: size * factor / max(times[name] - latency, 1e-9) for name, factor in factors.items()}
+    return {**out, "latency": latency}
 
 
 def measure_host(width: int, dtype: torch.dtype = torch.float32) -> HostFigures:
@@ -104,5 +129,12 @@ def measure_host(width: int, dtype: torch.dtype = torch.float32) -> HostFigures:
         width: The model's hidden size (:func:`model_matmul_flops`).
         dtype: The compute dtype (``torch.bfloat16`` under bf16-mixed autocast).
     """
-    bus, latency = all_reduce_figures()
-    return HostFigures(model_matmul_flops(width, dtype), memory_bandwidth(), bus, latency)
+    comm = collective_figures()
+    return HostFigures(
+        model_matmul_flops(width, dtype),
+        memory_bandwidth(),
+        comm["all_reduce"],
+        comm["latency"],
+        comm["all_gather"],
+        comm["reduce_scatter"],
+    )

@@ -183,6 +183,8 @@ def cpu_hardware(
     bus_bandwidth: float,
     latency: float,
     compute_efficiency: float,
+    gather_bus_bandwidth: float = 0.0,
+    scatter_bus_bandwidth: float = 0.0,
 ) -> Hardware:
     """The step-time figures of CPU ranks, measured (``metrics.calibrate.measure_host`` on every rank at once):
     gloo's all-reduce computes on the cores that train, so nothing overlaps (``overlap=False``), and the "device"
@@ -194,7 +196,13 @@ def cpu_hardware(
         bus_bandwidth: gloo's all-reduce bus bandwidth between the ranks, bytes/s (0 alone).
         latency: Seconds of a small all-reduce.
         compute_efficiency: The fraction of ``matmul_flops`` a training loop's model FLOPs reach on CPU ranks.
+        gather_bus_bandwidth: gloo's all-gather bus bandwidth, bytes/s (0: as the all-reduce's).
+        scatter_bus_bandwidth: gloo's reduce-scatter bus bandwidth, bytes/s (0: as the all-reduce's).
     """
+    shares = [
+        share / bus_bandwidth if share and bus_bandwidth else 1.0
+        for share in (gather_bus_bandwidth, scatter_bus_bandwidth)
+    ]
     return Hardware(
         name="CPU ranks (measured)",
         peak_flops=matmul_flops,
@@ -208,4 +216,6 @@ def cpu_hardware(
         host_memory_bandwidth=memory_bandwidth,
         nvme_bandwidth=memory_bandwidth,
         overlap=False,
+        gather_share=shares[0],
+        scatter_share=shares[1],
     )

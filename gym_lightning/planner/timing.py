@@ -73,6 +73,9 @@ class Hardware:
         host_memory_bandwidth: Host DRAM bytes/s of one node (the CPU optimizer), shared by its ranks.
         nvme_bandwidth: NVMe bytes/s of one node, shared by its ranks.
         overlap: Whether collectives run beside compute (NCCL's own stream); gloo on CPU ranks does not.
+        gather_share: All-gather bus bandwidth / all-reduce bus bandwidth (1 for NCCL, whose nccl-tests figures are
+            alike; measured for gloo, whose all-gather reached a third of its all-reduce).
+        scatter_share: Reduce-scatter bus bandwidth / all-reduce bus bandwidth, as ``gather_share``.
     """
 
     name: str
@@ -87,6 +90,8 @@ class Hardware:
     host_memory_bandwidth: float = 200e9
     nvme_bandwidth: float = 6e9
     overlap: bool = True
+    gather_share: float = 1.0
+    scatter_share: float = 1.0
 
     @property
     def achieved_flops(self) -> float:
@@ -198,17 +203,23 @@ def all_to_all_seconds(nbytes: float, ranks: int, bus_bandwidth: float, latency:
 
 @dataclass(frozen=True)
 class Group:
-    """The ranks a collective spans: how many, and at which bus bandwidth and latency."""
+    """The ranks a collective spans: how many, at which all-reduce bus bandwidth and latency, and the all-gather's
+    and reduce-scatter's bus bandwidth as shares of the all-reduce's (:class:`Hardware`)."""
 
     ranks: int
     bandwidth: float
     latency: float
+    gather_share: float = 1.0
+    scatter_share: float = 1.0
 
     def all_reduce(self, nbytes: float, calls: int = 1) -> float:
         return all_reduce_seconds(nbytes, self.ranks, self.bandwidth, self.latency, calls)
 
     def all_gather(self, nbytes: float, calls: int = 1) -> float:
-        return all_gather_seconds(nbytes, self.ranks, self.bandwidth, self.latency, calls)
+        return all_gather_seconds(nbytes, self.ranks, self.bandwidth * self.gather_share, self.latency, calls)
+
+    def reduce_scatter(self, nbytes: float, calls: int = 1) -> float:
+        return all_gather_seconds(nbytes, self.ranks, self.bandwidth * self.scatter_share, self.latency, calls)
 
     def all_to_all(self, nbytes: float, calls: int = 1) -> float:
         return all_to_all_seconds(nbytes, self.ranks, self.bandwidth, self.latency, calls)
@@ -227,7 +238,7 @@ def bus_bandwidth(hw: Hardware, nodes: int) -> tuple[float, float]:
 def group(hw: Hardware, ranks: int, gpus_per_node: int) -> Group:
     """The :class:`Group` of ``ranks`` consecutive ranks (a node holds ``gpus_per_node`` of them)."""
     nodes = -(-ranks // gpus_per_node)
-    return Group(ranks, *bus_bandwidth(hw, nodes))
+    return Group(ranks, *bus_bandwidth(hw, nodes), hw.gather_share, hw.scatter_share)
 
 
 def overlapped_seconds(compute: float, communication: float, exposed: float, overlap: bool = True) -> float:
@@ -341,10 +352,10 @@ def _fsdp_traffic(shape: ModelShape, strategy: Strategy, setup: Setup, hw: Hardw
     params, grads = parameter_bytes(shape, strategy, setup), gradient_bytes(shape, strategy, setup)
     unit = counts.largest_unit / max(counts.total_with_adapters, 1)  # one unit's share of the model
     units = shape.num_layers + 1  # one per decoder layer and the root (embedding, norm, head)
-    gather, scatter = shard.all_gather(params, units), shard.all_gather(grads, units)
+    gather, scatter = shard.all_gather(params, units), shard.reduce_scatter(grads, units)
     backward = scatter + (0.0 if strategy.keep_gathered else gather)
     if strategy.hybrid and setup.nodes > 1:
-        replicas = Group(setup.nodes, *bus_bandwidth(hw, setup.nodes))
+        replicas = group(hw, setup.nodes, 1)  # one rank per node: every hop crosses the fabric
         backward += replicas.all_reduce(grads / setup.gpus_per_node)
     return Traffic(gather, gather * unit, backward, scatter * unit)
 
@@ -359,7 +370,7 @@ def _zero_traffic(shape: ModelShape, strategy: Strategy, setup: Setup, hw: Hardw
     grads = gradient_bytes(shape, strategy, setup)
     layer_share = counts.layer / max(counts.total_with_adapters, 1)
     buckets = math.ceil(1 / layer_share) if strategy.stage >= 2 else 1  # ZeROStrategy's layer-sized buckets
-    scatter = world.all_gather(grads, buckets)
+    scatter = world.reduce_scatter(grads, buckets)
     if strategy.stage == 1:
         updated = world.all_gather(gathered_bytes(strategy, setup) * counts.trainable)
         return Traffic(after_step=scatter + updated)
