@@ -37,7 +37,6 @@ from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
-from docs_section import replace_section
 
 BENCH_DIR = Path(__file__).resolve().parent
 REPO_ROOT = BENCH_DIR.parent
@@ -119,11 +118,11 @@ def plain_loop(size: str, batch: str, warmup: int, steps: int) -> dict[str, floa
 
 
 def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
-    """Matmul FLOP/s at every size's width, memory bandwidth alone, and the plain loop at ``reference`` (one
+    """Matmul FLOP/s of every size's MLP shape, memory bandwidth alone, and the plain loop at ``reference`` (one
     thread); returns them with the compute efficiency."""
     import torch
 
-    from gym_lightning.metrics.calibrate import matmul_flops, memory_bandwidth
+    from gym_lightning.metrics.calibrate import memory_bandwidth, model_matmul_flops
     from gym_lightning.planner import Setup
     from gym_lightning.planner.estimate import param_counts
     from gym_lightning.planner.timing import (
@@ -137,7 +136,8 @@ def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
     torch.set_num_threads(1)
     size, batch = reference.split("/")
     micro, seq, _ = parse_batch(batch)
-    matmul = {s: matmul_flops(SIZES[s]["hidden_size"], torch.float32, repeats=9, budget=1.0) for s in sizes}
+    # The shape the callback's check measures too (metrics.calibrate.measure_host): an MLP projection of the width.
+    matmul = {s: model_matmul_flops(SIZES[s]["hidden_size"], torch.float32) for s in sizes}
     bandwidth = memory_bandwidth(repeats=9, budget=1.0)
     loop = plain_loop(size, batch, warmup=2, steps=5)
     shape, setup = shape_of(size), Setup(accelerator="cpu", gpus_per_node=1, precision="32-true",
@@ -482,9 +482,12 @@ def main() -> None:
     if args.out:
         args.out.write_text(report)
     if args.write:
-        section = (
-            f"{HEADING}\n\nWritten by `python benchmarks/plan_validate.py --write` ({time.strftime('%Y-%m-%d')}).\n\n"
-        )
+        # Imported here: run as a script, benchmarks/ is on the path; gym fit imports this module as
+        # benchmarks.plan_validate for its StepTimer, where docs_section is not importable.
+        from docs_section import replace_section
+
+        day = time.strftime("%Y-%m-%d")
+        section = f"{HEADING}\n\nWritten by `python benchmarks/plan_validate.py --write` ({day}).\n\n"
         DOC.write_text(replace_section(DOC.read_text(), HEADING, section + report))
 
 

@@ -221,3 +221,15 @@ def test_speed_reports_tokens_mfu_and_scaling() -> None:
     assert result.hours(200 * 3600, 1) == pytest.approx(result.step.total)
     eight = speed(TINY, STRATEGY_BY_KEY["ddp"], replace(setup, gpus_per_node=8), replace(HW, intra_bandwidth=1 * GB))
     assert eight.scaling < 1.0  # its all-reduce shows
+
+
+def test_gather_and_scatter_shares_slow_only_their_collectives() -> None:
+    hw = replace(HW, gather_share=0.5, scatter_share=0.25)  # gloo: its all-gather and reduce-scatter run slower
+    setup = Setup(gpus_per_node=4, seq_length=100)
+    n = param_counts(TINY, setup).total_with_adapters
+    moved = traffic(TINY, STRATEGY_BY_KEY["fsdp_full"], setup, hw)
+    gather = 3 / 4 * 2 * n / (200 * GB)
+    assert moved.forward == pytest.approx(gather)
+    assert moved.backward == pytest.approx(gather + 3 / 4 * 4 * n / (100 * GB))
+    ddp = traffic(TINY, STRATEGY_BY_KEY["ddp"], setup, hw)
+    assert ddp.last_backward == pytest.approx(traffic(TINY, STRATEGY_BY_KEY["ddp"], setup, HW).last_backward)
