@@ -256,7 +256,8 @@ def overlapped_seconds(compute: float, communication: float, exposed: float, ove
 
 @dataclass(frozen=True)
 class Traffic:
-    """What one rank's strategy moves in one optimizer step, bytes, and how much of it compute can hide.
+    """Seconds of the collectives one rank's strategy runs in one optimizer step, by phase, and how much of each
+    phase compute cannot hide.
 
     Args:
         forward: Collective seconds during each micro-batch's forward (parameter gathers).

@@ -70,7 +70,7 @@ def test_bus_bandwidth_across_nodes_is_the_fabrics_capped_by_the_node() -> None:
 def test_overlap_hides_all_but_the_exposed_part() -> None:
     # 100 ms compute, 30 ms of collectives of which 5 ms have nothing to hide behind: 105 ms
     assert overlapped_seconds(0.1, 0.03, 0.005) == pytest.approx(0.105)
-    # collectives longer than compute: they set the pace, 5 + 150 - 5 = 150 ms... plus nothing: 0.150 + 0.005
+    # collectives longer than compute set the pace: 100 + 5 exposed + (160 - 5 - 100) beyond compute = 160 ms
     assert overlapped_seconds(0.1, 0.16, 0.005) == pytest.approx(0.16)
     # no overlap (gloo on CPU ranks): the sum
     assert overlapped_seconds(0.1, 0.03, 0.005, overlap=False) == pytest.approx(0.13)
