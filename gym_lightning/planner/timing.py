@@ -33,6 +33,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, fields
 
+from gym_lightning.errors import GymUserError
 from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.estimate import (
     OPTIMIZER_STATE_BYTES,
@@ -231,7 +232,10 @@ def bus_bandwidth(hw: Hardware, nodes: int) -> tuple[float, float]:
     if nodes <= 1:
         return hw.intra_bandwidth, hw.intra_latency
     if hw.inter_bandwidth <= 0:
-        raise ValueError(f"{hw.name}: {nodes} nodes need an inter-node bandwidth (an interconnect).")
+        raise GymUserError(
+            f"{hw.name}: {nodes} nodes need an inter-node bus bandwidth: name an --interconnect (a fabric such as "
+            "ib-ndr400) or pass --inter_node_bandwidth."
+        )
     return min(hw.intra_bandwidth, hw.inter_bandwidth), hw.inter_latency * (1 + math.log2(nodes))
 
 
