@@ -118,10 +118,15 @@ def matmul_param_counts(
 
 def expert_patterns(config: Any) -> list[re.Pattern[str]]:
     """The routed experts' parameter names of a model, from its config's expert-parallel plan
-    (``base_model_ep_plan``: ``"layers.*.mlp.experts": ...``); none for a dense model or one without the plan."""
+    (``base_model_ep_plan``: ``"layers.*.mlp.experts": ...``); none for a dense model or one without the plan.
+
+    The plan's router rules are left out: transformers 5.17 (the GPU image's) lists the router too
+    (``"layers.*.mlp.gate": "ep_router"``, gpt-oss's ``mlp.router``), which runs for every token and counts whole;
+    5.25 lists only the experts."""
     text_config = config.get_text_config() if hasattr(config, "get_text_config") else config
     plan = getattr(text_config, "base_model_ep_plan", None) or {}
-    return [re.compile(r"(^|\.)" + re.escape(key).replace(r"\*", r"\d+") + r"(\.|$)") for key in plan]
+    experts = [key for key, style in plan.items() if "router" not in str(style)]
+    return [re.compile(r"(^|\.)" + re.escape(key).replace(r"\*", r"\d+") + r"(\.|$)") for key in experts]
 
 
 def is_routed_expert(name: str, patterns: Sequence[re.Pattern[str]]) -> bool:

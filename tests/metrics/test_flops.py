@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 import transformers
@@ -157,3 +159,15 @@ def test_moe_under_lora_frozen_base_counts_active_experts() -> None:
     flops = transformer_flops(model, model.config)
     # LoRA: q A 16x2 + B 2x16 = 64, v A 16x2 + B 2x8 = 48; the frozen base is the dense model's active count.
     assert (flops.trainable_params, flops.frozen_params) == (112, 1408 + 768)
+
+
+def test_the_plans_router_rule_is_not_an_expert() -> None:
+    # transformers 5.17 (the GPU image's) lists the router in the expert-parallel plan; 5.25 does not.
+    plan = {
+        "layers.*.mlp.gate": "ep_router",
+        "layers.*.mlp.experts.gate_up_proj": "grouped_gemm",
+        "layers.*.mlp.experts": "moe_tp_experts",
+    }
+    patterns = expert_patterns(SimpleNamespace(base_model_ep_plan=plan))
+    assert is_routed_expert("model.layers.3.mlp.experts.gate_up_proj", patterns)
+    assert not is_routed_expert("model.layers.3.mlp.gate.weight", patterns)
