@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
@@ -91,10 +92,15 @@ class PlanReport:
 
     def speeds(self) -> list[Speed | None]:
         """The step-time model's prediction for each strategy, in ``estimates`` order (None where not modelled)."""
+        return list(self._speeds)
+
+    @functools.cached_property
+    def _speeds(self) -> tuple[Speed | None, ...]:
+        # Computed once: the recommendation, ranking, table and JSON all read them (a frozen report never changes).
         if self.machine is None:
-            return [None] * len(self.estimates)
+            return (None,) * len(self.estimates)
         hw = self.machine.hardware
-        return [speed(self.shape, e.strategy, self.setup, hw) if e.modelled else None for e in self.estimates]
+        return tuple(speed(self.shape, e.strategy, self.setup, hw) if e.modelled else None for e in self.estimates)
 
     def ranking(self) -> list[str]:
         """The keys of the strategies that fit, fastest first."""
