@@ -32,6 +32,10 @@ def rank_env(**extra: str) -> dict[str, str]:
         TOKENIZERS_PARALLELISM="false",
         PYTHONPATH=os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests"), env.get("PYTHONPATH", "")]),
         PYTHONWARNINGS="ignore",
+        # A rank that aborts in C++ (SIGABRT from gloo) lost its block-buffered output and said nothing of where it
+        # was: unbuffered output and faulthandler's stacks of every thread make such a failure readable.
+        PYTHONUNBUFFERED="1",
+        PYTHONFAULTHANDLER="1",
     )
     env.update(extra)
     return env

@@ -334,6 +334,13 @@ def main(spec_path: str, run: PhaseRunner = run_phase) -> None:
         # finalisation aborted a finished 2-node gym_fsdp run now and then ("terminate called without an active
         # exception", exit -6).
         torch.distributed.destroy_process_group()
+    # ...and it still did once in CI (2-node gym_fsdp, node 1 exit -6 after node 0 had finished): gloo's C++ threads
+    # can outlive the group and need the GIL while the interpreter finalises (pytorch #179291). Nothing is left to do
+    # once the results are written and the group is gone, so the worker ends without that finalisation; faulthandler
+    # (``helpers.dist.rank_env``) prints the Python stacks should a rank abort anywhere else.
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":
