@@ -24,13 +24,19 @@ class LoRAArgs:
         alpha: Scaling numerator; the update is multiplied by ``alpha / r``.
         dropout: Dropout on the LoRA branch's input, in [0, 1).
         target_modules: Names of the linear layers to adapt; ``None`` uses peft's default for the architecture
-            (e.g. ``q_proj`` and ``v_proj`` for Llama), ``["all-linear"]`` adapts every linear layer but the head.
+            (e.g. ``q_proj`` and ``v_proj`` for Llama) unless ``target_parameters`` is set (then the experts alone
+            are adapted), ``["all-linear"]`` adapts every linear layer but the head and the MoE routers.
+        target_parameters: The 3-D expert weights of a mixture of experts to adapt (peft's ``target_parameters``,
+            e.g. ``["experts.gate_up_proj", "experts.down_proj"]``); ``["all-experts"]`` adapts every routed
+            expert's weights and the shared experts' linear layers of every MoE family. The router stays frozen
+            unless ``target_modules`` names it.
     """
 
     r: int = 8
     alpha: int = 16
     dropout: float = 0.0
     target_modules: list[str] | None = None
+    target_parameters: list[str] | None = None
 
     def problems(self) -> list[str]:
         found = []
@@ -38,6 +44,14 @@ class LoRAArgs:
             found.append(f"lora.r must be >= 1, got {self.r}")
         if not 0.0 <= self.dropout < 1.0:
             found.append(f"lora.dropout must be in [0, 1), got {self.dropout}")
+        names = self.target_parameters
+        if names is not None and (
+            isinstance(names, str) or not names or not all(isinstance(n, str) and n.strip() for n in names)
+        ):
+            found.append(
+                f"lora.target_parameters must be a non-empty list of parameter names (e.g. experts.gate_up_proj) or "
+                f"[{EXPERTS_SHORTHAND}], got {names!r}"
+            )
         return found
 
     @property
@@ -52,7 +66,48 @@ class LoRAArgs:
         ``lora`` is a plain dict there (LightningCLI's instantiator); Python callers pass ``LoRAArgs``. Both mean the
         same settings, and every reader of a ``lora`` value goes through here.
         """
-        return settings_from(cls, value, "lora", "LoRA settings (r, alpha, dropout, target_modules)")
+        return settings_from(cls, value, "lora", "LoRA settings (r, alpha, dropout, target_modules, target_parameters)")
+
+
+# ``lora.target_parameters: [all-experts]``: every routed expert's 3-D weights and the shared experts' linear layers,
+# whatever the family calls them (``models.experts.expert_targets`` finds them in the model).
+EXPERTS_SHORTHAND = "all-experts"
+
+
+@dataclass(frozen=True)
+class ExpertTargets:
+    """The mixture-of-experts names of one model that the LoRA settings resolve against (``models.experts``).
+
+    Args:
+        parameters: peft ``target_parameters`` of the routed experts' 3-D weights (``experts.gate_up_proj``, ...).
+        shared: peft ``target_parameters`` of the shared experts' linear weights (``shared_experts.gate_proj.weight``,
+            ...). Targets by parameter, not by module: peft (0.21) rewrites a ``target_modules`` entry ending in
+            ``gate_proj``/``up_proj``/``down_proj`` into the routed experts' fused weights on every Qwen2-MoE-like
+            family (``transformers_weight_conversion._convert_peft_config_moe``, its transformers 4 -> 5 bridge), on
+            the way in (``get_peft_model``) and out (``PeftModel.from_pretrained``) alike, so the shared experts
+            could not be adapted by name; parameter targets pass through unchanged.
+        routers: Full names of the routers' linear layers, kept out of ``all-linear``.
+    """
+
+    parameters: tuple[str, ...] = ()
+    shared: tuple[str, ...] = ()
+    routers: tuple[str, ...] = ()
+
+
+def resolved_targets(args: LoRAArgs, experts: ExpertTargets | None) -> tuple[Any, list[str] | None, list[str]]:
+    """``(target_modules, target_parameters, exclude_modules)`` for peft: the ``all-experts`` shorthand expanded
+    with ``experts`` (the model's names), experts alone when only ``target_parameters`` is set, routers excluded
+    from ``all-linear``."""
+    experts = experts or ExpertTargets()
+    parameters = list(args.target_parameters) if args.target_parameters else None
+    modules: Any = "all-linear" if args.target_modules == ["all-linear"] else args.target_modules
+    if parameters is not None and EXPERTS_SHORTHAND in parameters:
+        parameters = [p for p in parameters if p != EXPERTS_SHORTHAND] + [*experts.parameters, *experts.shared]
+        parameters = parameters or None
+    if parameters is not None and modules is None:
+        modules = []  # peft would add its default targets (q_proj, v_proj) to the experts asked for
+    exclude = list(experts.routers) if modules == "all-linear" else []
+    return modules, sorted(set(parameters)) if parameters else None, exclude
 
 
 # peft's LoRA wrapper inserts ``base_layer`` into the name of the weight it adapts; the checkpoint has the original.
@@ -76,25 +131,36 @@ def is_adapter_key(name: str) -> bool:
     return _ADAPTER_KEY.search(name) is not None
 
 
-def peft_lora_config(args: LoRAArgs) -> Any:
-    """The ``peft.LoraConfig`` of ``args`` (for training, and for the adapter_config.json of an export)."""
+def peft_lora_config(args: LoRAArgs, experts: ExpertTargets | None = None) -> Any:
+    """The ``peft.LoraConfig`` of ``args`` (for training, and for the adapter_config.json of an export), the
+    expert names resolved against ``experts`` (the model's, ``models.experts.expert_targets``).
+
+    peft refuses ``lora_dropout`` on parameter targets (its ``ParamWrapper`` cannot factor the input out of a merged
+    delta), so with ``target_parameters`` the config says 0: gym's routed forward applies ``args.dropout`` to the
+    expert adapters itself and :func:`apply_lora` puts it back on the linear ones; an exported adapter (for
+    inference, where dropout is off) then loads with ``PeftModel.from_pretrained``.
+    """
     try:
         from peft import LoraConfig
     except ImportError as err:
         raise GymUserError("LoRA needs the 'peft' package: pip install 'gym-lightning[lora]'.") from err
-    target = args.target_modules
+    modules, parameters, exclude = resolved_targets(args, experts)
     return LoraConfig(
         r=args.r,
         lora_alpha=args.alpha,
-        lora_dropout=args.dropout,
-        target_modules="all-linear" if target == ["all-linear"] else target,
+        lora_dropout=0.0 if parameters else args.dropout,
+        target_modules=modules,
+        target_parameters=parameters,
+        exclude_modules=exclude or None,
         task_type="CAUSAL_LM",
     )
 
 
-def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
+def apply_lora(model: PreTrainedModel, args: LoRAArgs, experts: ExpertTargets | None = None) -> PreTrainedModel:
     """Wrap ``model`` in a peft ``PeftModel`` with only the adapters trainable, the adapters drawn by
     :func:`draw_adapters` from the CPU generator's state before the wrap (one rule for every strategy and device).
+    ``experts`` (``models.experts.expert_targets``) resolves ``target_parameters``; the expert adapters' forward is
+    gym's own (``models.experts.route_experts``, which the caller installs).
 
     Under ZeRO-3's ``zero.Init`` the adapters are partitioned as they are created; the strategy gives them peft's
     initialisation once the weights are in (``strategies.zero.stage3.draw_partitioned_adapters``).
@@ -102,19 +168,39 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs) -> PreTrainedModel:
     from peft import get_peft_model
 
     _check_targets(model, args.target_modules)
+    config = peft_lora_config(args, experts)
+    if args.target_parameters and not config.target_parameters:
+        raise EveryRankError(
+            f"lora.target_parameters {args.target_parameters} name no expert weight of {type(model).__name__} "
+            f"({model.config.model_type}): it has no mixture-of-experts blocks with fused 3-D expert weights. Drop "
+            "lora.target_parameters, or use a mixture-of-experts model (qwen3_moe, mixtral, gpt_oss, deepseek_v3)."
+        )
     state = torch.get_rng_state()
     partitioned = any(zero3_full_shape(p) is not None for p in model.parameters())
     # peft casts bf16/fp16 adapters to fp32 by swapping each one's ``.data``; on a ZeRO-3 parameter that replaces the
     # placeholder and leaves DeepSpeed with a 0-element partition (an empty trainable group, an AssertionError in
     # its defragment: a bf16 checkpoint with LoRA under bf16-mixed). DeepSpeed's engine keeps bf16 module weights
     # and fp32 master partitions itself, so under ZeRO-3 the adapters stay in the module's dtype.
-    peft_model = get_peft_model(model, peft_lora_config(args), autocast_adapter_dtype=not partitioned)
+    peft_model = get_peft_model(model, config, autocast_adapter_dtype=not partitioned)
+    if config.target_parameters and args.dropout:
+        _dropout_on_linear_adapters(peft_model, args.dropout)
     if not partitioned:
         torch.set_rng_state(state)
         draw_adapters(peft_model)
     else:  # drawn once the weights are in, from this same state: the adapters of every strategy are the same
         model.__dict__[ADAPTER_RNG_STATE] = state
     return peft_model
+
+
+def _dropout_on_linear_adapters(model: torch.nn.Module, p: float) -> None:
+    """peft made the config's dropout 0 for its parameter targets (:func:`peft_lora_config`): the linear layers'
+    adapters get ``p`` back (the ``nn.Dropout`` peft's ``update_layer`` would have made)."""
+    from peft.tuners.lora import LoraLayer, ParamWrapper
+
+    for module in model.modules():
+        if isinstance(module, LoraLayer) and not isinstance(module, ParamWrapper):
+            for adapter in module.lora_dropout:
+                module.lora_dropout[adapter] = torch.nn.Dropout(p=p)
 
 
 # Where ``apply_lora`` leaves the CPU generator state the adapters of a partitioned model are to be drawn from

@@ -33,6 +33,7 @@ from gym_lightning.loss import (
     use_chunked_loss,
 )
 from gym_lightning.models.compiled import CompileArgs, compile_layers
+from gym_lightning.models.experts import expert_targets, install_routed_experts, logical_expert_shapes
 from gym_lightning.models.facts import ModelFacts, model_facts
 from gym_lightning.models.fused import FusedOps, apply_fused_ops, liger_summed_linear_cross_entropy
 from gym_lightning.models.loading import (
@@ -269,7 +270,11 @@ class CausalLMModule(pl.LightningModule):
         if self.lora is not None:
             # On a meta-device build (sharded loading) the adapters get their storage and values here, the base
             # weights once the strategy has sharded it.
-            model = apply_lora(model, self.lora)
+            # Mixture-of-experts weights are adapted (``lora.target_parameters``) and held in NF4 (QLoRA) as fused 3-D
+            # tensors: peft sizes their adapters from the 16-bit shapes, and gym's forward runs the routed experts.
+            with logical_expert_shapes(model):
+                model = apply_lora(model, self.lora, expert_targets(model))
+            install_routed_experts(model, self.lora.dropout)
         if self.compile_args is not None:  # last: the layers' LoRA and fused forwards are traced on the first call
             compile_layers(model, self.compile_args)
         if trainer is not None:  # without a Trainer there is no precision to follow

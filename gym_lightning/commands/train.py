@@ -140,7 +140,7 @@ LOGGERS = {
     "mlflow": ("lightning.pytorch.loggers.MLFlowLogger", "mlflow"),
 }
 HF_DDP_TIMEOUT = 1800  # seconds, TrainingArguments' default: Lightning's default collective timeout too
-LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules")
+LORA_FLAGS = ("lora_r", "lora_alpha", "lora_dropout", "lora_target_modules", "lora_target_parameters")
 QUANT_FLAGS = ("bnb_4bit_quant_type", "bnb_4bit_compute_dtype", "bnb_4bit_use_double_quant", "bnb_4bit_quant_storage")
 # transformers' BitsAndBytesConfig takes a compute dtype as any torch attribute name: these are torch's other names.
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
@@ -262,7 +262,6 @@ EXTRA_REFUSED: dict[str, tuple[str, tuple[Any, ...]]] = {
         "(huggingface-cli download NAME --revision R --local-dir DIR) and pass the folder",
         ("main",),
     ),
-    "lora_target_parameters": ("gym_lightning's LoRA adapts linear layers (--lora_target_modules)", ()),
     "lora_modules_to_save": ("gym_lightning trains the LoRA adapters only, no fully trained layer beside them", ()),
     "lora_task_type": ("gym train trains causal LMs (CAUSAL_LM)", ("CAUSAL_LM",)),
     "use_rslora": ("LoRA scales by alpha/r here; for rsLoRA's alpha/sqrt(r) pass --lora_alpha alpha x sqrt(r)", ()),
@@ -368,7 +367,13 @@ class ModelArguments:
             "help": "Layers to adapt: q_proj v_proj (or LLaMA-Factory's q_proj,v_proj), all-linear (or all).",
         },
     )
-    lora_target_parameters: list[str] | None = field(default=None, metadata={"help": "TRL; refused."})
+    lora_target_parameters: list[str] | None = field(
+        default=None,
+        metadata={
+            "help": "TRL: mixture-of-experts weights to adapt: all-experts (every routed and shared expert) or peft "
+            "names such as experts.gate_up_proj experts.down_proj (a comma list too)."
+        },
+    )
     lora_modules_to_save: list[str] | None = field(
         default=None, metadata={"aliases": ["--additional_target"], "help": "TRL, LLaMA-Factory; refused."}
     )
@@ -1110,13 +1115,23 @@ def _lora_values(args: argparse.Namespace) -> dict[str, Any]:
     alpha = args.lora_alpha
     if alpha is None and llama_factory:
         alpha = 2 * (args.lora_r or 8)
-    lora = {"r": args.lora_r, "alpha": alpha, "dropout": args.lora_dropout, "target_modules": targets}
+    parameters = lora_targets(args.lora_target_parameters, shorthand=False)
+    lora = {
+        "r": args.lora_r,
+        "alpha": alpha,
+        "dropout": args.lora_dropout,
+        "target_modules": targets,
+        "target_parameters": parameters,
+    }
     return {key: value for key, value in lora.items() if value is not None}
 
 
-def lora_targets(value: str | list[str] | None) -> list[str] | None:
-    """LoRA target names from TRL/HF (a list, ``all-linear``) or LLaMA-Factory (a comma list, ``all``)."""
+def lora_targets(value: str | list[str] | None, shorthand: bool = True) -> list[str] | None:
+    """LoRA target names from TRL/HF (a list, ``all-linear``) or LLaMA-Factory (a comma list, ``all``); with
+    ``shorthand`` off (parameter targets) the names stay as given."""
     names = [part.strip() for item in ([value] if isinstance(value, str) else value or []) for part in item.split(",")]
+    if not shorthand:
+        return [name for name in names if name] or None
     names = ["all-linear" if name == "all" else name for name in names if name]
     return ["all-linear"] if "all-linear" in names else names or None
 

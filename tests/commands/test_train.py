@@ -714,6 +714,14 @@ def test_trl_sft_command_line_maps(tmp_path: Path) -> None:
         (["--use_peft", "--lora_target_modules", "all-linear"], {"model.lora": '{"target_modules": ["all-linear"]}'}),
         (["--use_peft", "--lora_target", "q_proj,v_proj"], {"model.lora": '{"target_modules": ["q_proj", "v_proj"]}'}),
         (["--use_peft", "--lora_rank", "4"], {"model.lora": '{"r": 4}'}),
+        (
+            ["--use_peft", "--lora_target_parameters", "all-experts"],
+            {"model.lora": '{"target_parameters": ["all-experts"]}'},
+        ),
+        (
+            ["--use_peft", "--lora_target_parameters", "experts.gate_up_proj,experts.down_proj"],
+            {"model.lora": '{"target_parameters": ["experts.gate_up_proj", "experts.down_proj"]}'},
+        ),
         # Accepted at what gym_lightning does anyway: no refusal, no setting.
         (["--model_revision", "main", "--lora_task_type", "CAUSAL_LM", "--shuffle_dataset", "True"], {}),
         (["--loss_type", "chunked_nll", "--truncation_mode", "keep_start", "--eval_packing", "False"], {}),
