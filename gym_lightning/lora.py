@@ -10,7 +10,7 @@ from typing import Any
 import torch
 from transformers import PreTrainedModel
 
-from gym_lightning._compat import zero3_full_shape
+from gym_lightning._compat import peft_v4_target_conversion_off, zero3_full_shape
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.settings import settings_from
 
@@ -72,6 +72,8 @@ class LoRAArgs:
 # ``lora.target_parameters: [all-experts]``: every routed expert's 3-D weights and the shared experts' linear layers,
 # whatever the family calls them (``models.experts.expert_targets`` finds them in the model).
 EXPERTS_SHORTHAND = "all-experts"
+# transformers 5's fused routed-expert weight every MoE family has (a model holding one has experts to adapt).
+EXPERTS_WEIGHT = "gate_up_proj"
 
 
 @dataclass(frozen=True)
@@ -181,7 +183,8 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs, experts: ExpertTargets | 
     # placeholder and leaves DeepSpeed with a 0-element partition (an empty trainable group, an AssertionError in
     # its defragment: a bf16 checkpoint with LoRA under bf16-mixed). DeepSpeed's engine keeps bf16 module weights
     # and fp32 master partitions itself, so under ZeRO-3 the adapters stay in the module's dtype.
-    peft_model = get_peft_model(model, config, autocast_adapter_dtype=not partitioned)
+    with peft_v4_target_conversion_off():
+        peft_model = get_peft_model(model, config, autocast_adapter_dtype=not partitioned)
     if config.target_parameters and args.dropout:
         _dropout_on_linear_adapters(peft_model, args.dropout)
     if not partitioned:
@@ -217,10 +220,16 @@ def _check_targets(model: PreTrainedModel, targets: list[str] | None) -> None:
         return
     linear = (name for name, module in model.named_modules() if isinstance(module, torch.nn.Linear))
     have = sorted({name.rpartition(".")[2] for name in linear})
+    experts = any(name.endswith(f".{EXPERTS_WEIGHT}") for name, _ in model.named_parameters())
+    hint = (
+        f" The fused expert weights are adapted by model.lora.target_parameters: [{EXPERTS_SHORTHAND}]."
+        if experts
+        else ""
+    )
     raise EveryRankError(
         f"LoRA target_modules {targets} match no linear layer of {type(model).__name__} "
         f"({model.config.model_type}); its linear layers are named {', '.join(have)}. Set model.lora.target_modules "
-        "to some of these, or to ['all-linear']."
+        f"to some of these, or to ['all-linear'].{hint}"
     )
 
 

@@ -32,6 +32,7 @@ from gym_lightning import _compat
 from gym_lightning._compat import (
     DEEPSPEED_MEMBERS,
     DEEPSPEED_MEMORY_ATTRIBUTES,
+    PEFT_MEMBERS,
     PRIVATE_IMPORTS,
     PRIVATE_MEMBERS,
     PRIVATE_OVERRIDES,
@@ -106,6 +107,12 @@ def _deepspeed_defines(owner: Any, name: str) -> bool:
 def test_declared_deepspeed_member_exists(member: DeepSpeedMember) -> None:
     pytest.importorskip("deepspeed")
     assert _deepspeed_defines(_resolve(member.owner), member.name), f"{member.owner} no longer has {member.name}"
+
+
+@pytest.mark.parametrize(("module", "name"), PEFT_MEMBERS, ids=lambda v: v)
+def test_declared_peft_member_exists(module: str, name: str) -> None:
+    pytest.importorskip("peft")
+    assert callable(getattr(importlib.import_module(module), name, None)), f"{module} no longer has {name}"
 
 
 @pytest.mark.parametrize(("owner", "name"), TRANSFORMERS_MEMBERS, ids=lambda v: v)

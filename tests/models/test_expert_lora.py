@@ -173,3 +173,12 @@ def test_gym_fit_module_adapts_the_experts_and_routes_them(tmp_path: Path) -> No
     assert any("q_proj.lora_A" in n for n in trainable) and any("experts.lora_B" in n for n in trainable)
     with pytest.raises(GymUserError, match="target_parameters"):
         CausalLMModule(str(folder), lora={"r": 4, "target_parameters": "all-experts"})
+
+
+def test_target_modules_name_transformers_5_modules_only() -> None:
+    # peft's transformers-4 bridge would turn all-linear into the experts and the router (and refuse the dropout)
+    model = apply_lora(_model("qwen3_moe"), LoRAArgs(r=2, dropout=0.05, target_modules=["all-linear"]))
+    adapted = {n.split(".layers.0.")[-1].partition(".lora_")[0] for n, p in model.named_parameters() if p.requires_grad}
+    assert adapted >= {"self_attn.q_proj", "self_attn.o_proj"} and not any("mlp" in n for n in adapted)
+    with pytest.raises(EveryRankError, match=r"named .*q_proj.*target_parameters: \[all-experts\]"):
+        apply_lora(_model("qwen3_moe"), LoRAArgs(target_modules=["gate_proj", "up_proj"]))
