@@ -28,6 +28,7 @@ from gym_lightning.metrics import hardware as catalog
 from gym_lightning.metrics.calibrate import measure_host
 from gym_lightning.models.shapes import LoraTargets, ModelShape, shape_from_config
 from gym_lightning.planner.estimate import Optimizer, Setup, Strategy, planner_strategy
+from gym_lightning.planner.experts import skipped_expert_weights
 from gym_lightning.planner.machines import cpu_hardware, machine
 from gym_lightning.planner.timing import Hardware, speed
 from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeROStrategy
@@ -114,7 +115,8 @@ def run_setup(
     # An integer micro-batch that keeps the measured tokens per micro-batch (variable batch sizes average out).
     micro_batch = max(1, round(samples_per_micro_batch))
     strategy = trainer.strategy
-    lora_r, lora_targets = _lora(module)
+    lora_r, lora_targets, expert_targets = _lora(module)
+    quantization = getattr(module, "quantization", None)
     return Setup(
         gpus_per_node=trainer.num_devices,
         nodes=trainer.num_nodes,
@@ -126,7 +128,9 @@ def run_setup(
         lora_targets=lora_targets,
         optimizer=_optimizer(trainer),
         accelerator="cpu" if strategy.root_device.type == "cpu" else "gpu",
-        quantization="nf4" if getattr(module, "quantization", None) is not None and lora_r > 0 else "none",
+        quantization="nf4" if quantization is not None and lora_r > 0 else "none",
+        lora_target_parameters=expert_targets,
+        skip_expert_weights=skipped_expert_weights(getattr(quantization, "skip_modules", None) or ()),
         sequence_parallel_size=int(getattr(strategy, "sequence_parallel_size", 1)),
         accumulate_grad_batches=trainer.accumulate_grad_batches,
         gradient_compression=getattr(strategy, "gradient_compression", "none"),
@@ -146,18 +150,23 @@ def _activation_checkpointing(module: pl.LightningModule, strategy: LightningStr
     return bool(found if found is not None else getattr(model, "is_gradient_checkpointing", False))
 
 
-def _lora(module: pl.LightningModule) -> tuple[int, LoraTargets]:
-    """``(r, targets)`` of the module's LoRA: the peft wrapper's config (what was applied), else ``module.lora``
-    (``LoRAArgs``); ``(0, "all-linear")`` without LoRA. peft's default targets (``None``) are q and v."""
+def _lora(module: pl.LightningModule) -> tuple[int, LoraTargets, tuple[str, ...]]:
+    """``(r, linear targets, expert weight targets)`` of the module's LoRA: the peft wrapper's config (what was
+    applied), else ``module.lora`` (``LoRAArgs``); ``(0, "all-linear", ())`` without LoRA. peft's default targets
+    (``None``) are q and v; an empty list (the experts alone, ``lora.resolved_targets``) is none."""
     model = getattr(module, "model", None)
     configs = getattr(model, "peft_config", None)
     config: Any = next(iter(configs.values()), None) if isinstance(configs, Mapping) else getattr(module, "lora", None)
     r = getattr(config, "r", 0)
     if not isinstance(r, int) or r <= 0:
-        return 0, "all-linear"
+        return 0, "all-linear", ()
+    # The routed experts' weights (the planner does not model shared experts: their ``*.weight`` targets are left out)
+    parameters = tuple(sorted(p for p in getattr(config, "target_parameters", None) or () if not p.endswith(".weight")))
     targets = getattr(config, "target_modules", None)
+    if targets is not None and not isinstance(targets, str) and not targets:
+        return r, "none", parameters
     names = {targets} if isinstance(targets, str) else set(targets or QV_TARGETS)
-    return r, "attention-qv" if names <= QV_TARGETS else "all-linear"
+    return r, "attention-qv" if names <= QV_TARGETS else "all-linear", parameters
 
 
 def _optimizer(trainer: pl.Trainer) -> Optimizer:

@@ -6,9 +6,12 @@ prints one row per strategy (GiB per GPU of parameters, gradients, optimizer sta
 buffers; host and NVMe per node; whether it fits; the largest micro-batch that fits), the peak per rank of each
 phase (load, training step, checkpoint save, export; host and GPU) and the fastest strategy that fits. ``--json``
 prints the same as JSON. ``--quantization nf4`` (or ``--load_in_4bit``) with ``--lora_r`` plans QLoRA: a frozen
-4-bit NF4 base. Long sequences: ``--sequence_parallel_size N`` (Ulysses: N GPUs share each sequence) and
-``--mlp_tile_tokens T`` (tiled MLP); ``--longest_sequence`` adds a column with the longest sequence that fits each
-strategy at micro-batch 1 (always in ``--json``). Bad flags end with one line on stderr and exit status 2.
+4-bit NF4 base, a mixture of experts' fused expert weights included. ``--lora_target_parameters all-experts`` (or
+peft names, ``experts.gate_up_proj experts.down_proj``) adds LoRA adapters to every routed expert, as ``gym train``'s
+flag of that name; ``--lora_targets none`` leaves the linear layers without adapters. Long sequences:
+``--sequence_parallel_size N`` (Ulysses: N GPUs share each sequence) and ``--mlp_tile_tokens T`` (tiled MLP);
+``--longest_sequence`` adds a column with the longest sequence that fits each strategy at micro-batch 1 (always in
+``--json``). Bad flags end with one line on stderr and exit status 2.
 
 ``--gpu h200 --interconnect ib-ndr400 --tokens 2e9 --price_per_gpu_hour 3.5`` adds the speed table: per strategy the
 predicted step time, tokens/s per GPU, MFU, scaling against one GPU, the rank among those that fit, and the hours,
@@ -37,13 +40,13 @@ import yaml
 from gym_lightning.commands import CommandParser
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics.hardware import FABRICS, GPUS, LINKS
-from gym_lightning.models.shapes import LoraTargets
 from gym_lightning.planner.auto import choice_line, is_auto
 from gym_lightning.planner.catalog import BUNDLED
 from gym_lightning.planner.estimate import (
     Accelerator,
     Attention,
     GradientCompression,
+    LoraTargets,
     LossChunking,
     Optimizer,
     Precision,
@@ -91,7 +94,19 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--seq_length", type=int, default=2048)
     parser.add_argument("--activation_checkpointing", action="store_true")
     parser.add_argument("--lora_r", type=int, default=0, help="LoRA rank; 0 = full finetune")
-    parser.add_argument("--lora_targets", choices=get_args(LoraTargets), default="all-linear")
+    parser.add_argument(
+        "--lora_targets",
+        choices=get_args(LoraTargets),
+        default="all-linear",
+        help="linear layers with adapters; none: only the experts of --lora_target_parameters",
+    )
+    parser.add_argument(
+        "--lora_target_parameters",
+        nargs="+",
+        metavar="NAME",
+        help="expert weights with adapters (a mixture of experts): all-experts, or peft names such as "
+        "experts.gate_up_proj experts.down_proj (spaces or commas between them)",
+    )
     parser.add_argument("--optimizer", choices=get_args(Optimizer), default="adamw")
     parser.add_argument("--attention", choices=get_args(Attention), default="sdpa")
     parser.add_argument("--accelerator", choices=get_args(Accelerator), default="gpu")
@@ -138,7 +153,11 @@ def _speed_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _speed_settings(args: dict[str, Any]) -> dict[str, Any]:
-    """``plan()``'s figures and tokens from the flags (``--rows`` x ``--epochs`` x ``--seq_length`` tokens)."""
+    """``plan()``'s figures and tokens from the flags (``--rows`` x ``--epochs`` x ``--seq_length`` tokens), and
+    ``--lora_target_parameters``' names split at commas too (``all-experts`` or ``a,b`` as ``a b``)."""
+    names = args.get("lora_target_parameters")
+    if isinstance(names, list) and all(isinstance(n, str) for n in names):
+        args["lora_target_parameters"] = [part.strip() for n in names for part in n.split(",") if part.strip()]
     figures = {name: args.pop(name, None) for name in FIGURE_FLAGS}
     args["figures"] = Figures(**{FIGURE_FIELDS.get(k, k): v for k, v in figures.items()})
     rows, epochs = args.pop("rows", None), args.pop("epochs", 1.0)

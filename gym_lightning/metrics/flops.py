@@ -30,6 +30,13 @@ tests/metrics/test_flops.py). Which parameters are routed experts is what the mo
 plan (``base_model_ep_plan``, the plan transformers shards experts by), not a table of ours. A model without that plan
 counts every parameter whole (an overestimate for MoE, exact for a dense model).
 
+LoRA on routed experts (peft's ``target_parameters``: ``lora_A [r E, in]``, ``lora_B [out, r E]`` under the experts
+module, so the expert-parallel plan's pattern names them too) counts at ``k/E`` like the experts: a token runs the
+``k`` adapters of its experts, ``k r (in + out)`` parameters per adapted weight. 4-bit weights (QLoRA: ``NF4Linear``
+and NF4 fused experts, ``quant.experts``) are dequantised and run as the 16-bit matmul, so they count as the weight
+they stand for: their uint8 codes (two weights a byte) as ``2 x`` their elements, their block scales and statistics
+(``<name>_scales``, ``<name>_scale_stats``, ``<name>_quant_type``) not at all.
+
 Under padding we count only real tokens: a sequence of ``n`` non-padding tokens costs ``dense·n + attention·n²`` where
 ``dense = 6·N_trainable + 4·N_frozen`` and ``attention = 12·L·H·Q``, so a batch costs
 ``dense·Σn + attention·Σn²`` and the callback only has to accumulate ``Σn`` and ``Σn²``.
@@ -42,6 +49,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import torch
 from torch import nn
 
 from gym_lightning._compat import full_numel
@@ -96,17 +104,20 @@ def matmul_param_counts(
 ) -> tuple[int, int]:
     """``(trainable, frozen)`` parameter counts that enter ``N``: all parameters except embedding lookups, plus the
     output projection when it is tied to an embedding (see the module docstring). Parameters named by ``experts``
-    (:func:`expert_patterns`) count ``k / E`` of their size, ``expert_share = (k, E)``."""
+    (:func:`expert_patterns`) count ``k / E`` of their size, ``expert_share = (k, E)``; NF4 weights count as the
+    16-bit weights they stand for (:func:`logical_numels`)."""
     embedding_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     output_ids = {id(p) for p in output.parameters()} if isinstance(output, nn.Module) else set()
     trainable = frozen = 0
     seen: set[int] = set()
-    for name, param in model.named_parameters(remove_duplicate=False):
+    named = list(model.named_parameters(remove_duplicate=False))
+    logical = logical_numels(named)
+    for name, param in named:
         if id(param) in seen or (id(param) in embedding_ids and id(param) not in output_ids):
             continue
         seen.add(id(param))
-        numel = full_numel(param)
+        numel = logical[name]
         if is_routed_expert(name, experts):
             numel = numel * expert_share[0] // expert_share[1]
         if param.requires_grad:
@@ -114,6 +125,34 @@ def matmul_param_counts(
         else:
             frozen += numel
     return trainable, frozen
+
+
+# The parameters a 4-bit weight ``name`` adds beside its codes (quant.linear.COMPONENTS, quant.experts.SUFFIXES).
+NF4_PART_SUFFIXES = ("_scales", "_scale_stats", "_quant_type")
+
+
+def logical_numels(named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, int]:
+    """``{name: elements}`` of each parameter as the matmul sees it: its full size (:func:`full_numel`), except a
+    4-bit weight's parts (recognised by their names, as ``quant`` makes them: uint8 codes ``name`` beside a
+    ``name_scales``): the codes count ``2 x`` (two 4-bit weights a byte), the scales and statistics 0.
+
+    Args:
+        named: ``model.named_parameters(remove_duplicate=False)`` as a list.
+    """
+    dtypes = {name: param.dtype for name, param in named}
+
+    def codes(name: str) -> bool:  # the uint8 codes of a 4-bit weight: a ``_scales`` parameter beside them
+        return dtypes.get(name) == torch.uint8 and name + "_scales" in dtypes
+
+    numels = {}
+    for name, param in named:
+        numel = full_numel(param)
+        if codes(name):
+            numel *= 2
+        elif any(name.endswith(s) and codes(name.removesuffix(s)) for s in NF4_PART_SUFFIXES):
+            numel = 0
+        numels[name] = numel
+    return numels
 
 
 def expert_patterns(config: Any) -> list[re.Pattern[str]]:
@@ -169,7 +208,8 @@ def transformer_flops(model: nn.Module, config: Any) -> TransformerFlops:
     patterns, routing = expert_patterns(config), expert_routing(config)
     if not patterns or routing is None:
         return TransformerFlops(*matmul_param_counts(model), num_layers, attention_dim)
-    experts = sum(full_numel(p) for name, p in model.named_parameters() if is_routed_expert(name, patterns))
+    logical = logical_numels(list(model.named_parameters()))
+    experts = sum(n for name, n in logical.items() if is_routed_expert(name, patterns))
     counts = matmul_param_counts(model, patterns, routing)
     return TransformerFlops(*counts, num_layers, attention_dim, experts, *routing)
 

@@ -16,7 +16,10 @@ QLoRA (``Setup.quantization="nf4"``): the frozen base's decoder linear layers ar
 0.5 B of codes + 1/64 B of 8-bit block scales + 4·(1 + ceil(in/64/256))/in B of per-row statistics per weight,
 ≈ 4.13 bits), every other frozen tensor stays in the model dtype; :func:`frozen_bytes` replaces ``fΨf`` by that.
 Each NF4 layer dequantises its whole weight to bf16 in forward and again in backward, one layer at a time
-(:func:`dequant_bytes`).
+(:func:`dequant_bytes`). A mixture of experts' fused expert weights are NF4 too (``[E, out, in]``: E times one
+NF4Linear's tensors, :func:`nf4_experts`), dequantised one routed expert at a time; expert LoRA adapters
+(``Setup.lora_target_parameters``) are ``r E (in + out)`` trainable parameters per adapted weight and layer
+(``planner.experts``; docs/planner.md, "Mixture-of-experts LoRA and QLoRA").
 
 Long sequences (``Setup.sequence_parallel_size`` = sp, ``Setup.mlp_tile_tokens`` = T; docs/planner.md, "Long
 sequences"): DeepSpeed Ulysses / ALST sequence parallelism (Jacobs et al. 2023, arXiv 2309.14509; Bekman et al.
@@ -34,7 +37,12 @@ from dataclasses import dataclass
 from typing import Any, Literal
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.shapes import LoraTargets, ModelShape
+from gym_lightning.models.shapes import ModelShape, TensorGroup
+from gym_lightning.planner.experts import (
+    expert_adapter_activation_bytes,
+    expert_adapter_groups,
+    nf4_expert_dims,
+)
 from gym_lightning.vocabulary import STRATEGY_CLASSES, STRATEGY_PRESET_BY_NAME, ZERO3_PERSIST_WIDTHS, StrategyClass
 
 Precision = Literal["bf16-mixed", "32-true"]
@@ -44,6 +52,9 @@ Accelerator = Literal["gpu", "cpu"]
 LossChunking = Literal["auto", "on", "off"]
 Quantization = Literal["none", "nf4"]
 GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
+# Linear layers LoRA adapts (models.shapes.lora_target_names); "none": only the experts named by
+# lora_target_parameters (a run whose lora.target_modules is unset but target_parameters is: lora.resolved_targets).
+LoraTargets = Literal["all-linear", "attention-qv", "none"]
 
 GiB = 1024**3
 # The module's ``loss_chunking="auto"`` threshold (gym_lightning.loss.CHUNKED_LOSS_MIN_VOCAB; not imported: the
@@ -188,6 +199,11 @@ class Setup:
     loss_chunking: LossChunking = "auto"  # CausalLMModule(loss_chunking=...): auto chunks from 65,536 tokens of vocab
     loss_chunk_tokens: int = 1024  # CausalLMModule(loss_chunk_tokens=...)
     quantization: Quantization = "none"  # "nf4": QLoRA, the frozen base's decoder linears in 4-bit NF4 (lora_r > 0)
+    # lora.target_parameters: the fused expert weights adapted ("all-experts", peft names such as
+    # experts.gate_up_proj; planner.experts); () = none
+    lora_target_parameters: tuple[str, ...] = ()
+    # Fused expert weights a QLoRA base keeps in 16 bits (quantization.skip_modules; planner.experts); the rest NF4
+    skip_expert_weights: tuple[str, ...] = ()
     sequence_parallel_size: int = 1  # the strategies' sequence_parallel_size: ranks that share one sequence (Ulysses)
     mlp_tile_tokens: int = 0  # CausalLMModule(mlp_tile_tokens=...): tokens per tiled-MLP step; 0 = not tiled
     accumulate_grad_batches: int = 1  # micro-batches per optimizer step (Trainer(accumulate_grad_batches=...))
@@ -227,12 +243,24 @@ class ParamCounts:
     layer: int = 0  # one decoder layer with its adapters
 
 
+def tensor_groups(shape: ModelShape, setup: Setup) -> list[TensorGroup]:
+    """Every parameter tensor under ``setup``'s finetuning mode: the shape's own groups (base, and LoRA on the
+    ``lora_targets`` linears; ``"none"`` drops those) plus the expert adapters of ``lora_target_parameters``
+    (``planner.experts.expert_adapter_groups``)."""
+    targets = "all-linear" if setup.lora_targets == "none" else setup.lora_targets
+    groups = shape.tensor_groups(setup.lora_r, targets)
+    if setup.lora_targets == "none":
+        groups = [g for g in groups if not g.name.startswith("lora.")]
+    return groups + expert_adapter_groups(shape, setup.lora_r, setup.lora_target_parameters)
+
+
 def param_counts(shape: ModelShape, setup: Setup) -> ParamCounts:
-    groups = shape.tensor_groups(setup.lora_r, setup.lora_targets)
+    groups = tensor_groups(shape, setup)
     trainable = sum(g.numel * g.count for g in groups if g.trainable)
     total = sum(g.numel * g.count for g in groups)
     threshold = persistence_threshold(shape, setup)
     nf4 = {f"layer.{name}" for name in nf4_linears(shape, setup)}
+    nf4 |= {f"layer.experts.{name}" for name in nf4_experts(shape, setup)}
     persistent = sum(g.numel * g.count for g in groups if g.numel <= threshold and g.name not in nf4)
     in_layer = [g for g in groups if g.name.startswith(("layer.", "lora."))]
     layer = sum(g.numel * g.count for g in in_layer) // shape.num_layers
@@ -264,6 +292,12 @@ def nf4_linears(shape: ModelShape, setup: Setup) -> dict[str, tuple[int, int]]:
     return {name: dims for name, dims in shape.linear_shapes().items() if dims[0] % NF4_BLOCK == 0}
 
 
+def nf4_experts(shape: ModelShape, setup: Setup) -> dict[str, tuple[int, int]]:
+    """``(in, out)`` per expert of the fused expert weights QLoRA stores in NF4 (``quant.experts``): those whose
+    input width divides into blocks, except ``Setup.skip_expert_weights`` (skip_modules naming ``experts``)."""
+    return nf4_expert_dims(shape, setup.quantization != "none", setup.skip_expert_weights, NF4_BLOCK)
+
+
 def nf4_tensors(fan_in: int, fan_out: int) -> dict[str, tuple[int, int]]:
     """``{parameter: (elements, bytes per element)}`` of one NF4Linear (``quant.nf4.quantized_shapes``, double
     quantisation): uint8 codes ``[out, in/2]``, uint8 block-scale codes ``[out, in/64]``, and the int32 bits of each
@@ -285,7 +319,8 @@ class QuantizedBase:
     layer_weights: int  # of one decoder layer
     layer_bytes: int
     persistent_bytes: int  # NF4 tensors under ZeRO-3's persistence threshold (the per-row statistics), whole model
-    largest_linear: int  # weights of the largest NF4 layer: what one dequantisation materialises
+    largest_linear: int  # weights of the largest NF4 layer or of ONE expert: what one dequantisation materialises
+    expert_weights: int = 0  # of ``weights``, the fused expert weights (QLoRA experts), whole model
 
     @property
     def bytes_per_weight(self) -> float:
@@ -293,15 +328,27 @@ class QuantizedBase:
 
 
 def quantized_base(shape: ModelShape, setup: Setup) -> QuantizedBase:
-    layers = shape.num_layers
-    linears = nf4_linears(shape, setup)
-    tensors = [t for fan_in, fan_out in linears.values() for t in nf4_tensors(fan_in, fan_out).values()]
-    layer_weights = sum(fan_in * fan_out for fan_in, fan_out in linears.values())
+    """The NF4 part of the base: the decoder linears (:func:`nf4_linears`) and, for a mixture of experts, the fused
+    expert weights (:func:`nf4_experts`), each an ``[E, out, ...]`` stack of ``E`` NF4 weights of ``[out, in]``
+    (row-local: E times one NF4Linear's tensors). One dequantisation materialises one linear or one expert."""
+    layers, experts = shape.num_layers, shape.num_experts
+    dims = [(1, d) for d in nf4_linears(shape, setup).values()]
+    dims += [(experts, d) for d in nf4_experts(shape, setup).values()]
+    # Per NF4 tensor of a layer: (elements, bytes per element); an expert stack holds E copies in one tensor.
+    tensors = [(count * n, b) for count, (i, o) in dims for n, b in nf4_tensors(i, o).values()]
+    layer_weights = sum(count * i * o for count, (i, o) in dims)
+    expert_weights = sum(experts * i * o for i, o in nf4_experts(shape, setup).values())
     layer_bytes = sum(n * b for n, b in tensors)
     small = sum(n * b for n, b in tensors if n <= persistence_threshold(shape, setup))
-    largest = max((fan_in * fan_out for fan_in, fan_out in linears.values()), default=0)
+    largest = max((i * o for _, (i, o) in dims), default=0)
     return QuantizedBase(
-        layers * layer_weights, layers * layer_bytes, layer_weights, layer_bytes, layers * small, largest
+        layers * layer_weights,
+        layers * layer_bytes,
+        layer_weights,
+        layer_bytes,
+        layers * small,
+        largest,
+        layers * expert_weights,
     )
 
 
@@ -524,6 +571,7 @@ def activation_bytes_per_layer(shape: ModelShape, setup: Setup, micro_batch: int
     h, q, kv = shape.hidden_size, shape.q_width, saved_kv_width(shape, setup)
     a_b = 2 if setup.precision == "bf16-mixed" else 4
     mlp = 0 if mlp_tiles(shape, setup, micro_batch) > 1 else _mlp_bytes_per_token(shape, a_b)
+    mlp += expert_adapter_activation_bytes(shape, setup.lora_r, setup.lora_target_parameters, a_b)
     per_token = 2 * (4 * h + 2 * a_b * h) + a_b * (q + 2 * kv) + 2 * a_b * q + mlp + 4 * shape.num_heads
     if setup.attention == "eager":  # refused under sp > 1 (sequence_parallel_problems): s is the whole sequence
         per_token += (4 + a_b) * shape.num_heads * setup.seq_length

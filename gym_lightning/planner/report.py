@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any, get_args
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.shapes import LoraTargets, ModelShape
+from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.budget import Budget, aligned, fastest, ranking, speed_dict, speed_lines
 from gym_lightning.planner.catalog import resolve_shape
 from gym_lightning.planner.estimate import (
@@ -19,6 +19,7 @@ from gym_lightning.planner.estimate import (
     Attention,
     Estimate,
     GradientCompression,
+    LoraTargets,
     LossChunking,
     Optimizer,
     Precision,
@@ -35,6 +36,7 @@ from gym_lightning.planner.estimate import (
     quantized_base,
     sequence_parallel_problems,
 )
+from gym_lightning.planner.experts import skipped_expert_weights, target_parameter_problems, targeted_weights
 from gym_lightning.planner.long_sequence import SEQUENCE_GRID, longest_sequence, sequence_step
 from gym_lightning.planner.machines import Figures, Machine, machine
 from gym_lightning.planner.phases import PHASES, PhasePeaks, phase_peaks
@@ -159,18 +161,30 @@ class PlanReport:
         experts = f"{shape.experts_per_token} of {shape.num_experts} experts per token"
         return f" ({shape.active_params() / 1e9:.2f}B active, {experts})"
 
+    def _mode(self) -> str:
+        """``full finetune``, ``LoRA r=16 (all-linear + experts gate_up_proj, down_proj)`` or the QLoRA line with
+        the base weights in NF4 (and how many of them are experts)."""
+        s = self.setup
+        if s.lora_r == 0:
+            return "full finetune"
+        experts = targeted_weights(s.lora_target_parameters)
+        targets = [] if s.lora_targets == "none" else [s.lora_targets]
+        targets += [f"experts {', '.join(experts)}"] if experts else []
+        adapted = f"r={s.lora_r} ({' + '.join(targets)})"
+        if s.quantization == "none":
+            return f"LoRA {adapted}"
+        quant = quantized_base(self.shape, s)
+        of_them = f", {quant.expert_weights / 1e9:.2f}B of them experts" if quant.expert_weights else ""
+        return (
+            f"QLoRA {adapted}, {quant.weights / 1e9:.2f}B base weights in NF4 at {8 * quant.bytes_per_weight:.2f} "
+            f"bits{of_them}"
+        )
+
     def table(self) -> str:
         counts, s = param_counts(self.shape, self.setup), self.setup
-        mode = "full finetune" if s.lora_r == 0 else f"LoRA r={s.lora_r} ({s.lora_targets})"
-        if s.quantization != "none":
-            quant = quantized_base(self.shape, s)
-            mode = (
-                f"QLoRA r={s.lora_r} ({s.lora_targets}), {quant.weights / 1e9:.2f}B base weights in NF4 at "
-                f"{8 * quant.bytes_per_weight:.2f} bits"
-            )
         lines = [
             f"{self.shape.name}: {counts.total_with_adapters / 1e9:.2f}B parameters{self._active()}, "
-            f"{counts.trainable / 1e9:.3g}B trainable ({mode}), {s.optimizer}, {s.precision}",
+            f"{counts.trainable / 1e9:.3g}B trainable ({self._mode()}), {s.optimizer}, {s.precision}",
             f"{s.nodes} node(s) x {s.gpus_per_node} GPU(s) of {_gib(s.gpu_memory)} "
             f"({_gib(s.usable_gpu_memory)} usable), host {_gib(s.host_memory)} per node; micro-batch "
             f"{s.micro_batch_size} x {s.seq_length} tokens, activation checkpointing "
@@ -358,6 +372,8 @@ def plan(
     activation_checkpointing: bool = False,
     lora_r: int = 0,
     lora_targets: LoraTargets = "all-linear",
+    lora_target_parameters: Sequence[str] | None = None,
+    quantization_skip_modules: Sequence[str] | None = None,
     optimizer: Optimizer = "adamw",
     attention: Attention = "sdpa",
     accelerator: Accelerator = "gpu",
@@ -391,7 +407,12 @@ def plan(
         precision: ``"bf16-mixed"`` (16-bit compute, fp32 master weights) or ``"32-true"``.
         micro_batch_size: Sequences per GPU per forward pass (>= 1). seq_length: Tokens per sequence (>= 1).
         activation_checkpointing: Recompute each decoder layer in backward instead of storing its activations.
-        lora_r: LoRA rank; ``0`` finetunes all parameters. lora_targets: ``"all-linear"`` or ``"attention-qv"``.
+        lora_r: LoRA rank; ``0`` finetunes all parameters. lora_targets: ``"all-linear"``, ``"attention-qv"`` or
+            ``"none"`` (only the experts of ``lora_target_parameters``).
+        lora_target_parameters: A mixture of experts' fused expert weights to adapt (``lora.target_parameters``):
+            ``["all-experts"]`` or peft names (``experts.gate_up_proj``, ``experts.down_proj``); ``None``: none.
+        quantization_skip_modules: The run's ``quantization.skip_modules``: under QLoRA the fused expert weights
+            are NF4 unless it names them (``experts``, ``experts.down_proj``); other names are not planned.
         optimizer: ``"adamw"`` (default), ``"sgd"`` (with momentum) or ``"adafactor"`` (factored, no momentum).
         attention: ``"sdpa"`` (flash / memory-efficient, the transformers default) or ``"eager"`` (stores scores).
         accelerator: ``"gpu"`` or ``"cpu"`` (CPU ranks: every byte is host memory; ``gpu_memory`` is ignored).
@@ -429,6 +450,9 @@ def plan(
     file_bytes = _memory(checkpoint_file_size, "checkpoint_file_size", problems)
     problems += _loss_and_quant_problems(loss_chunk_tokens, accelerator, loss_chunking, quantization, lora_r)
     shape, unknown = _resolve(model, config_overrides)
+    expert_targets = tuple(lora_target_parameters or ())
+    skip = quantization_skip_modules or ()
+    problems += _expert_problems(lora_target_parameters, shape, lora_r, lora_targets, skip)
     chosen = run_strategy(strategy, problems)
     budget = Budget(tokens, price_per_gpu_hour)
     problems += budget.problems() + _speed_problems(accumulate_grad_batches, gradient_compression)
@@ -449,6 +473,8 @@ def plan(
         optimizer=optimizer,
         attention=attention,
         accelerator=accelerator,
+        lora_target_parameters=expert_targets,
+        skip_expert_weights=skipped_expert_weights(skip) if not _names_problem(skip) else (),
         checkpoint_file_bytes=file_bytes,
         loss_chunking=loss_chunking,
         loss_chunk_tokens=loss_chunk_tokens,
@@ -560,6 +586,26 @@ def _loss_and_quant_problems(
     if quantization == "nf4" and lora_r == 0:
         problems.append("quantization nf4 (QLoRA) freezes a 4-bit base and trains LoRA adapters: set lora_r > 0")
     return problems
+
+
+def _expert_problems(
+    values: Sequence[str] | None, shape: ModelShape | None, lora_r: int, lora_targets: str, skip: Sequence[str]
+) -> list[str]:
+    """What is wrong with the expert LoRA / QLoRA settings (``planner.experts.target_parameter_problems``),
+    ``lora_targets none`` with nothing else to adapt, and skip modules that are not a list of names."""
+    problems = target_parameter_problems(values or (), shape, lora_r if isinstance(lora_r, int) else 0)
+    if lora_targets == "none" and not values and lora_r:
+        problems.append(
+            "lora_targets none adapts no linear layer and lora_target_parameters names no expert: nothing to train; "
+            "give lora_target_parameters (all-experts) or lora_targets all-linear / attention-qv"
+        )
+    if _names_problem(skip):
+        problems.append(f"quantization_skip_modules must be a list of module names, got {skip!r}")
+    return problems
+
+
+def _names_problem(names: Sequence[str]) -> bool:
+    return isinstance(names, str) or not all(isinstance(n, str) for n in names)
 
 
 def _resolve(

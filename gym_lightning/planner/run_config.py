@@ -14,8 +14,10 @@ The run's YAML                                        The planner's setting (``p
 ``trainer.accumulate_grad_batches``                   ``accumulate_grad_batches`` (step time)
 ``trainer.accelerator``                               ``accelerator`` (``cpu``, else ``gpu``)
 ``data.batch_size``, ``data.max_seq_length``          ``micro_batch_size``, ``seq_length``
-``model.lora`` (``r``, ``target_modules``)            ``lora_r``, ``lora_targets``
-``model.quantization`` (``quant_type``)               ``quantization`` (``fp4`` as ``nf4``: same bytes)
+``model.lora`` (``r``, ``target_modules``,           ``lora_r``, ``lora_targets`` (``none`` when only
+``target_parameters``)                                ``target_parameters`` is set), ``lora_target_parameters``
+``model.quantization`` (``quant_type``,               ``quantization`` (``fp4`` as ``nf4``: same bytes);
+``skip_modules``)                                     ``quantization_skip_modules`` (its expert weights)
 ``model.gradient_checkpointing``                      ``activation_checkpointing``
 ``model.attn_implementation``, ``model.optim``        ``attention``, ``optimizer``
 ``model.mlp_tile_tokens``, ``model.loss_chunking``,   the same
@@ -188,10 +190,17 @@ def _lora_settings(lora: Any, run: RunSettings) -> None:
         run.settings["lora_r"] = 0
         return
     if not isinstance(lora, Mapping):
-        run.problems.append(f"model.lora must be a mapping (r, alpha, dropout, target_modules), got {lora!r}")
+        run.problems.append(
+            f"model.lora must be a mapping (r, alpha, dropout, target_modules, target_parameters), got {lora!r}"
+        )
         return
     run.settings["lora_r"] = lora.get("r", MODULE_DEFAULTS["lora_r"])
-    targets = lora.get("target_modules")
+    targets, parameters = lora.get("target_modules"), _target_parameters(lora.get("target_parameters"), run)
+    if parameters:
+        run.settings["lora_target_parameters"] = parameters
+        if targets is None:  # the experts alone (lora.resolved_targets: peft's default targets are not added)
+            run.settings["lora_targets"] = "none"
+            return
     # None is peft's default for Llama/Qwen: q_proj and v_proj.
     if targets is None or sorted(targets) == ["q_proj", "v_proj"]:
         run.settings["lora_targets"] = "attention-qv"
@@ -199,6 +208,21 @@ def _lora_settings(lora: Any, run: RunSettings) -> None:
     if list(targets) != ["all-linear"]:
         run.notes.append(f"model.lora.target_modules {list(targets)} planned as all-linear (an upper bound)")
     run.settings["lora_targets"] = "all-linear"
+
+
+def _target_parameters(value: Any, run: RunSettings) -> list[str]:
+    """``model.lora.target_parameters`` as a list of names (one name alone as a list of it); anything else is a
+    problem (the names themselves are checked by ``plan``, against the model)."""
+    if value is None:
+        return []
+    names = [value] if isinstance(value, str) else value
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) and n.strip() for n in names):
+        run.problems.append(
+            "model.lora.target_parameters must be a list of parameter names (e.g. [experts.gate_up_proj, "
+            f"experts.down_proj]) or [all-experts], got {value!r}"
+        )
+        return []
+    return [n.strip() for n in names]
 
 
 def _quantization_settings(quantization: Any, run: RunSettings) -> None:
@@ -212,6 +236,15 @@ def _quantization_settings(quantization: Any, run: RunSettings) -> None:
     if quant_type == "fp4":
         run.notes.append("model.quantization fp4 planned as nf4 (the same 4-bit storage)")
     run.settings["quantization"] = "nf4"
+    skipped = quantization.get("skip_modules", ["lm_head"]) if isinstance(quantization, Mapping) else ["lm_head"]
+    if not isinstance(skipped, list) or not all(isinstance(n, str) for n in skipped):
+        run.problems.append(f"model.quantization.skip_modules must be a list of module names, got {skipped!r}")
+        return
+    run.settings["quantization_skip_modules"] = list(skipped)
+    # Only the expert weights it names are planned (planner.experts.skipped_expert_weights): experts, down_proj, ...
+    experts = {n for n in skipped if n.rsplit(".", 1)[-1] in ("experts", "gate_up_proj", "down_proj")}
+    if others := [n for n in skipped if n not in experts and n != "lm_head"]:
+        run.notes.append(f"model.quantization.skip_modules {others} not planned (those layers planned in NF4)")
 
 
 def _trainer_settings(trainer: Mapping[str, Any], run: RunSettings) -> None:

@@ -6,7 +6,8 @@ time", derives them and validates the sum against measured runs. There is NO per
 strategies differ only in the bytes they move, what of it overlaps with compute, and what they recompute.
 
 * **Compute** (:func:`flops_per_token`): the package's own FLOP count (``metrics.flops``: PaLM's 6N + 12LHQT per
-  token, 4N for frozen weights, MoE at k/E of the experts) at ``Hardware.compute_efficiency`` of the dense peak;
+  token, 4N for frozen weights, MoE at k/E of the experts and of their LoRA adapters; an NF4 weight as the 16-bit
+  matmul it is dequantised for) at ``Hardware.compute_efficiency`` of the dense peak;
   activation checkpointing adds the decoder layers' forward again. The efficiency is calibrated once, on the plain
   PyTorch loop's row (:data:`PLAIN_LOOP`, :func:`calibrated_efficiency`), never per strategy.
 * **Collectives** (:func:`all_reduce_seconds`, :func:`all_gather_seconds`, :func:`all_to_all_seconds`): nccl-tests'
@@ -42,7 +43,9 @@ from gym_lightning.planner.estimate import (
     frozen_bytes,
     local_tokens,
     param_counts,
+    tensor_groups,
 )
+from gym_lightning.planner.experts import expert_adapter_params
 
 # What the scaling efficiency compares with: one GPU, no wrapper, the whole optimizer step on the device.
 PLAIN = Strategy("plain", "plain loop", "none", "torch", 0)
@@ -149,11 +152,15 @@ def matmul_params(shape: ModelShape, setup: Setup) -> tuple[float, float, float]
     the input embedding's lookup, the LM head always (tied or not), routed experts at ``k / E``; ``decoder`` is the
     decoder layers' share (what activation checkpointing recomputes)."""
     counts = param_counts(shape, setup)
-    active = shape.active_params() + counts.total_with_adapters - shape.num_params()  # + LoRA adapters
+    # Expert adapters run for the k routed experts of a token only: k/E of them, like the experts they adapt.
+    experts = expert_adapter_params(shape, setup.lora_r, setup.lora_target_parameters)
+    routed = experts * shape.experts_per_token // shape.num_experts if experts else 0
+    adapters = counts.total_with_adapters - shape.num_params() - experts + routed  # LoRA adapters, as active
+    active = shape.active_params() + adapters
     decoder = active - shape.embedding_params() * (1 if shape.tied_embeddings else 2) - shape.hidden_size
     lookup = 0 if shape.tied_embeddings else shape.embedding_params()  # a tied embedding is the LM head's matmul
     matmul = active - lookup
-    trainable = counts.trainable - (lookup if setup.lora_r == 0 else 0)
+    trainable = counts.trainable - experts + routed - (lookup if setup.lora_r == 0 else 0)
     if setup.lora_r == 0 and shape.is_moe:  # every trainable weight, experts at k/E
         trainable = matmul
     return float(trainable), float(matmul - trainable), float(decoder)
@@ -300,7 +307,7 @@ def reduced_bytes(strategy: Strategy, setup: Setup) -> int:
 def powersgd_elements(shape: ModelShape, setup: Setup, rank: int) -> float:
     """Elements PowerSGD all-reduces for the trainable weights: ``r (m + n)`` per matrix (its P and Q factors, Vogels
     et al. 2019), vectors whole."""
-    groups = shape.tensor_groups(setup.lora_r, setup.lora_targets)
+    groups = tensor_groups(shape, setup)
     shapes = {f"layer.{name}": dims for name, dims in shape.linear_shapes().items()}
     shapes |= {"embed_tokens": (shape.vocab_size, shape.hidden_size), "lm_head": (shape.vocab_size, shape.hidden_size)}
     total = 0.0

@@ -109,6 +109,19 @@ def test_run_setup_lora_from_module_and_defaults() -> None:
         run_setup(_fake_trainer(_fake_strategy(), precision="16-mixed"), SimpleNamespace(), 1.0, 64.0)
 
 
+def test_run_setup_reads_expert_adapters_and_4bit_experts() -> None:
+    trainer = _fake_trainer(_fake_strategy(), optimizers=[])
+    # What peft holds after gym's apply_lora: the experts alone (target_modules empty), a shared expert by parameter
+    peft = {"default": SimpleNamespace(r=4, target_modules=set(), target_parameters={
+        "experts.gate_up_proj", "experts.down_proj", "shared_experts.gate_proj.weight"})}  # fmt: skip
+    quantization = SimpleNamespace(skip_modules=["lm_head", "experts.down_proj"])
+    module = SimpleNamespace(model=SimpleNamespace(peft_config=peft), quantization=quantization)
+    setup = run_setup(trainer, module, 1.0, 64.0)
+    assert (setup.lora_r, setup.lora_targets, setup.quantization) == (4, "none", "nf4")
+    assert setup.lora_target_parameters == ("experts.down_proj", "experts.gate_up_proj")
+    assert setup.skip_expert_weights == ("down_proj",)
+
+
 # ---------------------------------------------------------------------------------------------- CUDA hardware
 def _cuda_trainer() -> SimpleNamespace:
     strategy = SingleDeviceStrategy(torch.device("cuda", 0))

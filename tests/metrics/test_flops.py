@@ -171,3 +171,49 @@ def test_the_plans_router_rule_is_not_an_expert() -> None:
     patterns = expert_patterns(SimpleNamespace(base_model_ep_plan=plan))
     assert is_routed_expert("model.layers.3.mlp.experts.gate_up_proj", patterns)
     assert not is_routed_expert("model.layers.3.mlp.gate.weight", patterns)
+
+
+def test_expert_adapters_count_k_over_e_and_are_trainable() -> None:
+    peft = pytest.importorskip("peft")
+    lora = peft.LoraConfig(r=2, target_modules=["q_proj", "v_proj"], target_parameters=["experts.gate_up_proj",
+                           "experts.down_proj"])  # fmt: skip
+    model = peft.get_peft_model(_tiny_qwen3_moe(), lora)
+    flops = transformer_flops(model, model.config)
+    # expert adapters r E (in + out): gate_up 2*4*(16 + 16) = 256, down 2*4*(8 + 16) = 192 -> 448, a token runs
+    # 2 of the 4 experts' adapters: 224; the attention adapters 112 (test above) count whole
+    assert (flops.trainable_params, flops.frozen_params) == (112 + 224, 1408 + 768)
+
+
+def _qwen3_moe_nf4() -> tuple[transformers.PreTrainedModel, transformers.PreTrainedModel]:
+    """The same tiny Qwen3-MoE (h 64, I 64, 4 experts, 2 per token) in 16 bits and with its attention linears and
+    both expert weights in NF4, as QLoRA builds it."""
+    from gym_lightning.quant import experts as nf4_experts
+    from gym_lightning.quant.config import QuantizationArgs
+    from gym_lightning.quant.linear import NF4Linear, linears_built_as
+
+    config = transformers.Qwen3MoeConfig(
+        vocab_size=32, hidden_size=64, num_hidden_layers=1, num_attention_heads=2, num_key_value_heads=1,
+        head_dim=32, moe_intermediate_size=64, num_experts=4, num_experts_per_tok=2, tie_word_embeddings=False,
+    )  # fmt: skip
+    classes = nf4_experts.experts_classes(transformers.Qwen3MoeForCausalLM)
+
+    def choose(fan_in: int, fan_out: int) -> type[NF4Linear] | None:
+        # q_proj and o_proj (out 64) in NF4; k/v (out 32), the router (out 4) and the LM head (32 = vocab) 16-bit
+        return NF4Linear if fan_out == 64 else None
+
+    with nf4_experts.experts_built_as_nf4(classes, QuantizationArgs()), linears_built_as(choose):
+        quantised = transformers.Qwen3MoeForCausalLM(config)
+    return transformers.Qwen3MoeForCausalLM(config), quantised
+
+
+def test_nf4_weights_count_as_the_16_bit_matmul() -> None:
+    plain, quantised = _qwen3_moe_nf4()
+    assert any(p.dtype == torch.uint8 for p in quantised.parameters())
+    names = {n for n, p in quantised.named_parameters() if p.dtype == torch.uint8}
+    assert {"model.layers.0.mlp.experts.gate_up_proj", "model.layers.0.self_attn.q_proj.weight"} <= names
+    for p in quantised.parameters():
+        p.requires_grad_(False)
+    for p in plain.parameters():
+        p.requires_grad_(False)
+    assert transformer_flops(quantised, quantised.config) == transformer_flops(plain, plain.config)
+    assert matmul_param_counts(quantised) == matmul_param_counts(plain)
