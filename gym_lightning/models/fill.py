@@ -2,7 +2,8 @@
 tensor, as an adapter (``models.holdings``) says, from one of two sources a build plan records (``WeightsSource``):
 
 - a pretrained folder: every tensor mapped as ``from_pretrained`` maps it (``models.conversion``: renamed keys and
-  fused experts), NF4 layers quantised as read (``models.quantized.RowQuantizer``), reading only the checkpoint rows
+  fused experts), NF4 weights quantised as read (``models.quantized.RowQuantizer``: linear layers by rows, fused
+  experts by whole experts, from their own per-expert checkpoint tensors), reading only the checkpoint rows
   the held part is made of, so no rank ever holds more than its parts plus the rows of one tensor; NF4 layers
   first, then the other tensors in checkpoint order (adapters that write through collectives rely on that order);
 - a random initialisation: one process's draw from the recorded random state (``models.plan.reference_state_dict``),
@@ -34,7 +35,6 @@ from gym_lightning.models.conversion import (
 from gym_lightning.models.holdings import Holdings, Part, Rows, Span, WholeTensors, rank
 from gym_lightning.models.plan import WeightsSource, initialize_unsaved, reference_state_dict
 from gym_lightning.models.quantized import RowQuantizer, sources_of
-from gym_lightning.quant.linear import COMPONENTS
 
 RowReader = Callable[[int, int], torch.Tensor]
 _LISTED = 8  # unused checkpoint tensors (or layer patterns) a warning names; the rest are counted
@@ -65,11 +65,10 @@ def _fill_pretrained(model: PreTrainedModel, folder: str, targets: dict[str, tor
     refuse_missing(folder, [key for key in groups if key not in sources and not is_adapter_key(key)])
     warn_unused(model, folder, list(reader.where))
     quantizer = RowQuantizer(model, reader, sources, layers)
-    for key, layer in layers.items():
-        for name in COMPONENTS:
-            if (param := getattr(layer, name, None)) is not None:
-                whole = partial(quantizer.whole, key, name)
-                _fill_part(holdings, param, partial(quantizer.component, key, name), whole)
+    for key, weight in layers.items():  # NF4 linear layers and fused expert weights: their parts, row by row
+        for name, param in weight.parameters().items():
+            whole = partial(quantizer.whole, key, name)
+            _fill_part(holdings, param, partial(quantizer.component, key, name), whole)
     for key, source in sources.items():
         if key not in layers:
             whole = partial(convert, source, reader.load, model)

@@ -158,7 +158,8 @@ def build_causal_lm(
     Presets are always randomly initialised. Folders and hub names load their weights unless ``pretrained`` is
     False (a config-only folder then gives a randomly initialised model of that shape, e.g. for benchmarks). On a
     meta-device plan the model has no storage and ``plan`` records where its weights come from. With
-    ``quantization`` the linear layers are built as ``quant.NF4Linear`` and quantised as they are read.
+    ``quantization`` the linear layers are built as ``quant.NF4Linear``, the fused expert weights as NF4 parts
+    (``quant.experts``), and both quantised as they are read.
     """
     plan = plan if plan is not None else BuildPlan()
     config = load_model_config(source, config_overrides, trust_remote_code)
@@ -205,11 +206,12 @@ def _build_quantized(
     args: QuantizationArgs,
     random_init: bool,
 ) -> PreTrainedModel:
-    """The model with its linear layers in NF4, never built in 16 bits: on the meta device and filled here, one
-    tensor at a time (the default plan), or left to the strategy as its plan asks (sharded: each rank quantises
-    the rows it holds)."""
+    """The model with its linear layers and fused expert weights in NF4, never built in 16 bits: on the meta device
+    and filled here, one tensor at a time (the default plan), or left to the strategy as its plan asks (sharded:
+    each rank quantises the rows, or whole experts, it holds)."""
+    from gym_lightning.models.experts import install_routed_experts
     from gym_lightning.models.fill import fill_on_cpu
-    from gym_lightning.models.quantized import nf4_linears, restore_skipped
+    from gym_lightning.models.quantized import nf4_experts, nf4_linears, restore_skipped
 
     folder = None if random_init or not _has_weights(source) else safetensors_folder(source)
     if folder is None:
@@ -222,8 +224,10 @@ def _build_quantized(
     record = WeightsSource(folder=folder, config=config, options=options, rng_state=torch.get_rng_state())
     deferred = plan.on_meta or plan.fill_pretrained  # the strategy reads each rank's rows
     with nf4_linears(args), META if plan.on_meta or not deferred else nullcontext():
-        model = _uninitialised(config, options)
+        with nf4_experts(args, config):
+            model = _uninitialised(config, options)
         restore_skipped(model, args)
+    install_routed_experts(model)  # NF4 experts run gym's per-expert forward (transformers' reads the codes as weights)
     if deferred:
         plan.record(model, record)
         return model

@@ -1,20 +1,24 @@
-"""A model whose linear layers are built as ``NF4Linear``, and its quantised weights read from a checkpoint by rows.
+"""A model whose linear layers are built as ``NF4Linear`` and whose fused expert weights are NF4 (``quant.experts``),
+and its quantised weights read from a checkpoint by rows.
 
-Quantise as you read: the builder never creates the 16-bit linear weights (``nf4_linears`` builds the layers as
-``NF4Linear`` directly, on the meta device or under ZeRO-3's ``zero.Init``), and a loader hands each caller the
-quantisation of only the checkpoint rows it holds (:class:`RowQuantizer`). Because ``quant.nf4`` keeps all state per
-row, those rows are exactly the rows of the whole weight's quantisation, on any rank count.
+Quantise as you read: the builder never creates the 16-bit linear or expert weights (``nf4_linears`` builds the
+layers as ``NF4Linear`` directly, ``quant.experts.experts_built_as_nf4`` the experts with integer parts, on the meta
+device or under ZeRO-3's ``zero.Init``), and a loader hands each caller the quantisation of only the checkpoint rows
+it holds (:class:`RowQuantizer`; an expert weight's dim-0 rows are whole experts, read from their own per-expert
+checkpoint tensors). Because ``quant.nf4`` keeps all state per row, those rows are exactly the rows of the whole
+weight's quantisation, on any rank count.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import partial
 
 import torch
 from torch import nn
-from transformers import PreTrainedModel
+from transformers import PretrainedConfig, PreTrainedModel
 
 from gym_lightning.lazy import LazyTensor
 from gym_lightning.lora import checkpoint_key
@@ -25,6 +29,7 @@ from gym_lightning.models.conversion import (
     read_rows,
     tied_groups,
 )
+from gym_lightning.quant import experts as nf4_experts_module
 from gym_lightning.quant import nf4
 from gym_lightning.quant.config import QuantizationArgs
 from gym_lightning.quant.linear import COMPONENTS, NF4Linear, linears_built_as
@@ -56,11 +61,34 @@ def nf4_linears(args: QuantizationArgs) -> Iterator[None]:
         yield
 
 
+@contextmanager
+def nf4_experts(args: QuantizationArgs, config: PretrainedConfig) -> Iterator[None]:
+    """While open, the experts modules of a ``config`` model build hold their fused weights in NF4
+    (``quant.experts.experts_built_as_nf4``); ``skip_modules: [experts]`` keeps every one in 16 bits (a full
+    module or weight name is honoured by :func:`restore_skipped`, once names exist)."""
+    classes = [] if "experts" in args.skip_modules else _experts_classes(config)
+    with nf4_experts_module.experts_built_as_nf4(classes, args):
+        yield
+
+
+def _experts_classes(config: PretrainedConfig) -> list[type[nn.Module]]:
+    """The experts classes of the modeling module of ``config``'s causal LM (none for remote code: transformers'
+    experts classes are what ``quant.experts`` knows)."""
+    from transformers import MODEL_FOR_CAUSAL_LM_MAPPING
+
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        return []
+    return nf4_experts_module.experts_classes(MODEL_FOR_CAUSAL_LM_MAPPING[type(config)])
+
+
 def restore_skipped(model: PreTrainedModel, args: QuantizationArgs) -> None:
     """Each NF4Linear of ``model`` that :func:`quantizable` keeps in full precision (the LM head, ``skip_modules``)
     replaced by an ``nn.Linear`` made where the layer was (the meta device, or partitioned under ``zero.Init``),
     its weight left to the loader; tied weights are tied again (a tied LM head was tied into the NF4 stand-in).
-    The output embedding is never quantised (transformers' bitsandbytes integration keeps it too)."""
+    The output embedding is never quantised (transformers' bitsandbytes integration keeps it too). Experts modules
+    whose module or weight names ``skip_modules`` names are built again with those weights in 16 bits
+    (``quant.experts.restore_skipped_experts``)."""
+    nf4_experts_module.restore_skipped_experts(model, args, model.dtype)
     head = model.get_output_embeddings()
     for name, module in list(model.named_modules()):
         if isinstance(module, NF4Linear) and (module is head or not quantizable(name, module, args)):
@@ -80,9 +108,67 @@ def nf4_layers(model: nn.Module) -> dict[str, NF4Linear]:
     }
 
 
-def without_quant_state(keys: Iterable[str], layers: dict[str, NF4Linear]) -> list[str]:
-    """``keys`` (checkpoint keys) without the NF4 scale tensors, which are made with their layer's ``weight``."""
-    extra = {key.removesuffix("weight") + name for key in layers for name in COMPONENTS if name != "weight"}
+@dataclass(frozen=True)
+class QuantizedWeight:
+    """One NF4 weight of a model, as a loader fills it: an ``NF4Linear``'s or an experts module's fused weight.
+
+    Args:
+        module: The module holding its parameters.
+        names: ``{parameter name: nf4 part}``, the codes' first (``weight`` or the expert weight's name).
+        rows: Its dim-0 size (output rows of a linear layer, experts of a fused weight): every part has it.
+        block_size: Weights per scale along a row.
+        double_quant: Whether the scales are quantised too.
+        quant_type: ``nf4`` or ``fp4``.
+    """
+
+    module: nn.Module
+    names: dict[str, str]
+    rows: int
+    block_size: int
+    double_quant: bool
+    quant_type: str
+
+    @property
+    def codes(self) -> str:
+        """The name of the codes' parameter, whose checkpoint tensor is the 16-bit weight."""
+        return next(iter(self.names))
+
+    def parameters(self) -> dict[str, nn.Parameter]:
+        """``{parameter name: parameter}`` of its parts."""
+        return {name: getattr(self.module, name) for name in self.names}
+
+
+def nf4_weights(model: nn.Module) -> dict[str, QuantizedWeight]:
+    """``{checkpoint key of its codes: QuantizedWeight}`` for every NF4 weight of ``model``: the NF4Linear layers'
+    (:func:`nf4_layers`) and the experts modules' (``quant.experts``), peft's wrapper names removed."""
+    found = {
+        key: QuantizedWeight(
+            layer,
+            {name: part for name, part in COMPONENTS.items() if hasattr(layer, name)},
+            layer.out_features,
+            layer.block_size,
+            layer.double_quant,
+            layer.quant_type,
+        )
+        for key, layer in nf4_layers(model).items()
+    }
+    for key, (experts, name) in nf4_experts_module.nf4_expert_weights(model).items():
+        spec = nf4_experts_module.nf4_weights_of(experts)[name]
+        names = nf4_experts_module.stored_components(name, spec)
+        found[checkpoint_key(key)] = QuantizedWeight(
+            experts, names, spec.shape[0], spec.block_size, spec.double_quant, spec.quant_type
+        )
+    return found
+
+
+def without_quant_state(keys: Iterable[str], weights: dict[str, QuantizedWeight]) -> list[str]:
+    """``keys`` (checkpoint keys) without the NF4 scale tensors, which are made with their weight's codes."""
+    extra = {
+        key.removesuffix(weight.codes) + name
+        for key, weight in weights.items()
+        for name in weight.names
+        if name != weight.codes
+    }
     return [key for key in keys if key not in extra]
 
 
@@ -93,8 +179,9 @@ class RowQuantizer:
     Args:
         model: The model the checkpoint is mapped to (``models.conversion``).
         reader: The checkpoint's tensors.
-        sources: ``{checkpoint key: TensorSource}`` of the quantised layers' weights.
-        layers: ``{checkpoint key: NF4Linear}`` (:func:`nf4_layers`).
+        sources: ``{checkpoint key: TensorSource}`` of the quantised weights (a fused expert weight's source reads
+            only the experts of the rows asked for, ``TensorSource.by_rows``).
+        layers: ``{checkpoint key: QuantizedWeight}`` (:func:`nf4_weights`).
     """
 
     def __init__(
@@ -102,7 +189,7 @@ class RowQuantizer:
         model: PreTrainedModel,
         reader: SafetensorsReader,
         sources: dict[str, TensorSource],
-        layers: dict[str, NF4Linear],
+        layers: dict[str, QuantizedWeight],
     ) -> None:
         self.model, self.reader, self.sources, self.layers = model, reader, sources, layers
         self._last: tuple[tuple[str, int, int], dict[str, torch.Tensor]] | None = None
@@ -118,58 +205,73 @@ class RowQuantizer:
         return parts
 
     def component(self, key: str, name: str, first: int, last: int) -> torch.Tensor:
-        """Rows ``first:last`` of the component ``name`` (e.g. ``weight_scales``) of layer ``key``: every component
-        keeps its state per row, so these are those rows of the whole weight's quantisation."""
-        return self.rows(key, first, last)[COMPONENTS[name]]
+        """Rows ``first:last`` of the component ``name`` (e.g. ``weight_scales``, ``down_proj_scales``) of weight
+        ``key``: every component keeps its state per row, so these are those rows of the whole weight's
+        quantisation (for fused experts: experts ``first:last``)."""
+        return self.rows(key, first, last)[self.layers[key].names[name]]
 
     def whole(self, key: str, name: str) -> torch.Tensor:
-        """The whole component ``name`` (e.g. ``weight_scales``) of layer ``key``."""
-        return self.component(key, name, 0, self.layers[key].out_features)
+        """The whole component ``name`` (e.g. ``weight_scales``) of weight ``key``."""
+        return self.component(key, name, 0, self.layers[key].rows)
 
 
 def sources_of(
     model: PreTrainedModel, stored: Iterable[str], targets: dict[str, torch.Tensor]
-) -> tuple[dict[str, list[str]], dict[str, TensorSource], dict[str, NF4Linear]]:
+) -> tuple[dict[str, list[str]], dict[str, TensorSource], dict[str, QuantizedWeight]]:
     """For a loader: ``targets``' keys grouped by tensor (``{checkpoint key: model keys}``, the NF4 scales left
-    out), their checkpoint sources (the weight of an NF4 layer included), and the NF4 layers by checkpoint key."""
-    layers = nf4_layers(model)
+    out), their checkpoint sources (the 16-bit weight of an NF4 weight included), and the NF4 weights (linear
+    layers' and fused experts') by checkpoint key."""
+    layers = nf4_weights(model)
     groups = {checkpoint_key(group[0]): group for group in tied_groups(targets)}
     groups = {key: groups[key] for key in without_quant_state(groups, layers)}
     return groups, checkpoint_sources(model, stored, groups), layers
 
 
 def dequantized_tensors(tensors: dict[str, LazyTensor]) -> dict[str, LazyTensor]:
-    """``tensors`` (a state dict's, lazy) with each NF4 layer's codes and scales replaced by its dequantised
-    ``weight`` in fp32 (the values the layer computes with, rounded once, when the exporter writes its dtype), at the
-    codes' place: an exporter walking the result still holds one layer at a time, and its loads (collectives under
-    sharding) keep their order on every rank. A layer is known by its ``weight_scales``, so this works on a live
-    model's tensors and on a checkpoint's alike."""
-    layers = {key.removesuffix("_scales") for key in tensors if key.endswith(".weight_scales")}
+    """``tensors`` (a state dict's, lazy) with each NF4 weight's codes and scales replaced by its dequantised
+    weight in fp32 (the values the layer computes with, rounded once, when the exporter writes its dtype), at the
+    codes' place and under the codes' name: an NF4 layer's ``weight``, an experts module's fused ``gate_up_proj``
+    ``[E, R, C]`` (which the exporter's checkpoint layout then splits into per-expert tensors). An exporter walking
+    the result still holds one weight at a time, and its loads (collectives under sharding) keep their order on
+    every rank. A quantised weight is known by its integer codes ``X`` beside an ``X_scales``, so this works on a
+    live model's tensors and on a checkpoint's alike."""
+    quantized = {
+        key.removesuffix("_scales")
+        for key in tensors
+        if key.endswith("_scales") and tensors.get(key.removesuffix("_scales"), _FLOAT).dtype == torch.uint8
+    }
+    parts_of = {f"{codes}{suffix}": codes for codes in quantized for suffix in nf4_experts_module.SUFFIXES}
     out: dict[str, LazyTensor] = {}
     for key, tensor in tensors.items():
-        base, _, suffix = key.rpartition(".")
-        if f"{base}.weight" not in layers or suffix not in COMPONENTS:
+        if key not in parts_of:
             out[key] = tensor
-        elif suffix == "weight":
-            parts = {COMPONENTS[name]: tensors[f"{base}.{name}"] for name in COMPONENTS if f"{base}.{name}" in tensors}
+        elif key in quantized:
+            suffixes = nf4_experts_module.SUFFIXES.items()
+            parts = {part: tensors[key + suffix] for suffix, part in suffixes if key + suffix in tensors}
             out[key] = _dequantized(parts)
     return out
 
 
+_FLOAT = LazyTensor((), torch.float32, lambda: torch.empty(()))  # stands for "not codes" in the lookup above
+
+
 def _dequantized(parts: dict[str, LazyTensor]) -> LazyTensor:
-    rows, half = parts["codes"].shape
+    *lead, half = parts["codes"].shape
 
     def load() -> torch.Tensor:
         return nf4.dequantize({part: tensor.load() for part, tensor in parts.items()}, torch.float32)
 
-    return LazyTensor((rows, 2 * half), torch.float32, load)
+    return LazyTensor((*lead, 2 * half), torch.float32, load)
 
 
 __all__ = [
+    "QuantizedWeight",
     "RowQuantizer",
     "dequantized_tensors",
+    "nf4_experts",
     "nf4_layers",
     "nf4_linears",
+    "nf4_weights",
     "quantizable",
     "restore_skipped",
     "sources_of",

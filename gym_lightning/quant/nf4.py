@@ -134,6 +134,16 @@ def quantized_shapes(
     return shapes
 
 
+def quantized_shapes_of(
+    shape: tuple[int, ...], block_size: int, double_quant: bool, quant_type: str = "nf4"
+) -> dict[str, tuple]:
+    """:func:`quantized_shapes` of a weight of any ``shape [..., rows, in]`` (e.g. fused experts ``[E, R, C]``):
+    every part keeps the leading dims and the rows, ``[..., rows, x]``."""
+    *lead, width = shape
+    flat = quantized_shapes(math.prod(lead), width, block_size, double_quant, quant_type)
+    return {part: (*lead, part_shape[1]) for part, part_shape in flat.items()}
+
+
 def quantize(
     weight: torch.Tensor, block_size: int = 64, double_quant: bool = True, quant_type: str = "nf4"
 ) -> dict[str, torch.Tensor]:
@@ -141,7 +151,12 @@ def quantize(
     block maxima ``[rows, in/block]``, or with ``double_quant`` their uint8 codes), ``scale_stats`` (int32 bits of
     each row's scale mean and per-256 int8 step) and, for FP4, ``quant_type`` (see the module docstring). Rows are
     quantised independently (a bounded number at a time, so the fp32 and index temporaries stay small); ``in`` must
-    divide by ``block_size``."""
+    divide by ``block_size``. A weight with leading dims (``[E, rows, in]``, fused experts) is quantised as its
+    ``[E * rows, in]`` rows and every part keeps the leading dims: part ``[e]`` is then the quantisation of
+    ``weight[e]`` alone."""
+    if weight.dim() != 2:
+        parts = quantize(weight.reshape(-1, weight.shape[-1]), block_size, double_quant, quant_type)
+        return {part: value.reshape(*weight.shape[:-1], value.shape[-1]) for part, value in parts.items()}
     rows, width = weight.shape
     step = max(1, _CHUNK // max(1, width))
     chunks = [_quantize_rows(weight[start : start + step], block_size, quant_type) for start in range(0, rows, step)]
@@ -196,14 +211,18 @@ def block_scales(parts: dict[str, torch.Tensor]) -> torch.Tensor:
 def dequantize(parts: dict[str, torch.Tensor], dtype: torch.dtype, quant_type: str | None = None) -> torch.Tensor:
     """The ``[rows, in]`` weight in ``dtype``: each value computed in fp32 (code × block scale) and rounded once.
     ``quant_type``: the code book, where the caller knows it (a layer: no device read); else :func:`quant_type_of`.
+    Parts with leading dims (``[E, rows, x]``, :func:`quantize` of fused experts) give ``[E, rows, in]``.
 
     With bitsandbytes installed (the ``qlora`` extra) its ``dequantize_4bit`` kernel does it, on our codes and our
     decoded block scales (the first level is its format; measured 12x faster than :func:`dequantize_reference` on
     a 14,336 x 4,096 weight on 2 CPU cores, 0.22 s against 2.7 s); the result is the same bit for bit
     (tests/quant/test_nf4.py), so a run does not depend on whether it is installed.
     """
-    kernel = _bitsandbytes()
     codes = parts["codes"]
+    if codes.dim() != 2:  # leading dims (fused experts): every row stands alone, so dequantise the rows
+        flat = {part: value.reshape(-1, value.shape[-1]) for part, value in parts.items()}
+        return dequantize(flat, dtype, quant_type).reshape(*codes.shape[:-1], 2 * codes.shape[-1])
+    kernel = _bitsandbytes()
     block = 2 * codes.shape[1] // max(1, parts["scales"].shape[1])
     quant_type = quant_type or quant_type_of(parts)
     if kernel is None or block not in _KERNEL_BLOCKS or dtype not in _KERNEL_DTYPES or not codes.numel():
@@ -266,4 +285,5 @@ __all__ = [
     "quant_type_of",
     "quantize",
     "quantized_shapes",
+    "quantized_shapes_of",
 ]

@@ -36,11 +36,16 @@ def _logits(model: torch.nn.Module) -> torch.Tensor:
 
 def _rounded_reference(folder: Path, args: QuantizationArgs) -> torch.nn.Module:
     """The source model with every weight the 4-bit model quantises replaced by its NF4 rounding."""
-    reference = AutoModelForCausalLM.from_pretrained(folder)
+    reference = AutoModelForCausalLM.from_pretrained(folder, experts_implementation="eager")
     for name, module in reference.named_modules():
         if isinstance(module, torch.nn.Linear) and name != "lm_head" and module.in_features % args.block_size == 0:
             parts = nf4.quantize(module.weight.data, args.block_size, args.double_quant)
             module.weight.data = nf4.dequantize(parts, args.dtype).to(module.weight.dtype)
+        for weight in ("gate_up_proj", "down_proj"):  # fused experts (quant.experts): the 3-D weight's rows alike
+            fused = module._parameters.get(weight)
+            if name.endswith("experts") and fused is not None and fused.shape[-1] % args.block_size == 0:
+                parts = nf4.quantize(fused.data, args.block_size, args.double_quant)
+                fused.data = nf4.dequantize(parts, args.dtype).to(fused.dtype)
     return reference
 
 
