@@ -6,7 +6,10 @@ Hugging Face (or PEFT) model's ``state_dict``, the base model (config, generatio
 device for a checkpoint), the LoRA config and scale, the tokenizer. ``write_export`` then
 
 - renames PEFT keys to the base model's and merges LoRA (``W + scale * B @ A``) one layer at a time, or keeps only
-  the adapter, under the names and in the files PEFT's ``save_pretrained`` writes (``lora="adapter"``);
+  the adapter, under the names and in the files PEFT's ``save_pretrained`` writes (``lora="adapter"``). Adapters of
+  parameters (peft's ``ParamWrapper``: a mixture of experts' fused 3-D weights, shared experts targeted by parameter)
+  merge into the parameter the wrapper names, which only the model knows (``ExportSource.parameter_adapters``), one
+  expert at a time: ``W_e += scale * B_e @ A_e`` (transposed where the experts store ``[in, out]``, gpt-oss);
 - drops tied weights as ``save_pretrained`` does: the targets of the base model's ``all_tied_weights_keys``;
 - writes the checkpoint layout ``save_pretrained`` writes (``models.conversion.checkpoint_layout``: a mixture of
   experts' fused 3-D expert tensors go back to one tensor per expert), converting one layer's group at a time;
@@ -34,7 +37,7 @@ import json
 import os
 import re
 import struct
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -64,6 +67,21 @@ _UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 _UNITS.update({"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40})
 
 
+@dataclass(frozen=True)
+class ParameterAdapter:
+    """What one peft ``ParamWrapper`` adapts: its factors' keys name the wrapper, not the parameter.
+
+    Args:
+        parameter: The name of the adapted parameter in the module the wrapper holds (``gate_up_proj``,
+            ``down_proj``, ``weight``): peft's ``ParamWrapper.parameter_name``.
+        transposed: Whether that parameter stores each expert as ``[in, out]`` (gpt-oss's ``is_transposed``), so
+            an expert's ``[out, in]`` delta is added transposed.
+    """
+
+    parameter: str
+    transposed: bool = False
+
+
 @dataclass
 class ExportSource:
     """A model to export, however it is held.
@@ -74,6 +92,8 @@ class ExportSource:
         lora_config: The ``peft.LoraConfig`` of a LoRA run, else ``None``.
         lora_scaling: The scale to merge adapters with (``alpha / r``), else ``None``.
         tokenizer: Saved beside the weights when given.
+        parameter_adapters: ``{peft ParamWrapper's name, keyed as tensors: what it adapts}``
+            (:func:`parameter_adapters` of a model with the same LoRA applied); empty without parameter targets.
     """
 
     tensors: dict[str, LazyTensor]
@@ -81,6 +101,7 @@ class ExportSource:
     lora_config: Any | None
     lora_scaling: float | None
     tokenizer: PreTrainedTokenizerBase | None
+    parameter_adapters: dict[str, ParameterAdapter] = field(default_factory=dict)
 
 
 def parse_size(text: str | int) -> int:
@@ -109,6 +130,28 @@ def export_problems(lora: str, dtype: str, max_shard_size: str | int) -> list[st
 
 
 # ------------------------------------------------------------------------------------------------ tensor names
+_BASE_LAYER = re.compile(r"\.base_layer(?=\.)")  # peft's infix, repeated where wrappers nest (experts: twice)
+
+
+def parameter_adapters(model: nn.Module) -> dict[str, ParameterAdapter]:
+    """``{name: what it adapts}`` of every peft ``ParamWrapper`` in ``model`` (names as ``model.state_dict()``'s
+    keys start). Read from the wrappers themselves: which of an experts module's weights a factor pair adapts is
+    the wrapper's ``parameter_name`` (the inner and outer wrappers' keys differ only by a ``base_layer``), never
+    told by shapes (``gate_up_proj``'s ``lora_A [r * E, h]`` and ``down_proj``'s ``[r * E, I]`` are alike when
+    ``I = h``, their ``lora_B`` when ``2I = h``)."""
+    try:
+        from peft.tuners.lora import ParamWrapper
+    except ImportError:  # no peft: no adapters of any kind
+        return {}
+    from gym_lightning.models.experts import base_experts
+
+    return {
+        name: ParameterAdapter(module.parameter_name, bool(getattr(base_experts(module), "is_transposed", False)))
+        for name, module in model.named_modules()
+        if isinstance(module, ParamWrapper)
+    }
+
+
 def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
     """The tensors to write, under the names ``from_pretrained`` (or PEFT, for ``lora="adapter"``) expects; a 4-bit
     base (QLoRA) dequantised a layer at a time (written in the export's dtype, the source folder's by default)."""
@@ -125,31 +168,88 @@ def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
     if factors and source.lora_scaling is None:
         raise GymUserError("The model has LoRA adapters but no LoRA scale to merge them with (alpha / r).")
     out: dict[str, LazyTensor] = {}
+    merged: set[str] = set()
     for key, value in tensors.items():
         if _LORA_KEY.match(key):
             continue
-        name = key.removeprefix(_PEFT_PREFIX).replace(".base_layer.", ".")
-        pair = factors.get(key.removesuffix(".base_layer.weight"))
-        if pair is not None and key.endswith(".base_layer.weight"):
-            out[name] = _merged(value, pair, float(source.lora_scaling or 0.0))
+        name = _BASE_LAYER.sub("", key.removeprefix(_PEFT_PREFIX))
+        adapters = _adapters_of(key, factors, source.parameter_adapters)
+        merged.update(adapters)
+        if adapters:
+            out[name] = _merged(value, [factors[m] for m in adapters], adapters, float(source.lora_scaling or 0.0))
         else:
             out[name] = value
+    _refuse_unmerged(sorted(set(factors) - merged))
     for target, tied_source in tied_weights(source.base).items():
         if tied_source in out:
             out.pop(target, None)  # save_pretrained keeps the tie's source only; from_pretrained re-ties
     return out
 
 
-def _merged(weight: LazyTensor, pair: dict[str, LazyTensor], scaling: float) -> LazyTensor:
-    if set(pair) != {"A", "B"}:
-        raise GymUserError(f"Cannot merge LoRA weights: found only lora_{''.join(pair)} for one layer.")
+def _adapters_of(
+    key: str, factors: dict[str, dict[str, LazyTensor]], wrappers: dict[str, ParameterAdapter]
+) -> dict[str, ParameterAdapter]:
+    """``{LoRA module: how it adapts}`` of the adapters to merge into the tensor ``key``: a LoRA layer's
+    ``X.base_layer.weight`` takes ``X``'s factors; a parameter ``P`` held at ``X.base_layer[.base_layer...].P`` takes
+    those of each wrapper ``X``, ``X.base_layer``, ... whose ``parameter_name`` is ``P``."""
+    owner, _, parameter = key.rpartition(".")
+    found: dict[str, ParameterAdapter] = {}
+    while owner.endswith(".base_layer"):
+        owner = owner.removesuffix(".base_layer")
+        wrapper = wrappers.get(owner)
+        adapts = wrapper.parameter if wrapper is not None else "weight"  # a LoRA layer (lora.Linear) adapts weight
+        if owner in factors and parameter == adapts:
+            found[owner] = wrapper or ParameterAdapter("weight")
+    return found
+
+
+def _refuse_unmerged(modules: list[str]) -> None:
+    """Refuse to write a merged model that would silently lose the adapters of ``modules`` (factor pairs that no
+    weight took: a ``ParamWrapper``'s, when the source does not say which parameter it adapts)."""
+    if modules:
+        shown = ", ".join(modules[:3]) + (f" and {len(modules) - 3} more" if len(modules) > 3 else "")
+        raise GymUserError(
+            f"Cannot merge the LoRA adapters of {shown}: no weight of the model is the one they adapt (adapters of a "
+            "parameter, peft's target_parameters, need the model's ParamWrappers to tell which: "
+            "ExportSource.parameter_adapters). Export them with lora='adapter', or give the source its "
+            "parameter_adapters (hf_folder.parameter_adapters of the model with the same LoRA applied)."
+        )
+
+
+def _merged(
+    weight: LazyTensor, pairs: list[dict[str, LazyTensor]], how: dict[str, ParameterAdapter], scaling: float
+) -> LazyTensor:
+    """``weight`` with each factor pair's delta added in fp32: ``scale * B @ A`` for a 2-D weight, per expert
+    ``scale * B_e @ A_e`` (peft's layout: ``A_e = A.view(E, r, in)[e]``, ``B_e = B.view(out, r, E)[:, :, e]``) for
+    a fused 3-D one, so no ``[E, out, in]`` delta is ever made beside the merged copy."""
+    for pair in pairs:
+        if set(pair) != {"A", "B"}:
+            raise GymUserError(f"Cannot merge LoRA weights: found only lora_{''.join(pair)} for one layer.")
+    transposed = [adapter.transposed for adapter in how.values()]
 
     def load() -> torch.Tensor:
         base = weight.load()
-        delta = (pair["B"].load().float() @ pair["A"].load().float()) * scaling
-        return (base.float() + delta).to(base.dtype)
+        if base.dim() == 2 and len(pairs) == 1:  # a linear layer: as before, one expression
+            delta = (pairs[0]["B"].load().float() @ pairs[0]["A"].load().float()) * scaling
+            return (base.float() + delta).to(base.dtype)
+        out = base.to(torch.float32, copy=True)  # never the (live) tensor itself
+        for pair, flip in zip(pairs, transposed, strict=True):
+            _add_expert_deltas(out, pair["A"].load().float(), pair["B"].load().float(), scaling, flip)
+        return out.to(base.dtype)
 
     return LazyTensor(weight.shape, weight.dtype, load)
+
+
+def _add_expert_deltas(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float, flip: bool) -> None:
+    """``weight[e] += scaling * B_e @ A_e`` (``.T`` where ``flip``) for every expert of a fused ``[E, ...]`` weight
+    (a 2-D weight is one expert)."""
+    stack = weight if weight.dim() == 3 else weight.unsqueeze(0)
+    experts = stack.shape[0]
+    a_e = a.view(experts, -1, a.shape[-1])  # [E, r, in]
+    b_e = b.view(b.shape[0], -1, experts)  # [out, r, E]
+    for e in range(experts):
+        delta = (b_e[:, :, e] @ a_e[e]) * scaling  # [out, in]
+        stack[e] += delta.t() if flip else delta
 
 
 def tied_weights(base: PreTrainedModel) -> dict[str, str]:
@@ -312,6 +412,8 @@ def _write_adapter_config(source: ExportSource, folder: Path) -> None:
     config = copy.copy(source.lora_config)
     if isinstance(config.target_modules, set | list | tuple):
         config.target_modules = sorted(config.target_modules)
+    if isinstance(getattr(config, "target_parameters", None), set | list | tuple):
+        config.target_parameters = sorted(config.target_parameters)
     config.base_model_name_or_path = source.base.config.name_or_path or None
     config.inference_mode = True  # as PeftModel.save_pretrained writes it
     config.save_pretrained(folder)
@@ -358,7 +460,7 @@ def live_source(strategy: object, model: nn.Module, tokenizer: PreTrainedTokeniz
     if len(peft_configs) > 1:
         raise GymUserError(f"The export writes one LoRA adapter; the model has {sorted(peft_configs)}.")
     tensors = full_tensors_of(strategy, model)
-    return ExportSource(tensors, base, lora_config, lora_scaling(model), tokenizer)
+    return ExportSource(tensors, base, lora_config, lora_scaling(model), tokenizer, parameter_adapters(model))
 
 
 def export_from_trainer(
@@ -386,11 +488,13 @@ __all__ = [
     "ExportDType",
     "ExportSource",
     "LoRAExport",
+    "ParameterAdapter",
     "export_from_trainer",
     "export_problems",
     "hf_tensors",
     "live_source",
     "lora_scaling",
+    "parameter_adapters",
     "parse_size",
     "source_dtype",
     "write_export",

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Iterator, Mapping
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +13,8 @@ from transformers import PreTrainedModel
 
 from gym_lightning._compat import peft_v4_target_conversion_off, zero3_full_shape
 from gym_lightning.errors import EveryRankError, GymUserError
+from gym_lightning.quant import experts as nf4_experts
+from gym_lightning.quant.linear import NF4Linear
 from gym_lightning.settings import settings_from
 
 
@@ -119,7 +122,10 @@ _WRAPPER_INFIXES = (".base_layer.",)
 def checkpoint_key(name: str) -> str:
     """The checkpoint key of a state dict entry (the name components peft's wrapper inserts removed)."""
     for infix in _WRAPPER_INFIXES:
-        name = name.replace(infix, ".")
+        # Repeated: one experts module with 2 targets nests 2 wrappers (``experts.base_layer.base_layer.down_proj``),
+        # and str.replace does not see the second infix, whose leading "." the first one consumed.
+        while infix in name:
+            name = name.replace(infix, ".")
     return name
 
 
@@ -142,11 +148,14 @@ def peft_lora_config(args: LoRAArgs, experts: ExpertTargets | None = None) -> An
     expert adapters itself and :func:`apply_lora` puts it back on the linear ones; an exported adapter (for
     inference, where dropout is off) then loads with ``PeftModel.from_pretrained``.
     """
+    return _lora_config(args, *resolved_targets(args, experts))
+
+
+def _lora_config(args: LoRAArgs, modules: Any, parameters: list[str] | None, exclude: list[str]) -> Any:
     try:
         from peft import LoraConfig
     except ImportError as err:
         raise GymUserError("LoRA needs the 'peft' package: pip install 'gym-lightning[lora]'.") from err
-    modules, parameters, exclude = resolved_targets(args, experts)
     return LoraConfig(
         r=args.r,
         lora_alpha=args.alpha,
@@ -156,6 +165,79 @@ def peft_lora_config(args: LoRAArgs, experts: ExpertTargets | None = None) -> An
         exclude_modules=exclude or None,
         task_type="CAUSAL_LM",
     )
+
+
+# The linear-layer names peft's transformers 4 -> 5 bridge rewrites into a mixture of experts' fused weights or its
+# router when it loads an adapter (``transformers_weight_conversion._MOE_TARGET_MODULE_MAPPING``: Qwen2-MoE-like
+# families' gate_proj/up_proj/down_proj/gate, Mixtral's w1/w2/w3/gate). ``PeftModel.from_pretrained`` has no switch
+# for it, so an adapter that names such a linear layer (DeepSeek-V3's dense first MLP, its shared experts) by module
+# reloads onto the experts instead (0.72 logits off, measured on a tiny DeepSeek-V3).
+PEFT_REWRITTEN_NAMES = frozenset({"gate_proj", "up_proj", "down_proj", "gate", "w1", "w2", "w3"})
+
+
+def lora_config_for(model: torch.nn.Module, args: LoRAArgs, experts: ExpertTargets | None = None) -> Any:
+    """The ``peft.LoraConfig`` gym applies to ``model`` (training, and the meta model an export rebuilds): that of
+    :func:`peft_lora_config`, and on a mixture of experts every linear target whose name peft's loader would rewrite
+    (:data:`PEFT_REWRITTEN_NAMES`) named by its weight instead (``mlp.gate_proj`` -> ``mlp.gate_proj.weight``): peft
+    adapts the same layer with the same two factors and file keys (a 2-D ``ParamWrapper``; gym's forward computes
+    it as ``lora.Linear`` does, ``models.experts``), and the exported adapter then loads where it was trained.
+    A parameter target (a shared expert of ``all-experts``) whose layer a module target adapts already is dropped:
+    peft cannot wrap one layer both ways."""
+    config = peft_lora_config(args, experts)
+    if not any(name.endswith(f".{EXPERTS_WEIGHT}") for name, _ in model.named_parameters()):
+        return config
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    excluded = set(config.exclude_modules or ())
+    linear = [n for n, m in model.named_modules() if isinstance(m, torch.nn.Linear) and m is not head]
+    modules = config.target_modules
+    if modules == "all-linear":
+        targets = sorted({n.rpartition(".")[2] for n in linear if n not in excluded})
+    else:
+        targets = sorted(modules or ())
+    by_weight = [t for t in targets if t.rpartition(".")[2] in PEFT_REWRITTEN_NAMES]
+    by_module = [t for t in targets if t not in by_weight]
+    kept = [n for n in linear if n not in excluded and any(_suffix(n, t) for t in by_module)]
+    parameters = {p for p in config.target_parameters or () if not any(_suffix(n, p[: -len(".weight")]) for n in kept)}
+    parameters |= {f"{t}.weight" for t in by_weight}
+    return _lora_config(args, by_module, sorted(parameters) or None, sorted(excluded))
+
+
+@contextmanager
+def _logical_weights(model: torch.nn.Module, targets: Iterable[str]) -> Iterator[None]:
+    """While open, each 4-bit weight a parameter target names looks to peft like the weight it stands for: a
+    stride-0 view of one element with the logical shape (``[E, out, in]`` for fused experts, ``[out, in]`` for an
+    ``NF4Linear``) in the compute dtype. peft sizes ``lora_A``/``lora_B`` from the targeted parameter's shape, and the
+    codes are ``[.., C/2]`` integers. No storage is made; the codes are put back whatever happens."""
+    targets = tuple(targets)
+    swapped: list[tuple[torch.nn.Module, str, torch.nn.Parameter]] = []
+    try:
+        for name, module in model.named_modules() if targets else ():
+            for weight in list(module._parameters):
+                logical = _logical_weight(module, weight)
+                if logical is None or not any(_suffix(f"{name}.{weight}", t) for t in targets):
+                    continue
+                codes = module._parameters[weight]
+                stand_in = torch.zeros((), dtype=logical[1], device=codes.device).expand(*logical[0])
+                module._parameters[weight] = torch.nn.Parameter(stand_in, requires_grad=False)
+                swapped.append((module, weight, codes))
+        yield
+    finally:
+        for module, weight, codes in swapped:
+            module._parameters[weight] = codes
+
+
+def _logical_weight(module: torch.nn.Module, weight: str) -> tuple[tuple[int, ...], torch.dtype] | None:
+    """``(shape, compute dtype)`` of the 16-bit weight a 4-bit parameter stands for, else None."""
+    if isinstance(module, NF4Linear) and weight == "weight":
+        return (module.out_features, module.in_features), module.compute_dtype
+    if nf4_experts.is_nf4(module, weight):
+        return nf4_experts.logical_shape(module, weight), nf4_experts.compute_dtype(module, weight)
+    return None
+
+
+def _suffix(name: str, target: str) -> bool:
+    """peft's module rule: ``target`` is the name or a dotted suffix of it."""
+    return name == target or name.endswith(f".{target}")
 
 
 def apply_lora(model: PreTrainedModel, args: LoRAArgs, experts: ExpertTargets | None = None) -> PreTrainedModel:
@@ -170,7 +252,7 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs, experts: ExpertTargets | 
     from peft import get_peft_model
 
     _check_targets(model, args.target_modules)
-    config = peft_lora_config(args, experts)
+    config = lora_config_for(model, args, experts)
     if args.target_parameters and not config.target_parameters:
         raise EveryRankError(
             f"lora.target_parameters {args.target_parameters} name no expert weight of {type(model).__name__} "
@@ -183,7 +265,7 @@ def apply_lora(model: PreTrainedModel, args: LoRAArgs, experts: ExpertTargets | 
     # placeholder and leaves DeepSpeed with a 0-element partition (an empty trainable group, an AssertionError in
     # its defragment: a bf16 checkpoint with LoRA under bf16-mixed). DeepSpeed's engine keeps bf16 module weights
     # and fp32 master partitions itself, so under ZeRO-3 the adapters stay in the module's dtype.
-    with peft_v4_target_conversion_off():
+    with peft_v4_target_conversion_off(), _logical_weights(model, config.target_parameters or ()):
         peft_model = get_peft_model(model, config, autocast_adapter_dtype=not partitioned)
     if config.target_parameters and args.dropout:
         _dropout_on_linear_adapters(peft_model, args.dropout)

@@ -33,7 +33,7 @@ from gym_lightning.loss import (
     use_chunked_loss,
 )
 from gym_lightning.models.compiled import CompileArgs, compile_layers
-from gym_lightning.models.experts import expert_targets, install_routed_experts, logical_expert_shapes
+from gym_lightning.models.experts import expert_targets, install_routed_experts
 from gym_lightning.models.facts import ModelFacts, model_facts
 from gym_lightning.models.fused import FusedOps, apply_fused_ops, liger_summed_linear_cross_entropy
 from gym_lightning.models.loading import (
@@ -272,8 +272,7 @@ class CausalLMModule(pl.LightningModule):
             # weights once the strategy has sharded it.
             # Mixture-of-experts weights are adapted (``lora.target_parameters``) and held in NF4 (QLoRA) as fused 3-D
             # tensors: peft sizes their adapters from the 16-bit shapes, and gym's forward runs the routed experts.
-            with logical_expert_shapes(model):
-                model = apply_lora(model, self.lora, expert_targets(model))
+            model = apply_lora(model, self.lora, expert_targets(model))
             install_routed_experts(model, self.lora.dropout)
         if self.compile_args is not None:  # last: the layers' LoRA and fused forwards are traced on the first call
             compile_layers(model, self.compile_args)

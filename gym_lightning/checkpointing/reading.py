@@ -9,8 +9,10 @@
   reading the files memory-mapped.
 
 Everything is loaded with ``weights_only=True``. The base model (config, generation config, tied weights) is built
-on the meta device from the checkpoint's hyper-parameters (model source + overrides); the tokenizer is the model's
-(or the shipped one). Writing, LoRA merging, dtype and sharding are ``gym_lightning.hf_folder.write_export``'s.
+on the meta device from the checkpoint's hyper-parameters (model source + overrides), with the run's LoRA applied
+there too (its adapter config, and which parameter each of peft's ``ParamWrapper``s adapts: a mixture of experts'
+fused weights); the tokenizer is the model's (or the shipped one). Writing, LoRA merging, dtype and sharding are
+``gym_lightning.hf_folder.write_export``'s.
 """
 
 from __future__ import annotations
@@ -32,7 +34,14 @@ from gym_lightning.checkpointing.safe_load import (
     refuse_unsafe_pickles,
 )
 from gym_lightning.errors import GymUserError
-from gym_lightning.hf_folder import DEFAULT_MAX_SHARD_SIZE, ExportDType, ExportSource, LoRAExport, write_export
+from gym_lightning.hf_folder import (
+    DEFAULT_MAX_SHARD_SIZE,
+    ExportDType,
+    ExportSource,
+    LoRAExport,
+    parameter_adapters,
+    write_export,
+)
 from gym_lightning.lazy import LazyTensor
 
 _MODULE_PREFIX = "model."  # CausalLMModule keeps the Hugging Face (or PEFT) model as ``self.model``
@@ -192,7 +201,7 @@ def _meta_base_model(hparams: dict[str, Any]) -> Any:
 
 def checkpoint_source(checkpoint: str | Path) -> ExportSource:
     """The ``ExportSource`` of a ``CausalLMModule`` checkpoint of any strategy."""
-    from gym_lightning.lora import LoRAArgs, peft_lora_config
+    from gym_lightning.lora import LoRAArgs
     from gym_lightning.models.presets import resolve_tokenizer_source
     from gym_lightning.tokenizer import load_tokenizer
 
@@ -210,9 +219,30 @@ def checkpoint_source(checkpoint: str | Path) -> ExportSource:
     lora = LoRAArgs.from_value(hparams.get("lora"))
     source = resolve_tokenizer_source(hparams["model"], hparams.get("tokenizer"))
     tokenizer = load_tokenizer(source, False, hparams.get("special_tokens"))
-    lora_config = peft_lora_config(lora) if lora is not None else None
-    scaling = lora.scaling if lora is not None else None
-    return ExportSource(tensors, _meta_base_model(hparams), lora_config, scaling, tokenizer)
+    base = _meta_base_model(hparams)
+    if lora is None:
+        return ExportSource(tensors, base, None, None, tokenizer)
+    peft_model = _meta_peft_model(base, lora)
+    lora_config = peft_model.peft_config["default"]
+    wrappers = parameter_adapters(peft_model)
+    return ExportSource(tensors, peft_model.get_base_model(), lora_config, lora.scaling, tokenizer, wrappers)
+
+
+def _meta_peft_model(base: Any, lora: Any) -> Any:
+    """``base`` (on the meta device) with the run's LoRA applied as the run applied it: the same ``LoraConfig``
+    (``all-experts`` resolved against this model's experts, ``lora.lora_config_for``) and peft's own targeting with
+    its transformers 4 -> 5 rewrite off (``lora.apply_lora``'s way), so its ``ParamWrapper``s nest as the run's did
+    and tell which parameter each adapter pair adapts. Not ``apply_lora`` itself: that draws every adapter on the
+    CPU (about 1.2e9 numbers for Qwen3-235B-A22B's experts at r=8), while the meta ones are all that is needed."""
+    from peft import get_peft_model
+
+    from gym_lightning._compat import peft_v4_target_conversion_off
+    from gym_lightning.lora import lora_config_for
+    from gym_lightning.models.experts import expert_targets
+
+    config = lora_config_for(base, lora, expert_targets(base))
+    with peft_v4_target_conversion_off():
+        return get_peft_model(base, config)
 
 
 def export_checkpoint(

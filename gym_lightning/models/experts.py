@@ -19,8 +19,6 @@ transformers ``use_experts_implementation`` attributes), so one forward serves e
 from __future__ import annotations
 
 import types
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -107,30 +105,6 @@ def expert_targets(model: nn.Module) -> ExpertTargets:
     return ExpertTargets(tuple(sorted(parameters)), tuple(sorted(shared)), tuple(routers))
 
 
-@contextmanager
-def logical_expert_shapes(model: nn.Module) -> Iterator[None]:
-    """While open, each NF4 expert weight looks to peft like the 16-bit weight it stands for: a stride-0 view of
-    one element with the logical ``[E, out, in]`` shape and the compute dtype (peft sizes ``lora_A``/``lora_B``
-    from the targeted parameter's shape, and the codes are ``[E, R, C/2]`` integers). No storage is made; the codes
-    are put back whatever happens."""
-    swapped: list[tuple[nn.Module, str, nn.Parameter]] = []
-    try:
-        for _, slot in experts_slots(model):
-            experts = base_experts(slot)
-            for name in EXPERT_WEIGHTS:
-                if not nf4_experts.is_nf4(experts, name):
-                    continue
-                codes = experts._parameters[name]
-                shape, dtype = nf4_experts.logical_shape(experts, name), nf4_experts.compute_dtype(experts, name)
-                stand_in = torch.zeros((), dtype=dtype, device=codes.device).expand(*shape)
-                experts._parameters[name] = nn.Parameter(stand_in, requires_grad=False)
-                swapped.append((experts, name, codes))
-        yield
-    finally:
-        for experts, name, codes in swapped:
-            experts._parameters[name] = codes
-
-
 def install_routed_experts(model: nn.Module, dropout: float = 0.0) -> int:
     """Give every experts slot whose weights have LoRA adapters or are NF4 gym's routed forward
     (:func:`route_experts`), and every peft ``ParamWrapper`` around a linear layer (a shared expert targeted by
@@ -160,13 +134,19 @@ def _is_param_wrapper_inside(model: nn.Module, module: nn.Module) -> bool:
 
 
 def _adapted_linear_forward(self: nn.Module, x: torch.Tensor, *args: Any, **kwargs: Any) -> torch.Tensor:
-    """A linear layer adapted through peft's ``ParamWrapper``: ``base(x)`` plus each adapter's low-rank path
-    (peft's wrapper would add the whole ``[out, in]`` delta to the weight, and refuses dropout)."""
-    base = base_experts(self)
-    y = base(x, *args, **kwargs)
+    """A linear layer adapted through peft's ``ParamWrapper`` (a shared expert, or a layer ``lora.lora_config_for``
+    names by its weight): ``base(x)`` plus each active adapter's ``lora_B(lora_A(dropout(x))) * scaling``, as peft's
+    ``lora.Linear`` computes it (peft's wrapper would add the whole ``[out, in]`` delta to the weight, and refuses
+    dropout). The adapter layers are called, not read: outside a ZeRO-3 leaf module their call gathers them."""
+    y = base_experts(self)(x, *args, **kwargs)
+    if self.disable_adapters or self.merged:
+        return y
     dropout = self.__dict__.get("_gym_expert_dropout", 0.0)
-    for adapter in adapters_of(self).get("weight", ()):
-        y = y + adapter.delta(x, 0, 1, dropout, self.training).to(y.dtype)
+    for adapter in self.active_adapters:
+        if adapter in self.lora_A:
+            a, b = self.lora_A[adapter], self.lora_B[adapter]
+            h = nn.functional.dropout(x, dropout, self.training) if dropout else x
+            y = y + (b(a(h.to(a.weight.dtype))) * self.scaling[adapter]).to(y.dtype)
     return y
 
 
@@ -286,6 +266,5 @@ __all__ = [
     "expert_targets",
     "experts_slots",
     "install_routed_experts",
-    "logical_expert_shapes",
     "route_experts",
 ]
