@@ -57,6 +57,7 @@ ENTRY_POINTS = [
     "checkpoint_manifest.py",
     "qlora_libs.py",
     "qlora_peak.py",
+    "expert_forward_peak.py",
 ]
 
 
@@ -560,6 +561,37 @@ def test_export_peak_table_flags_a_peak_over_the_bound() -> None:
     table = export_peak.render(results, {"params": 10**6, "largest_numel": 32_000 * 1024}, args)
     assert "| zero3 | live (end of fit) | 0 | 100 | 0.53 | 0 | 1.0 | yes |" in table
     assert "| zero3 | live (end of fit) | 1 | 900 | 4.80 | 0 | 1.0 | NO |" in table
+
+
+def test_expert_forward_peak_runs_both_forwards_and_they_agree(tmp_path: Path) -> None:
+    """The tiny layer through the real script: peft's and gym's forward each in its own process, their losses and
+    adapter gradients compared, the table rendered, the gradient files removed."""
+    command = [sys.executable, str(BENCH / "expert_forward_peak.py"), "--layers", "tiny", "--tokens", "16",
+               "--steps", "1", "--workdir", str(tmp_path)]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    assert done.returncode == 0, done.stderr[-3000:]
+    result = json.loads((tmp_path / "results.json").read_text())["tiny/16"]
+    assert result["agreement"]["agree"] and result["agreement"]["expert_adapter_grads"] == 4, result["agreement"]
+    for variant in ("peft", "gym"):
+        assert result[variant]["peak_MiB"] >= 0 and result[variant]["seconds"] > 0, result[variant]
+    assert "| tiny | 16 |" in done.stdout and "| yes |" in done.stdout
+    assert not list(tmp_path.glob("*.pt"))
+
+
+def test_expert_forward_peak_flags_forwards_that_disagree(tmp_path: Path) -> None:
+    import torch
+
+    bench = _load(BENCH / "expert_forward_peak.py")
+    grad = torch.ones(4, 3)
+    torch.save({"loss": 2.0, "grads": {"experts.lora_A": grad}}, tmp_path / "tiny-16-peft.pt")
+    torch.save({"loss": 2.0, "grads": {"experts.lora_A": grad * 1.2}}, tmp_path / "tiny-16-gym.pt")
+    check = bench.agreement(tmp_path, "tiny", 16)
+    assert not check["agree"] and check["grad_rel"] == pytest.approx(0.2, rel=1e-5)
+    run = {"peak_MiB": 10.0, "seconds": 1.0}
+    table = bench.render({"tiny/16": {"peft": run, "gym": run, "agreement": check}}, steps=1)
+    assert table.startswith(bench.SECTION) and "| 2.0e-01 | NO |" in table
+    failed = bench.render({"tiny/16": {"peft": {"failed": -9}, "gym": run}}, steps=1)
+    assert "peft failed (exit -9)" in failed
 
 
 def test_overhead_budget_renders_every_line_and_the_gap(run_py: ModuleType) -> None:

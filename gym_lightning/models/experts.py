@@ -51,10 +51,21 @@ class ExpertAdapter:
     b: torch.Tensor
     scaling: float
 
-    def delta(self, x: torch.Tensor, e: int, num_experts: int, dropout: float, training: bool) -> torch.Tensor:
+    def routed(self, hit: list[int], num_experts: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(A_e [r, in], B_e [out, r])`` of each expert in ``hit``, selected with one index and unbound: autograd
+        then writes the factors' gradient with one scatter per step. Indexing ``a.view(E, r, in)[e]`` per expert
+        gave each expert a zero-filled gradient of the whole ``[r E, in]`` factor to sum (E^2 work: 121 fill_ and
+        128 add_ in one moe-400m step, torch profile)."""
+        index = torch.tensor(hit, device=self.a.device)
+        a = self.a.view(num_experts, -1, self.a.shape[-1]).index_select(0, index).unbind(0)
+        b = self.b.view(self.b.shape[0], -1, num_experts).index_select(2, index).unbind(2)
+        return list(zip(a, b, strict=True))
+
+    def delta(
+        self, x: torch.Tensor, factors: tuple[torch.Tensor, torch.Tensor], dropout: float, training: bool
+    ) -> torch.Tensor:
         """``scaling * (dropout(x) @ A_e.T) @ B_e.T`` in the adapters' dtype (peft's ``lora.Linear`` order)."""
-        a_e = self.a.view(num_experts, -1, self.a.shape[-1])[e]
-        b_e = self.b.view(self.b.shape[0], -1, num_experts)[:, :, e]
+        a_e, b_e = factors
         x = nn.functional.dropout(x, dropout, training) if dropout else x
         return (x.to(a_e.dtype) @ a_e.t()) @ b_e.t() * self.scaling
 
@@ -197,12 +208,17 @@ def route_experts(
         # no expert here)
         mask = nn.functional.one_hot(top_k_index, num_classes=num_experts + 1).permute(2, 1, 0)[:num_experts]
         hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist()
-    for e in hit:
+    if not hit:
+        return out
+    factors = {name: [(a, a.routed(hit, num_experts)) for a in found] for name, found in adapters.items()}
+    for j, e in enumerate(hit):
         top_k_pos, token_idx = torch.where(mask[e])
         x = hidden_states[token_idx]
-        gate_up = _project(experts, "gate_up_proj", e, x, adapters, dropout)
+        gate_up = _project(
+            experts, "gate_up_proj", e, x, [(a, f[j]) for a, f in factors.get("gate_up_proj", [])], dropout
+        )
         h = experts._apply_gate(gate_up) if getattr(experts, "has_gate", True) else experts.act_fn(gate_up)
-        y = _project(experts, "down_proj", e, h, adapters, dropout)
+        y = _project(experts, "down_proj", e, h, [(a, f[j]) for a, f in factors.get("down_proj", [])], dropout)
         y = y * top_k_weights[token_idx, top_k_pos, None]
         out.index_add_(0, token_idx, y.to(out.dtype))
     return out
@@ -213,16 +229,17 @@ def _project(
     name: str,
     e: int,
     x: torch.Tensor,
-    adapters: dict[str, list[ExpertAdapter]],
+    adapters: list[tuple[ExpertAdapter, tuple[torch.Tensor, torch.Tensor]]],
     dropout: float,
 ) -> torch.Tensor:
-    """Expert ``e``'s projection ``name`` of ``x``: weight, bias (gpt-oss), then each adapter's low-rank path."""
+    """Expert ``e``'s projection ``name`` of ``x``: weight, bias (gpt-oss), then each adapter's low-rank path (the
+    adapter and expert e's factors)."""
     y = expert_matmul(experts, name, e, x)
     bias = getattr(experts, f"{name}_bias", None)
     if bias is not None and getattr(experts, "has_bias", True):
         y = y + bias[e]
-    for adapter in adapters.get(name, ()):
-        y = y + adapter.delta(x, e, experts.num_experts, dropout, experts.training).to(y.dtype)
+    for adapter, factors in adapters:
+        y = y + adapter.delta(x, factors, dropout, experts.training).to(y.dtype)
     return y
 
 

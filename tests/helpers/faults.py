@@ -68,3 +68,21 @@ def _stop_time(marker: Path) -> float | None:
         return float(json.loads(marker.read_text())["time"])
     except (OSError, ValueError, KeyError):
         return None
+
+
+class KillRank(Callback):
+    """SIGKILL one rank at the start of one micro-batch (``batch_idx``) of a given optimizer step: no Python
+    cleanup, no exception handler, no checkpoint of the step in flight (as a node that loses power).
+
+    Args:
+        rank: The global rank to kill.
+        step: The optimizer step (``trainer.global_step``) during which it dies.
+        batch: The micro-batch index in the epoch (``batch_idx``) at whose start it dies.
+    """
+
+    def __init__(self, rank: int, step: int, batch: int) -> None:
+        self.rank, self.step, self.batch = rank, step, batch
+
+    def on_train_batch_start(self, trainer: Any, pl_module: Any, batch: Any, batch_idx: int) -> None:
+        if trainer.global_rank == self.rank and trainer.global_step == self.step and batch_idx == self.batch:
+            os.kill(os.getpid(), signal.SIGKILL)
