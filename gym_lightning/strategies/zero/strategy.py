@@ -70,7 +70,7 @@ from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.compiled import decoder_layer_names, decoder_layers
 from gym_lightning.models.facts import ModelFacts, model_facts_of
-from gym_lightning.models.moe import moe_block_classes
+from gym_lightning.models.moe import moe_block_classes, moe_blocks
 from gym_lightning.models.plan import BuildPlan, WeightsSource
 from gym_lightning.protocols import (
     OptimizerFacts,
@@ -174,7 +174,35 @@ def mark_moe_leaf_modules(model: nn.Module) -> list[type[nn.Module]]:
     if classes:
         set_z3_leaf_modules(model, classes)
         _log_leaf_classes(tuple(cls.__name__ for cls in classes), "mixture-of-experts block")
+        for block in moe_blocks(model):
+            if "_gym_inputs_require_grad" not in vars(block) and any(p.requires_grad for p in block.parameters()):
+                block._gym_inputs_require_grad = block.register_forward_pre_hook(_inputs_require_grad)
     return classes
+
+
+def _inputs_require_grad(block: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+    """A leaf block's floating inputs made to require grad while it trains (a forward pre-hook).
+
+    DeepSpeed reduces a leaf's gradients in its ``register_full_backward_hook`` (``stage3.
+    create_reduce_and_remove_grad_hooks``), and torch fires a full backward hook as soon as the output's gradient is
+    known when no input requires grad: before the block's own backward, whose adapter gradients then meet released
+    parameters. With LoRA on the experts alone the first MoE block's input (frozen embeddings and attention) requires
+    none (measured: Qwen3-MoE, all-experts, 2 CPU ranks, "size of tensor a (0) must match ... (32)" in the first
+    backward; tests/strategies/test_expert_lora_ranks.py). A detached copy that requires grad costs one activation's
+    gradient per block and changes no result.
+
+    Args:
+        block: The MoE block about to run.
+        args: Its positional inputs.
+    """
+    if not torch.is_grad_enabled() or not any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args):
+        return None
+    return tuple(
+        a.detach().requires_grad_()
+        if isinstance(a, torch.Tensor) and a.is_floating_point() and not a.requires_grad
+        else a
+        for a in args
+    )
 
 
 def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any], training: bool = True) -> list[str]:
