@@ -362,9 +362,24 @@ def unit_bytes(shape: ModelShape, setup: Setup, per_element: int) -> float:
     """Bytes of the largest unit gathered at once (``ParamCounts.largest_unit``), ``per_element`` each except the
     NF4 weights: FSDP2's mixed precision and DeepSpeed cast floating tensors only, so a quantised layer is gathered
     in 4 bits. Under QLoRA the embedding (16-bit) is then the largest unit of a Llama."""
+    return max(layer_bytes(shape, setup, per_element), per_element * shape.embedding_params())
+
+
+def layer_bytes(shape: ModelShape, setup: Setup, per_element: int) -> float:
+    """Bytes of one decoder layer with its adapters as a strategy gathers it: ``per_element`` each, the NF4
+    weights at their quantised size."""
     counts, quant = param_counts(shape, setup), quantized_base(shape, setup)
-    layer = per_element * (counts.layer - quant.layer_weights) + quant.layer_bytes
-    return max(layer, per_element * shape.embedding_params())
+    return per_element * (counts.layer - quant.layer_weights) + quant.layer_bytes
+
+
+def fsdp_root_params(shape: ModelShape) -> int:
+    """Parameters of gym_fsdp's root unit, gathered at once: what no decoder layer holds (``strategies.fsdp``
+    shards each layer, then the model), the embedding and, untied, the LM head (the final norm is negligible).
+    ``ParamCounts.largest_unit`` counts the embedding alone (ZeRO-3 gathers the two modules one at a time).
+    Measured on 2 CPU ranks, ``benchmarks/qlora_peak.py --sizes moe-400m --diagnose`` (untied 32,000 x 1,024):
+    the gym_fsdp step peaks in the root's all-gather, 298 MiB above the step's start, where 2 x the embedding
+    alone planned 125 MiB for the gathered units."""
+    return shape.embedding_params() * (1 if shape.tied_embeddings else 2)
 
 
 def dequant_bytes(shape: ModelShape, setup: Setup) -> float:
@@ -668,11 +683,26 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
         casts = 0 if setup.activation_checkpointing or not half else 2 * layers
         return resident_bucket_copy(strategy, counts.trainable) + casts
     if strategy.framework == "torch":
-        # FSDP2: the unit in use and the one prefetched, gathered in the compute dtype; one unit's unsharded fp32
-        # gradient before reduce-scatter. grad_op keeps every unit gathered from forward until its backward.
+        # FSDP2: the unit in use and the one prefetched (or its all-gather output, which exists beside the unsharded
+        # parameters until they are copied out), gathered in the compute dtype; one unit's unsharded fp32 gradient
+        # before reduce-scatter. grad_op keeps every unit gathered from forward until its backward. The largest unit
+        # may be the root (fsdp_root_params): with untied embeddings it holds the LM head beside the embedding.
         whole = compute * counts.trainable + frozen_bytes(shape, setup, compute)
-        gathered = whole if strategy.keep_gathered else 2 * unit_bytes(shape, setup, compute)
-        return gathered + 4 * counts.largest_trainable_unit
+        root = fsdp_root_params(shape)
+        layer = layer_bytes(shape, setup, compute)
+        if strategy.keep_gathered:
+            gathered = whole
+        elif setup.accelerator == "cpu":
+            # gloo receives into a temporary of the gathered size (ZeRO-3's note below), so the largest unit's
+            # all-gather, not its copy-out, is the peak: its output and gloo's copy beside the previous forward's last
+            # all-gather output, which FSDP2 frees only at the next forward unit's copy-out (FSDPParamGroup.
+            # wait_for_unshard; at 0.4B MoE QLoRA the step peaks there, in the root's all_gather_single).
+            gathered = 2 * max(unit_bytes(shape, setup, compute), compute * root) + layer
+        else:
+            # NCCL gathers in place: the root, kept gathered from forward to backward, beside the layer in use and the
+            # one prefetched (at least the two largest units, the rule before the root was counted)
+            gathered = max(compute * root + 2 * layer, 2 * unit_bytes(shape, setup, compute))
+        return gathered + 4 * max(counts.largest_trainable_unit, root if setup.lora_r == 0 else 0)
     p = 2 if half else 4
     bucket = p * zero_bucket_elements(shape, setup)
     if strategy.stage < 3:
@@ -680,7 +710,14 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
         return float(bucket * (2 if strategy.stage == 2 else 1))
     # ZeRO-3: a gathered working set of about two units (current + prefetch) and one unit's full gradient; DeepSpeed's
     # own estimator counts 4 bytes x the largest module (16-bit parameter + gradient).
-    return 2 * unit_bytes(shape, setup, p) + p * counts.largest_trainable_unit + bucket
+    gathered = 2 * unit_bytes(shape, setup, p)
+    if setup.accelerator == "cpu":
+        # gloo (CPU ranks) receives an all-gather into a temporary of the whole gathered size and then copies it into
+        # DeepSpeed's flat buffer (measured: 100 MiB above output + input for a 100 MiB all_gather_into_tensor on 2
+        # ranks); NCCL receives in place. The units in flight exist twice: at 0.4B MoE QLoRA the step peaks in the
+        # embedding's and first layers' gather, 207 MiB above the step's start against 125 planned for 2 units.
+        gathered *= 2
+    return gathered + p * counts.largest_trainable_unit + bucket
 
 
 def resident_bucket_copy(strategy: Strategy, trainable: int) -> float:

@@ -1,19 +1,20 @@
 """LoRA on the experts of every bundled MoE family through the user's own path: ``gym fit`` of the shipped zero3 YAML
 on 2 CPU ranks with ``model.lora.target_parameters: [all-experts]`` beside the attention adapters the family matrix
-uses (``helpers.families``: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3 with its shared expert), 2 steps in bf16-mixed,
+uses (``helpers.families``: Qwen3-MoE, Mixtral, gpt-oss, DeepSeek-V3 with its shared expert), 2 steps in fp32,
 then ``gym export`` of the run's checkpoint, merged and as a PEFT adapter.
 
 For each family: the sharded load gives the folder's logits; the end-of-fit merged export has the folder's keys and
-layout (per-expert tensors again), every expert weight changed (the expert adapters folded in) and the routers not
-(frozen: equal up to the bf16 the run holds them in), and reloaded in plain transformers gives the trained logits;
-``gym export`` of the checkpoint writes the same folder (to one bf16 step: the merge of fp32 masters against the
-live bf16 copies); the adapter export names the expert targets and loads with ``PeftModel.from_pretrained`` on the
-original folder to the trained logits. One launch for all four: ~60 s on 2 CPUs, exports and reloads included.
+layout (per-expert tensors again), in every layer some expert's weights changed (the expert adapters folded in) and
+the routers not (frozen), and reloaded in plain transformers gives the trained logits; ``gym export`` of the
+checkpoint writes the same folder (to one bf16 step); the adapter export names the expert targets and loads with
+``PeftModel.from_pretrained`` on the original folder to the trained logits. One launch for all four: ~60 s on 2
+CPUs, exports and reloads included.
 """
 
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
@@ -26,7 +27,13 @@ from gym_lightning.cli import main
 
 pytestmark = pytest.mark.slow
 STRATEGY = "zero3"  # the strategy that partitions the expert adapters inside a leaf block; 2 ranks vs 1: strategies/
-EXPERTS = {"model.lora.target_parameters": ["all-experts"]}
+# fp32: a merged weight rounds differently from W + s B A computed in bf16, enough to flip a near-tied routing choice
+# (DeepSeek-V3 at the floors' transformers 5.17: end logits 0.051 off in bf16-mixed, against 2^-6)
+EXPERTS = {
+    "model.lora.target_parameters": ["all-experts"],
+    "trainer.precision": "32-true",
+    "model.torch_dtype": "float32",
+}
 # The routers' weights in each family's checkpoint (never adapted unless named).
 ROUTER_SUFFIXES = (".gate.weight", ".router.weight", ".router.bias", ".gate.e_score_correction_bias")
 
@@ -70,7 +77,12 @@ def test_expert_lora_trains_and_exports_on_every_moe_family(
     problems = _problems(family, run, source)  # start logits, end logits of the merged export, its keys and shapes
     before, merged = tensors_of(source), tensors_of(run / "hf")
     experts = [k for k in before if ".experts." in k and not k.endswith("_bias")]
-    assert experts and all(not torch.equal(merged[k], before[k].float()) for k in experts), "adapters not folded"
+    # Per layer and projection some expert changed: an expert no token reached in 2 steps keeps B_e = 0 (AdamW moves
+    # nothing without a gradient), so "every expert" depends on the routing of the transformers version
+    changed = {
+        re.sub(r"\.experts\.\d+\.", ".experts.*.", k) for k in experts if not torch.equal(merged[k], before[k].float())
+    }
+    assert experts and changed == {re.sub(r"\.experts\.\d+\.", ".experts.*.", k) for k in experts}, "not folded"
     routers = [k for k in before if k.endswith(ROUTER_SUFFIXES)]
     assert routers and all(torch.equal(merged[k].bfloat16(), before[k].bfloat16()) for k in routers), "router moved"
     for mode in ("merged", "adapter"):
