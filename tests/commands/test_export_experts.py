@@ -23,6 +23,7 @@ from helpers.cli_runs import fit_in_one_launch, tensors_of
 from helpers.families import LORA_TARGETS, MOE_FAMILIES, PROBE_IDS, family_run_config, make_family_folder
 from peft import PeftModel
 from safetensors.torch import load_file
+from test_export import assert_same_export
 from transformers import AutoModelForCausalLM
 
 from gym_lightning import CausalLMDataModule, CausalLMModule, HFExport
@@ -55,18 +56,6 @@ def _reloaded(folder: Path, adapter: Path | None = None) -> torch.Tensor:
 def _gym_export(checkpoint: Path, out: Path, lora: str) -> Path:
     main(["export", "--checkpoint", str(checkpoint), "--output_dir", str(out), "--lora", lora, "--dtype", "float32"])
     return out
-
-
-def _assert_same_export(actual: Path, expected: Path) -> None:
-    """Same files, same JSON settings, bit-identical tensors."""
-    assert sorted(p.name for p in actual.iterdir()) == sorted(p.name for p in expected.iterdir())
-    for name in ("config.json", "adapter_config.json"):
-        if (expected / name).exists():
-            assert json.loads((actual / name).read_text()) == json.loads((expected / name).read_text()), name
-    got, want = tensors_of(actual), tensors_of(expected)
-    assert got.keys() == want.keys()
-    for key, value in want.items():
-        assert got[key].dtype == value.dtype and torch.equal(got[key], value), f"{key} differs"
 
 
 def _fit(folder: Path, root: Path, family: str, **settings: object) -> CausalLMModule:
@@ -113,7 +102,7 @@ def test_expert_adapters_export_merged_and_as_peft_files_live_and_from_a_checkpo
     torch.testing.assert_close(_reloaded(folder, adapter), trained, rtol=0, atol=SAME)
     # gym export of the checkpoint writes the same two folders
     for kind, live in (("merged", merged), ("adapter", adapter)):
-        _assert_same_export(_gym_export(tmp_path / "last.ckpt", tmp_path / f"gym-{kind}", kind), live)
+        assert_same_export(_gym_export(tmp_path / "last.ckpt", tmp_path / f"gym-{kind}", kind), live)
 
 
 def test_an_expert_adapter_without_its_wrapper_is_refused_not_dropped(tmp_path: Path) -> None:
@@ -136,7 +125,7 @@ def test_nf4_experts_are_dequantised_then_merged(tmp_path: Path) -> None:
     assert codes and all(module.model.get_parameter(n).dtype == torch.uint8 for n in codes), "experts not in NF4"
     trained = _logits(module.model)
     torch.testing.assert_close(_reloaded(tmp_path / "hf"), trained, rtol=0, atol=SAME)
-    _assert_same_export(_gym_export(tmp_path / "last.ckpt", tmp_path / "gym-merged", "merged"), tmp_path / "hf")
+    assert_same_export(_gym_export(tmp_path / "last.ckpt", tmp_path / "gym-merged", "merged"), tmp_path / "hf")
 
 
 @pytest.mark.slow
@@ -157,7 +146,7 @@ def test_sharded_checkpoints_of_expert_lora_export_as_the_live_run(tmp_path: Pat
         torch.testing.assert_close(_reloaded(out / "hf"), probe["end"], rtol=0, atol=SAME)
         torch.testing.assert_close(_reloaded(folder, out / "hf-adapter"), probe["end"], rtol=0, atol=SAME)
         for kind, live in (("merged", out / "hf"), ("adapter", out / "hf-adapter")):
-            _assert_same_export(_gym_export(out / "checkpoints", out / f"gym-{kind}", kind), live)
+            assert_same_export(_gym_export(out / "checkpoints", out / f"gym-{kind}", kind), live)
 
 
 def test_all_linear_on_deepseek_reloads_as_a_peft_adapter_where_it_trained(tmp_path: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 import torch
 from helpers.dist import HELPERS, run_python
 from helpers.families import MOE_FAMILIES, PROBE_IDS, make_family_folder
-from torch.utils._python_dispatch import TorchDispatchMode
+from helpers.nf4_experts_worker import FloatFactories
 from transformers import AutoModelForCausalLM
 
 from gym_lightning.lazy import LazyTensor
@@ -109,21 +109,6 @@ def test_skip_modules_keep_experts_in_16_bits(
     for key in _experts_weights(model):
         if key not in found:
             assert torch.equal(state[key], sources["mixtral"][key]), key
-
-
-class FloatFactories(TorchDispatchMode):
-    """The shapes of the floating tensors with storage that factory ops make while it is open."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.shapes: list[tuple[int, ...]] = []
-
-    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
-        out = func(*args, **(kwargs or {}))
-        made = func.overloadpacket in (torch.ops.aten.empty, torch.ops.aten.empty_strided, torch.ops.aten.zeros)
-        if made and isinstance(out, torch.Tensor) and out.is_floating_point() and not out.is_meta:
-            self.shapes.append(tuple(out.shape))
-        return out
 
 
 @pytest.mark.parametrize("family", ["qwen3_moe", "gpt_oss"])
