@@ -28,12 +28,10 @@ from torch import nn
 from gym_lightning.lora import ExpertTargets
 from gym_lightning.models.moe import EXPERTS, moe_blocks
 from gym_lightning.quant import experts as nf4_experts
+from gym_lightning.quant.experts import EXPERT_WEIGHTS
 
-# The routed experts' weights gym_lightning adapts and quantises (transformers 5's names, every MoE family's); the
-# ``*_bias`` tensors of gpt-oss stay as they are.
-EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 # The names families give their always-on shared experts (DeepSeek-V2/V3 ``shared_experts``, Qwen2-MoE
-# ``shared_expert``, Llama 4 ``shared_expert``): nn.Linear layers, adapted by name.
+# ``shared_expert``, Llama 4 ``shared_expert``): nn.Linear layers, adapted by their weights (``ExpertTargets.shared``).
 SHARED = ("shared_experts", "shared_expert")
 
 

@@ -39,10 +39,7 @@ _LINEAR = nn.modules.linear.Linear  # the class itself, whatever ``nn.Linear`` n
 
 def quantizable(name: str, module: nn.Module, args: QuantizationArgs) -> bool:
     """Whether the linear layer ``name`` is stored in NF4: not skipped by name, and its rows split into blocks."""
-    last = name.rpartition(".")[2]
-    if any(skip in (name, last) or name.endswith(f".{skip}") for skip in args.skip_modules):
-        return False
-    return module.in_features % args.block_size == 0
+    return not nf4_experts_module.skipped(name, args.skip_modules) and module.in_features % args.block_size == 0
 
 
 @contextmanager
@@ -235,11 +232,8 @@ def dequantized_tensors(tensors: dict[str, LazyTensor]) -> dict[str, LazyTensor]
     the result still holds one weight at a time, and its loads (collectives under sharding) keep their order on
     every rank. A quantised weight is known by its integer codes ``X`` beside an ``X_scales``, so this works on a
     live model's tensors and on a checkpoint's alike."""
-    quantized = {
-        key.removesuffix("_scales")
-        for key in tensors
-        if key.endswith("_scales") and tensors.get(key.removesuffix("_scales"), _FLOAT).dtype == torch.uint8
-    }
+    codes = {key.removesuffix("_scales") for key in tensors if key.endswith("_scales")}
+    quantized = {key for key in codes if key in tensors and tensors[key].dtype == torch.uint8}
     parts_of = {f"{codes}{suffix}": codes for codes in quantized for suffix in nf4_experts_module.SUFFIXES}
     out: dict[str, LazyTensor] = {}
     for key, tensor in tensors.items():
@@ -250,9 +244,6 @@ def dequantized_tensors(tensors: dict[str, LazyTensor]) -> dict[str, LazyTensor]
             parts = {part: tensors[key + suffix] for suffix, part in suffixes if key + suffix in tensors}
             out[key] = _dequantized(parts)
     return out
-
-
-_FLOAT = LazyTensor((), torch.float32, lambda: torch.empty(()))  # stands for "not codes" in the lookup above
 
 
 def _dequantized(parts: dict[str, LazyTensor]) -> LazyTensor:

@@ -38,15 +38,15 @@ from torch import nn
 
 from gym_lightning.quant import nf4
 from gym_lightning.quant.config import QuantizationArgs
+from gym_lightning.quant.linear import SUFFIXES
 
 # The fused expert weights stored in NF4 (transformers 5's names, every MoE family's); gpt-oss' ``*_bias`` tensors
 # and any other parameter of an experts module stay as they are.
 EXPERT_WEIGHTS = ("gate_up_proj", "down_proj")
 # The experts module's record of its NF4 weights: ``{name: NF4ExpertWeight}``.
 ATTRIBUTE = "gym_nf4_experts"
-# The suffix each quantised part's parameter adds to the weight's name (``quant.linear.COMPONENTS`` with ``weight``
-# replaced by the name), and the dtype it is stored in (integers only: no strategy casts them, ``quant.nf4``).
-SUFFIXES = {"": "codes", "_scales": "scales", "_scale_stats": "scale_stats", "_quant_type": "quant_type"}
+# The dtype each quantised part is stored in (integers only: no strategy casts them, ``quant.nf4``); the parts'
+# parameters are named as ``quant.linear.SUFFIXES`` says, after the weight's name.
 _PART_DTYPES = {"codes": torch.uint8, "scale_stats": torch.int32, "quant_type": torch.uint8}
 # The tensor constructors the modeling code's ``__init__`` may call for its weights: made on the meta device there.
 _CONSTRUCTORS = ("empty", "zeros", "ones")

@@ -20,14 +20,12 @@ from torch import nn
 
 from gym_lightning.quant import nf4
 
+# The suffix each part's parameter adds to the quantised weight's name (``quant.experts`` names fused expert weights'
+# parts the same way, after ``gate_up_proj``/``down_proj``).
+SUFFIXES = {"": "codes", "_scales": "scales", "_scale_stats": "scale_stats", "_quant_type": "quant_type"}
 # The parameter names of an NF4Linear's quantised weight, after ``weight`` (the codes): their checkpoint tensor is
 # the layer's ``weight``.
-COMPONENTS = {
-    "weight": "codes",
-    "weight_scales": "scales",
-    "weight_scale_stats": "scale_stats",
-    "weight_quant_type": "quant_type",
-}
+COMPONENTS = {f"weight{suffix}": part for suffix, part in SUFFIXES.items()}
 
 
 class _NF4Matmul(torch.autograd.Function):
@@ -147,4 +145,4 @@ def linears_built_as(choose: Callable[[int, int], Callable[..., nn.Module] | Non
         nn.Linear = original  # type: ignore[misc]
 
 
-__all__ = ["COMPONENTS", "NF4Linear", "linears_built_as"]
+__all__ = ["COMPONENTS", "SUFFIXES", "NF4Linear", "linears_built_as"]
