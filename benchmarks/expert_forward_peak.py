@@ -17,13 +17,13 @@ labels = the inputs + backward, bf16 weights, no autocast) on 1 x T random token
 - ``gym``: the same model after ``models.experts.install_routed_experts``: for each expert the tokens are routed to,
   a view of its weight and its low-rank path ``s * (x @ A_e.T) @ B_e.T``; nothing of expert size is made.
 
-Each (layer, tokens, variant) runs in its own fresh process. A thread reads ``VmRSS`` from ``/proc/self/status`` every
-millisecond; the peak is above the RSS just before the step, once the garbage is collected and glibc's freed heap is
-returned (``malloc_trim``); for the first step that is the baseline taken once the model is built, adapted, its
-adapters given random values (lora_B starts at 0) and one 8-token warm-up step run (kernels and thread pools loaded).
-The peak is the largest over ``--steps`` steps, the step time the fastest. The two variants' losses and adapter
-gradients (of the first step) are compared in the parent process: the two forwards do the same work in a different
-order, so they agree to bf16 rounding.
+Each (layer, tokens, variant) runs in its own fresh process. A thread reads the RSS (``VmRSS``, through
+``gym_lightning.metrics.memory.host_rss_bytes``) every millisecond; the peak is above the RSS just before the step, once
+the garbage is collected and glibc's freed heap is returned (``malloc_trim``); for the first step that is the baseline
+taken once the model is built, adapted, its adapters given random values (lora_B starts at 0) and one 8-token warm-up
+step run (kernels and thread pools loaded). The peak is the largest over ``--steps`` steps, the step time the fastest.
+The two variants' losses and adapter gradients (of the first step) are compared in the parent process: the two forwards
+do the same work in a different order, so they agree to bf16 rounding.
 
 Theory: peft's step holds, beyond gym's, the parametrised weight ``W'`` of every adapted expert weight (E x out x in x
 2 bytes, made in forward, kept until its backward runs) and, in backward, the gradient of one of them at a time
@@ -55,13 +55,11 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from docs_section import replace_section_before_history  # benchmarks/ is not a package
-from scale import SIZES
+from scale import DOCS, MIB, REPO_ROOT, SIZES
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-DOCS = REPO_ROOT / "docs" / "benchmarks.md"
+from gym_lightning.metrics.memory import host_rss_bytes
+
 SECTION = "## MoE expert LoRA: peak of one training step, gym's routed forward vs peft's"
-MIB = 2**20
 VARIANTS = ("peft", "gym")
 LORA = {"r": 16, "alpha": 32, "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj"],
         "target_parameters": ["all-experts"]}  # fmt: skip
@@ -90,7 +88,7 @@ GRAD_RTOL = 5e-2
 
 
 class RssPeak:
-    """Peak ``VmRSS`` of this process (bytes) while open, read from /proc/self/status every millisecond."""
+    """Peak RSS (``VmRSS``) of this process (bytes) while open, read every millisecond."""
 
     def __init__(self) -> None:
         self.peak = self.read()
@@ -99,10 +97,7 @@ class RssPeak:
 
     @staticmethod
     def read() -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        raise RuntimeError("no VmRSS in /proc/self/status")
+        return host_rss_bytes()
 
     def _run(self) -> None:
         while not self._stop.wait(0.001):
@@ -264,8 +259,9 @@ def render(results: dict[str, Any], steps: int) -> str:
         "attention projections (fp32 adapters, random values), one training step (forward + backward, no "
         "autocast) on 1 x T tokens; each variant in a fresh process. peft = peft 0.21's own `ParamWrapper` "
         "forward (transformers' `grouped_mm` experts forward on `W + s * B @ A` for all experts); gym = "
-        "`models.experts.install_routed_experts`. Peak = the largest `VmRSS` (a thread polls /proc/self/status "
-        "every 1 ms) during a step minus the RSS just before it (garbage collected, `malloc_trim`; before the "
+        "`models.experts.install_routed_experts`. Peak = the largest RSS (a thread polls `metrics.memory."
+        "host_rss_bytes` every 1 ms) during a step minus the RSS just before it (garbage collected, `malloc_trim`; "
+        "before the "
         f"first: once the model is built and warmed up with an 8-token step), MiB, the largest of {steps} steps; "
         f"time = the fastest on this machine's 2 shared cores. peft's extra (theory) = its parametrised "
         "`[E, out, in]` weights, kept from forward to their backward, plus the gradient of one at a time: W_gu + "
