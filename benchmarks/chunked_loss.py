@@ -4,7 +4,7 @@
 
 Each variant runs in its own process (``ru_maxrss`` is per process): a random-init ``tiny-qwen3`` resized to Qwen3's
 151,936-entry vocabulary (tied embeddings, as Qwen3-0.6B), fp32, one forward + backward of ``batch x seq`` random
-tokens through ``CausalLMModule._summed_loss`` (the training step's loss). Reported: peak RSS above the RSS before
+tokens through ``CausalLMModule.engine.token_loss`` (the training step's loss). Reported: peak RSS above the RSS before
 the step, the step's wall time (1 thread), and the loss (the two must agree). Prints one markdown table.
 """
 
@@ -36,7 +36,7 @@ def measure(chunking: str, args: argparse.Namespace) -> dict[str, float]:
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
     before = psutil.Process().memory_info().rss
     start = time.perf_counter()
-    loss = module._summed_loss(batch).loss
+    loss = module.engine.token_loss(module.model, batch).loss
     loss.backward()
     seconds = time.perf_counter() - start
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024

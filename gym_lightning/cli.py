@@ -33,6 +33,7 @@ from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_info
 from gym_lightning.callbacks import CurvesCallback, GymProgressBar, HFExport, NonFiniteGuard
+from gym_lightning.checkpointing.loader_state import ResumeLoaderPositions
 from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_problems
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.commands import COMMANDS
@@ -41,6 +42,7 @@ from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.metrics.hardware import gpu_for_device_name
 from gym_lightning.models.presets import resolve_tokenizer_source
 from gym_lightning.module import CausalLMModule
+from gym_lightning.patches import apply_patches
 from gym_lightning.planner.auto import AutoChoice, choose_strategy, is_auto
 from gym_lightning.planner.machines import DEFAULT_GPU
 from gym_lightning.precision import clipping_precision
@@ -345,7 +347,8 @@ def cli_trainer_defaults(trainer_config: Mapping[str, Any]) -> dict[str, Any]:
     section): the returned ``callbacks`` are the configured ones plus the defaults below; ``logger`` is returned only
     when the config leaves it at its default.
 
-    Defaults: ``GymProgressBar`` (unless ``enable_progress_bar: false`` or the config has a progress bar),
+    Defaults: ``checkpointing.ResumeLoaderPositions`` (always), ``GymProgressBar`` (unless
+    ``enable_progress_bar: false`` or the config has a progress bar),
     ``LearningRateMonitor(logging_interval="step")`` (when there is a logger: it refuses to run without one),
     ``CurvesCallback`` (``curves.png`` at the end of fit), and TensorBoard + CSV logs in the run folder
     (``default_loggers``). A callback type the config already lists is not added twice. ``barebones`` runs get
@@ -353,10 +356,12 @@ def cli_trainer_defaults(trainer_config: Mapping[str, Any]) -> dict[str, Any]:
     """
     from lightning.pytorch.callbacks import LearningRateMonitor, ProgressBar
 
-    if trainer_config.get("barebones"):
-        return {}
     configured = trainer_config.get("callbacks") or []
     configured = list(configured) if isinstance(configured, list | tuple) else [configured]
+    # The mid-epoch loader position (checkpointing.loader_state): every run, barebones too.
+    resume = [] if _has(configured, ResumeLoaderPositions) else [ResumeLoaderPositions()]
+    if trainer_config.get("barebones"):
+        return {"callbacks": [*configured, *resume]}
     logger = trainer_config.get("logger")
     added: list[Any] = []
     if trainer_config.get("enable_progress_bar") is not False and not _has(configured, ProgressBar):
@@ -365,7 +370,7 @@ def cli_trainer_defaults(trainer_config: Mapping[str, Any]) -> dict[str, Any]:
         added.append(LearningRateMonitor(logging_interval="step"))
     if not _has(configured, CurvesCallback):
         added.append(CurvesCallback())
-    defaults: dict[str, Any] = {"callbacks": [*configured, *added]}
+    defaults: dict[str, Any] = {"callbacks": [*configured, *resume, *added]}
     if logger in (None, True):
         defaults["logger"] = default_loggers(str(trainer_config.get("default_root_dir") or os.getcwd()))
     return defaults
@@ -378,6 +383,7 @@ def _has(callbacks: list[Any], kind: type) -> bool:
 def run_lightning_cli(args: list[str] | None) -> None:
     """Run ``GymCLI``; ``args=None`` parses ``sys.argv`` (passing both makes LightningCLI warn)."""
     subcommands = {name: {"exit_on_error": False} for name in LIGHTNING_COMMANDS}
+    apply_patches()  # explicit, once per process: gym_lightning.patches says what and why
     GymCLI(
         CausalLMModule,
         CausalLMDataModule,

@@ -190,3 +190,86 @@ def step_loss_scale(step_tokens: torch.Tensor, world_size: int, accumulation: in
     normalised one by one (batches that carry no step token count).
     """
     return world_size * accumulation / step_tokens.clamp(min=1.0)
+
+
+def sequence_ids(batch: Mapping[str, Any]) -> tuple[torch.Tensor, int]:
+    """Which sequence each position of a ``[B, T]`` batch belongs to, ``[B, T]`` int64 on the labels' device, and
+    how many sequences there are (no host sync: the count is a shape).
+
+    Padded rows hold one sequence each (row ``b`` is sequence ``b``). Padding-free packed rows (``data.collate``'s
+    ``cu_seq_lens``, the cumulative document lengths of the flattened batch) hold several: a position's sequence is
+    the document its flattened index falls in; a row's trailing padding is a document with no targets.
+    """
+    labels = batch["labels"]
+    bounds = batch.get("cu_seq_lens")
+    if bounds is None:
+        rows = torch.arange(labels.size(0), device=labels.device)
+        return rows[:, None].expand_as(labels), labels.size(0)
+    flat = torch.arange(labels.numel(), device=labels.device)
+    ids = torch.searchsorted(bounds[1:].to(device=labels.device, dtype=torch.long), flat, right=True)
+    return ids.view_as(labels), bounds.numel() - 1
+
+
+def _token_logps(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Each position's log-probability of its target in fp32, 0 where the target is ``IGNORE_INDEX``."""
+    return -F.cross_entropy(logits.float(), targets, ignore_index=IGNORE_INDEX, reduction="none")
+
+
+def _per_sequence(
+    token_logps: torch.Tensor, targets: torch.Tensor, ids: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Sums of ``token_logps`` and counts of targets per sequence id (``[count]`` each)."""
+    logps = token_logps.new_zeros(count).index_add_(0, ids, token_logps)
+    tokens = torch.zeros(count, dtype=torch.long, device=ids.device).index_add_(
+        0, ids, (targets != IGNORE_INDEX).long()
+    )
+    return logps, tokens
+
+
+def summed_sequence_logps(
+    logits: torch.Tensor, labels: torch.Tensor, ids: torch.Tensor, count: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per sequence, the summed log-probabilities of its next-token targets (fp32) and their count.
+
+    Args:
+        logits: ``[batch, seq, vocab]`` model outputs.
+        labels: ``[batch, seq]`` aligned with the inputs; ``-100`` marks non-targets.
+        ids: ``[batch, seq]`` sequence of each position (``sequence_ids``); a target counts for its own position's
+            sequence.
+        count: Number of sequences.
+    """
+    targets = labels[:, 1:].to(logits.device).reshape(-1)
+    token_logps = _token_logps(logits[:, :-1, :].reshape(-1, logits.size(-1)), targets)
+    return _per_sequence(token_logps, targets, ids[:, 1:].reshape(-1), count)
+
+
+def _head_token_logps(hidden: torch.Tensor, labels: torch.Tensor, lm_head: nn.Module) -> torch.Tensor:
+    return _token_logps(lm_head(hidden), labels)
+
+
+def chunked_sequence_logps(
+    hidden_states: torch.Tensor,
+    lm_head: nn.Module,
+    labels: torch.Tensor,
+    ids: torch.Tensor,
+    count: int,
+    chunk_tokens: int,
+    num_chunks: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """``summed_sequence_logps(lm_head(hidden_states), ...)`` without ever holding ``[tokens, vocab]`` logits: the LM
+    head runs ``chunk_tokens`` positions at a time under activation checkpointing, as in
+    ``chunked_summed_cross_entropy`` (whose ``num_chunks`` rule applies: every rank makes the same LM-head calls)."""
+    hidden = hidden_states[:, :-1, :].reshape(-1, hidden_states.size(-1))
+    targets = labels[:, 1:].to(hidden.device).reshape(-1)
+    chunks = max(num_chunks, num_loss_chunks(labels, chunk_tokens))
+    parts = [
+        checkpoint(
+            _head_token_logps,
+            hidden[start : start + chunk_tokens],
+            targets[start : start + chunk_tokens],
+            lm_head,
+            use_reentrant=False,
+        )
+        for start in range(0, chunks * chunk_tokens, chunk_tokens)
+    ]
+    return _per_sequence(torch.cat(parts), targets, ids[:, 1:].reshape(-1), count)

@@ -2,12 +2,9 @@
 
 from __future__ import annotations
 
-import inspect
-from collections.abc import Iterator
-from contextlib import contextmanager, nullcontext
-from dataclasses import dataclass
+from contextlib import nullcontext
 from functools import partial
-from typing import Any, Literal, NamedTuple
+from typing import Any, Literal
 
 import lightning.pytorch as pl
 import torch
@@ -15,27 +12,15 @@ from torch.optim.lr_scheduler import LambdaLR
 from torchmetrics import MeanMetric
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_warn
-from gym_lightning.checkpointing.loader_state import ResumeLoaderPositions
-from gym_lightning.errors import GymUserError, raise_if_problems
+from gym_lightning.engine import EngineSettings, LMEngine, base_model_of
+from gym_lightning.errors import raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
-from gym_lightning.loss import (
-    AgreedCounts,
-    agreed_counts_of,
-    chunked_summed_cross_entropy,
-    count_target_tokens,
-    labels_of,
-    num_loss_chunks,
-    start_rank_sum,
-    step_loss_scale,
-    summed_cross_entropy,
-    use_chunked_loss,
-)
+from gym_lightning.loss import AgreedCounts, agreed_counts_of
 from gym_lightning.models.compiled import CompileArgs, compile_layers
 from gym_lightning.models.experts import expert_targets, install_routed_experts
 from gym_lightning.models.facts import ModelFacts, model_facts
-from gym_lightning.models.fused import FusedOps, apply_fused_ops, liger_summed_linear_cross_entropy
+from gym_lightning.models.fused import FusedOps, apply_fused_ops
 from gym_lightning.models.loading import (
     AttnImplementation,
     DType,
@@ -45,7 +30,7 @@ from gym_lightning.models.loading import (
 )
 from gym_lightning.models.plan import plan_of
 from gym_lightning.models.presets import resolve_tokenizer_source
-from gym_lightning.models.tiling import TileCount, num_mlp_tiles, tile_mlps
+from gym_lightning.objectives import Objective, objective_from_value
 from gym_lightning.optim import (
     DecayRule,
     HFSchedulerName,
@@ -58,72 +43,23 @@ from gym_lightning.optim import (
     resolve_warmup_steps,
     weight_decay_groups,
 )
-from gym_lightning.patches import apply_patches
 from gym_lightning.precision import fp32_master_weights
-from gym_lightning.protocols import STEP_TOKENS_KEY, OptimizerFacts
+from gym_lightning.protocols import OptimizerFacts
 from gym_lightning.quant.config import QuantizationArgs, check_strategy
 from gym_lightning.tokenizer import load_tokenizer
-
-
-class SummedLoss(NamedTuple):
-    """One micro-batch's summed target-token cross-entropy, its target-token count and, for a mixture of experts
-    whose config sets ``output_router_logits``, its router load-balancing loss (``None`` otherwise)."""
-
-    loss: torch.Tensor
-    tokens: torch.Tensor
-    router_aux: torch.Tensor | None = None
-
-
-def _aux(outputs: Any) -> torch.Tensor | None:
-    """The model's router load-balancing loss, where its forward computed one (transformers' MoE outputs)."""
-    return getattr(outputs, "aux_loss", None)
-
-
-@dataclass
-class DecoderOutput:
-    """The final hidden states a forward hook took from the decoder (``hooked``: a hook was placed)."""
-
-    hooked: bool
-    value: torch.Tensor | None = None
-
-
-@contextmanager
-def decoder_output(model: torch.nn.Module) -> Iterator[DecoderOutput]:
-    """Take the final hidden states (after the last norm) of ``model``'s decoder during the calls inside.
-
-    Why not ``output_hidden_states=True``: transformers 5 records hidden states through hooks on the layers' own
-    submodules that read a ContextVar, which dynamo cannot trace: inside a compiled decoder layer under activation
-    checkpointing every layer fell back to eager (0 graphs, measured). The decoder's output is the same tensor and
-    the hook runs outside the layers. Models without ``get_decoder`` keep ``output_hidden_states``.
-    """
-    try:
-        decoder = model.get_decoder()
-    except (AttributeError, ValueError, NotImplementedError):
-        decoder = None
-    # transformers' get_decoder falls back to the model itself, whose first output is the (empty) logits.
-    captured = DecoderOutput(hooked=isinstance(decoder, torch.nn.Module) and decoder is not model)
-    if not captured.hooked:
-        yield captured
-        return
-
-    def keep(_module: torch.nn.Module, _args: Any, output: Any) -> None:
-        captured.value = output[0]  # ModelOutput and tuple alike: last_hidden_state first
-
-    handle = decoder.register_forward_hook(keep)
-    try:
-        yield captured
-    finally:
-        handle.remove()
 
 
 class CausalLMModule(pl.LightningModule):
     """Finetune a Hugging Face causal language model.
 
-    The model is built in ``configure_model`` so that strategies can shard it while it is created. The training
-    loss of an optimizer step is the sum of target-token cross-entropies divided by the number of target tokens in
-    the whole step, over all gradient-accumulation micro-batches and all data-parallel ranks (see
-    ``gym_lightning.loss``). The non-finite guard and the Hugging Face export are callbacks that work with any
-    LightningModule: ``gym_lightning.callbacks.NonFiniteGuard`` and ``HFExport`` (the command line adds both).
+    The model is built in ``configure_model`` so that strategies can shard it while it is created. Each training
+    and validation batch goes to the ``objective`` (``gym_lightning.objectives``), which runs the model through the
+    module's LM engine (``gym_lightning.engine``): supervised finetuning by default, whose loss of an optimizer step
+    is the sum of target-token cross-entropies divided by the number of target tokens in the whole step, over all
+    gradient-accumulation micro-batches and all data-parallel ranks (see ``gym_lightning.loss``). The non-finite
+    guard, the Hugging Face export and the mid-epoch loader position are callbacks that work with any
+    LightningModule: ``callbacks.NonFiniteGuard``, ``HFExport`` and ``checkpointing.ResumeLoaderPositions`` (the
+    command line adds them; ``StepCheckpoint`` restores loader positions itself).
 
     Args:
         model: A built-in preset (``tiny-llama``, ``tiny-qwen3``), a local folder with ``config.json`` (and weights),
@@ -179,6 +115,9 @@ class CausalLMModule(pl.LightningModule):
             (``models.fused.FusedOps``: ``{kernels: liger}`` for Liger-Kernel's Triton kernels, ``{swiglu: false}``
             ...). ``null``: on with ``compile`` (torch kernels, which the compiler fuses), off without; ``true``:
             all on; ``false``: off. HF's ``--use_liger_kernel`` is ``{kernels: liger}``.
+        objective: What training optimises (``objectives.OBJECTIVES``): ``sft`` (the default; ``null`` is ``sft``),
+            ``pt`` (continued pretraining), or an ``objectives.Objective`` with its settings (``class_path`` and
+            ``init_args`` in YAML, or ``{name: ..., <settings>}``).
     """
 
     def __init__(
@@ -213,14 +152,16 @@ class CausalLMModule(pl.LightningModule):
         mlp_tile_tokens: int | None = None,
         compile: bool | CompileArgs = False,
         fused_ops: bool | FusedOps | None = None,
+        objective: Objective | str | None = None,
     ) -> None:
         super().__init__()
         lora = LoRAArgs.from_value(lora)  # a dict where the settings come as plain data (YAML, a checkpoint)
         quantization = QuantizationArgs.from_value(quantization)
         compile_args = CompileArgs.from_value(compile)
         fused = _fused_ops_of(fused_ops, compiled=compile_args is not None)
-        _validate({**locals(), "compile": compile_args, "fused_ops": fused})
-        self.save_hyperparameters()
+        training_objective = objective_from_value(objective)  # hparams keep the value as given (plain data)
+        _validate({**locals(), "compile": compile_args, "fused_ops": fused, "objective": training_objective})
+        self.save_hyperparameters(ignore=["training_objective"])
         self.model_source = model
         self.tokenizer_source = resolve_tokenizer_source(model, tokenizer)
         self.lora = lora
@@ -230,11 +171,12 @@ class CausalLMModule(pl.LightningModule):
         self.fused_ops = fused
         self.model: torch.nn.Module | None = None
         self.tokenizer = None
+        self.objective = training_objective
+        self.engine = LMEngine(
+            EngineSettings(loss_chunking, loss_chunk_tokens, mlp_tile_tokens, fused), agree_counts=self._agree_counts
+        )
         self.val_loss = MeanMetric()
         self.val_exact_match = MeanMetric()
-        self._warned_no_step_tokens = False
-        self._chunked_loss: bool | None = None  # decided on the first step, once the model is built
-        self._mlp_tiles = TileCount()  # set before each training forward (models.tiling)
 
     # ----------------------------------------------------------------------------------------------- building
     @override
@@ -261,8 +203,7 @@ class CausalLMModule(pl.LightningModule):
             )
         if self.fused_ops is not None:  # before tiling: fused ops leave a module whose forward is replaced alone
             apply_fused_ops(model, self.fused_ops)
-        if hp.mlp_tile_tokens is not None:
-            tile_mlps(model, self._mlp_tiles)
+        self.engine.tile(model)
         if hp.gradient_checkpointing:
             model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
             model.config.use_cache = False
@@ -279,6 +220,7 @@ class CausalLMModule(pl.LightningModule):
         if trainer is not None:  # without a Trainer there is no precision to follow
             fp32_master_weights(model, trainer.precision_plugin)
         self.model = model
+        self.objective.configure_model(self)
 
     def _attached_trainer(self) -> pl.Trainer | None:
         """The Trainer, or ``None`` when ``configure_model`` is called without one (no strategy, no precision)."""
@@ -289,7 +231,6 @@ class CausalLMModule(pl.LightningModule):
 
     @override
     def setup(self, stage: str) -> None:
-        apply_patches()  # explicit, once per process: gym_lightning.patches says what and why
         if self.model is None:
             # Before configure_model, outside any construction context the strategy opens there (models.loading).
             import_model_code(self._model_config(), self.hparams.trust_remote_code)
@@ -299,142 +240,25 @@ class CausalLMModule(pl.LightningModule):
             )
 
     # ----------------------------------------------------------------------------------------------- training
-    def _summed_loss(self, batch: dict[str, Any]) -> SummedLoss:
-        inputs = {
-            "input_ids": batch["input_ids"],
-            "attention_mask": batch.get("attention_mask"),  # None for padding-free packed rows (data.collate)
-            "position_ids": batch.get("position_ids"),
-            "use_cache": False,
-        }
-        labels, shifted = labels_of(batch)
-        chunked, tiled = self._loss_is_chunked(), self.hparams.mlp_tile_tokens is not None and torch.is_grad_enabled()
-        counts = self._start_counts(labels, shifted, chunked, tiled)
-        if tiled:
-            self._mlp_tiles.value = counts[1]
-        if not chunked:
-            outputs = self.model(**inputs)
-            loss = summed_cross_entropy(outputs.logits, labels, shifted)
-            return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
-        # The whole model runs (so FSDP's root hooks unshard and keep the head's weight for backward) with no
-        # position kept for the LM head: it returns [batch, 0, vocab] logits; the final hidden states are the
-        # decoder's output, taken by a hook on it.
-        keep_none = torch.empty(0, dtype=torch.long, device=labels.device)
-        with decoder_output(self._base_model()) as captured:
-            outputs = self.model(**inputs, logits_to_keep=keep_none, output_hidden_states=not captured.hooked)
-        hidden = captured.value if captured.hooked else outputs.hidden_states[-1]
-        if hidden is None:
-            raise RuntimeError(f"{type(self._base_model()).__name__}'s decoder was not called in its forward")
-        head = self._base_model().get_output_embeddings()
-        chunks = counts[0]  # a device sync only on NCCL-only groups
-        if self._liger_loss(head):
-            return SummedLoss(
-                liger_summed_linear_cross_entropy(hidden, head.weight, labels, shifted, head.bias),
-                count_target_tokens(labels, shifted),
-                _aux(outputs),
-            )
-        loss = chunked_summed_cross_entropy(hidden, head, labels, self.hparams.loss_chunk_tokens, chunks, shifted)
-        return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
+    @override
+    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
+        return self.objective.training_step(self, batch)
 
-    def _liger_loss(self, head: torch.nn.Module) -> bool:
-        """Whether the loss runs Liger's fused linear cross-entropy (``fused_ops.kernels: liger``): it reads the head's
-        weight itself, so only where that weight is a whole plain tensor here (not a ZeRO-3 partition, an FSDP
-        DTensor shard or a LoRA-wrapped head, which the chunked loss calls as a module instead)."""
-        ops = self.fused_ops
-        if ops is None or ops.kernels != "liger" or not ops.linear_cross_entropy:
-            return False
-        weight = getattr(head, "weight", None)
-        return type(head) is torch.nn.Linear and type(weight) is torch.nn.Parameter and weight.dim() == 2
-
-    def _base_model(self) -> torch.nn.Module:
-        """The transformers model (inside a peft wrapper when LoRA is on)."""
-        return self.model.get_base_model() if hasattr(self.model, "get_base_model") else self.model
-
-    def _loss_is_chunked(self) -> bool:
-        """Whether the loss runs the LM head in chunks (``loss_chunking``; ``auto``: large vocabularies)."""
-        if self._chunked_loss is None:
-            base = self._base_model()
-            supported = "logits_to_keep" in inspect.signature(base.forward).parameters
-            if self.hparams.loss_chunking == "on" and not supported:
-                raise GymUserError(
-                    f"loss_chunking='on' needs a model whose forward takes logits_to_keep; {type(base).__name__} "
-                    "does not. Set loss_chunking to 'auto' or 'off'."
-                )
-            vocab = getattr(base.config, "vocab_size", 0) or 0
-            setting = self.hparams.loss_chunking
-            if setting == "auto" and self.fused_ops is not None and self.fused_ops.linear_cross_entropy:
-                setting = "on"  # the fused linear cross-entropy: the LM head and the loss together, never whole logits
-            self._chunked_loss = supported and use_chunked_loss(setting, vocab)
-        return self._chunked_loss
-
-    def _start_counts(self, labels: torch.Tensor, shifted: bool, chunked: bool, tiled: bool) -> AgreedCounts:
-        """The number of LM-head chunks (see ``chunked_summed_cross_entropy``) and of MLP tiles (``models.tiling``)
-        this micro-batch runs, ``[chunks, tiles]``, as every rank agrees on them: the strategy decides how
-        (``protocols.AgreesCallCounts``; ZeRO-3 gathers weights on each call, so every rank must make as many). The
-        agreement starts before the forward so that, for the loss chunks, it overlaps it.
-        """
-        local = [
-            num_loss_chunks(labels, self.hparams.loss_chunk_tokens, shifted) if chunked else 1,
-            num_mlp_tiles(labels.numel(), self.hparams.mlp_tile_tokens) if tiled else 1,
-        ]
-        if not (chunked or tiled):
-            return AgreedCounts(local)  # no call that may be a collective depends on them
+    def _agree_counts(self, local: list[int]) -> AgreedCounts:
+        """The call counts every rank makes (``engine.LMEngine``'s ``agree_counts``): the strategy decides how
+        (``protocols.AgreesCallCounts``; ZeRO-3 gathers weights on each call, so every rank must make as many)."""
         trainer = self._attached_trainer()
         return agreed_counts_of(trainer.strategy if trainer is not None else None, local, self.device)
 
-    def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
-        """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the
-        accumulation factor to undo, and the pending collective (``None`` on one rank).
-
-        The count does not depend on the forward pass, so the all-reduce is launched before it and waited for after:
-        it overlaps the forward instead of adding a point mid-step where every rank waits for the slowest.
-        """
-        if STEP_TOKENS_KEY in batch:
-            local, undo = batch[STEP_TOKENS_KEY], self.trainer.accumulate_grad_batches
-        else:
-            # Without the window count (a user's own DataLoader) each micro-batch is normalised on its own and
-            # Lightning's division by the accumulation count stays: the usual, length-biased mean.
-            if not self._warned_no_step_tokens:
-                rank_zero_warn(
-                    "Batches carry no 'step_target_tokens': gradient accumulation weights micro-batches equally. "
-                    "Use gym_lightning.data.StepTokenDataLoader (CausalLMDataModule does) for exact token weighting."
-                )
-                self._warned_no_step_tokens = True
-            local, undo = count_target_tokens(batch["labels"]), 1
-        tokens = local.to(self.device, torch.float32).reshape(1).clone()
-        return tokens, undo, start_rank_sum(tokens, self.trainer.world_size)
-
-    @override
-    def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
-        step_tokens, undo_accumulation, pending = self._start_step_token_count(batch)
-        loss_sum, count, router_aux = self._summed_loss(batch)
-        # The local micro-batch's token mean, logged as a tensor (no host sync here). Not through a torchmetrics
-        # metric called as a module: under ZeRO-3 any module call joins DeepSpeed's trace (strategies/zero/trace.py).
-        # Not prog_bar: Lightning would .item() it (a host sync on CUDA) at every batch end; GymProgressBar reads it
-        # at the logging steps (callbacks/progress.py, tests/test_host_syncs.py).
-        self.log("train/loss", loss_sum.detach() / count.clamp(min=1), on_step=True, on_epoch=False)
-        if pending is not None:
-            pending.wait()
-        loss = loss_sum * step_loss_scale(step_tokens[0], self.trainer.world_size, undo_accumulation)
-        if router_aux is None:
-            return loss
-        # A mixture of experts whose config asks for it (output_router_logits) adds its load-balancing loss as
-        # transformers' own forward does, router_aux_loss_coef times each micro-batch's value: Lightning's division
-        # by the accumulation count and the ranks' gradient average make it the mean over the step's micro-batches.
-        self.log("train/router_aux_loss", router_aux.detach(), on_step=True, on_epoch=False)
-        return loss + self._base_model().config.router_aux_loss_coef * router_aux
-
-    # ----------------------------------------------------------------------------------------------- resume
-    @override
-    def configure_callbacks(self) -> list[pl.Callback]:
-        # configure_optimizers reads estimated_stepping_batches, which sets up the training data before Lightning
-        # restores a checkpoint: the callback hands the loaders their saved position then (checkpointing.loader_state).
-        return [ResumeLoaderPositions()]
+    def _base_model(self) -> torch.nn.Module:
+        """The transformers model (inside a peft wrapper when LoRA is on)."""
+        return base_model_of(self.model)
 
     # ----------------------------------------------------------------------------------------------- evaluation
     @override
     def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
-        loss_sum, count, _ = self._summed_loss(batch)  # the language-model loss only, as perplexity needs
-        self.val_loss.update(loss_sum / count.clamp(min=1), weight=count)
+        loss, weight = self.objective.validation_loss(self, batch)
+        self.val_loss.update(loss, weight=weight)
         if self.hparams.val_exact_match and "references" in batch:
             predictions = self._generate(batch)
             self.val_exact_match.update(exact_match(predictions, batch["references"]).to(self.device))
@@ -442,7 +266,9 @@ class CausalLMModule(pl.LightningModule):
     @override
     def on_validation_epoch_end(self) -> None:
         loss = self.val_loss.compute()
-        self.log_dict({"val/loss": loss, "val/ppl": torch.exp(loss)}, prog_bar=True)
+        self.log_dict(
+            {"val/loss": loss, **({"val/ppl": torch.exp(loss)} if self.objective.perplexity else {})}, prog_bar=True
+        )
         self.val_loss.reset()
         if self.hparams.val_exact_match and self.val_exact_match.update_count > 0:
             self.log("val/exact_match", self.val_exact_match.compute(), prog_bar=True)
@@ -552,6 +378,7 @@ def _validate(args: dict[str, Any]) -> None:
                 "set model.lora (QLoRA), or drop model.quantization for a full finetune"
             )
     problems += args["generation"].problems()
+    problems += args["objective"].problems()
     raise_if_problems("Invalid CausalLMModule settings", problems)
 
 

@@ -2,8 +2,8 @@
 
 Importing gym_lightning changes nothing outside it (it only registers its strategy names and allow-lists its own
 hyper-parameter classes for ``weights_only`` checkpoint loading: ``gym_lightning.registration``). What follows is
-applied by :func:`apply_patches`, which ``CausalLMModule.setup`` calls (so ``gym fit`` and any Trainer running the
-module get it); a Python user of gym_lightning's other parts may call it too. Each patch has a probe that tells
+applied by :func:`apply_patches`, which the command line calls before it builds anything (``gym fit``, ``gym
+train``); a Python user calls it once before ``Trainer.fit`` to get the same. Each patch has a probe that tells
 whether the installed library still needs it, and is applied only where it does (tests/test_patches.py checks both
 sides):
 

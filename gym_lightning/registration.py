@@ -5,7 +5,7 @@
 - the module's hyper-parameter classes (``GenerationArgs``, ``LoRAArgs``, ``QuantizationArgs``, ``CompileArgs``,
   ``FusedOps``) are allow-listed for
   torch's ``weights_only=True`` unpickler, so that a checkpoint that stores them loads without running arbitrary
-  code.
+  code (the training objectives allow-list themselves as they register: ``objectives.register_objective``).
 
 Console quieting (``gym_lightning.quiet``) is the command line's choice, and patches to other libraries are applied
 explicitly (``gym_lightning.patches``).

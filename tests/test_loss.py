@@ -70,8 +70,8 @@ def _loss_and_grads(chunking: str, lora: LoRAArgs | None) -> tuple[torch.Tensor,
         "labels": _labels(2, 24, 8192),
     }
     batch["attention_mask"][1, -7:] = 0
-    assert module._loss_is_chunked() == (chunking == "on")
-    loss, count, _ = module._summed_loss(batch)
+    assert module.engine.chunked(module.model) == (chunking == "on")
+    loss, count, _ = module.engine.token_loss(module.model, batch)
     loss.backward()
     grads = {n: p.grad for n, p in module.named_parameters() if p.grad is not None}
     assert count == (batch["labels"][:, 1:] != IGNORE_INDEX).sum()
@@ -99,7 +99,7 @@ def test_the_chunk_count_of_one_rank_is_never_read_back_from_a_tensor(monkeypatc
     reads: list[torch.Tensor] = []
     item = torch.Tensor.item
     monkeypatch.setattr(torch.Tensor, "item", lambda t: reads.append(t) or item(t))
-    loss, _, _ = module._summed_loss(batch)
+    loss, _, _ = module.engine.token_loss(module.model, batch)
     monkeypatch.undo()
     assert torch.isfinite(loss) and reads == []
 
@@ -110,7 +110,7 @@ def test_auto_chunks_large_vocabularies_only() -> None:
     off = CausalLMModule("tiny-llama", config_overrides={**VOCAB_SHAPE, "vocab_size": 70_000}, loss_chunking="off")
     for module in (small, large, off):
         module.configure_model()
-    assert [m._loss_is_chunked() for m in (small, large, off)] == [False, True, False]
+    assert [m.engine.chunked(m.model) for m in (small, large, off)] == [False, True, False]
     boundary = [use_chunked_loss("auto", CHUNKED_LOSS_MIN_VOCAB - 1), use_chunked_loss("auto", CHUNKED_LOSS_MIN_VOCAB)]
     assert boundary == [False, True] and use_chunked_loss("on", 10) and not use_chunked_loss("off", 10**6)
 
@@ -144,8 +144,8 @@ def test_the_strategy_s_agreed_counts_set_the_lm_head_calls_and_mlp_tiles() -> N
     head_calls: list[int] = []
     module.model.get_output_embeddings().register_forward_hook(lambda *_: head_calls.append(1))
     batch = {"input_ids": torch.randint(0, 8192, (2, 24)), "labels": _labels(2, 24, 8192)}
-    loss, _, _ = module._summed_loss(batch)
-    assert strategy.asked == [[4, 3]] and module._mlp_tiles.value == 5  # 2 x 23 positions / 13; 48 / 16
+    loss, _, _ = module.engine.token_loss(module.model, batch)
+    assert strategy.asked == [[4, 3]] and module.engine.tiles.value == 5  # 2 x 23 positions / 13; 48 / 16
     assert len(head_calls) == 1 + 7 and torch.isfinite(loss)  # the model's own call on no position, then 7 chunks
 
 

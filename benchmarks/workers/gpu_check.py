@@ -531,7 +531,7 @@ def module_loss_and_grads(ctx: Context, chunking: str) -> tuple[torch.Tensor, di
     mask = torch.ones_like(ids)
     mask[1, -7:] = 0
     batch = {k: v.to(ctx.device) for k, v in {"input_ids": ids, "attention_mask": mask, "labels": labels}.items()}
-    loss = module._summed_loss(batch).loss
+    loss = module.engine.token_loss(module.model, batch).loss
     loss.backward()
     grads = {n: p.grad.detach().cpu() for n, p in module.named_parameters() if p.grad is not None}
     return loss.detach().cpu(), grads

@@ -104,15 +104,15 @@ class StepProbe(pl.Callback):
             self._restore.append(lambda: setattr(nonfinite_module, "nonfinite_flag", original))
 
     def _wrap_token_count(self, module: pl.LightningModule) -> None:
-        original = module._start_step_token_count
+        original = module.objective._start_step_token_count
 
-        def timed(batch: dict[str, Any]) -> Any:
+        def timed(owner: pl.LightningModule, batch: dict[str, Any]) -> Any:
             start = time.perf_counter()
-            tokens, undo, pending = original(batch)
+            tokens, undo, pending = original(owner, batch)
             self.add("tokens_launch", time.perf_counter() - start)
             return tokens, undo, (None if pending is None else _TimedWork(pending, self))
 
-        object.__setattr__(module, "_start_step_token_count", timed)
+        object.__setattr__(module.objective, "_start_step_token_count", timed)
 
     def uninstall(self) -> None:
         for restore in self._restore:

@@ -1,5 +1,6 @@
 """The mid-epoch data position comes back on resume in one place (``checkpointing.loader_state``), also when the run
-checkpoints with Lightning's own ``ModelCheckpoint``: ``CausalLMModule`` brings the callback that restores it."""
+checkpoints with Lightning's own ``ModelCheckpoint``: the command line adds the callback that restores it to every
+run, ``StepCheckpoint`` is one, and a Python user adds ``ResumeLoaderPositions()`` (the module holds no callback)."""
 
 from __future__ import annotations
 
@@ -52,10 +53,15 @@ def test_a_run_checkpointed_by_lightning_resumes_at_the_saved_batch(tmp_path: Pa
     full, resumed = SeenBatches(), SeenBatches()
     checkpoints = ModelCheckpoint(tmp_path / "ck", filename="{step}", every_n_train_steps=1, save_top_k=-1)
     fit(tmp_path, [full, checkpoints])
-    fit(tmp_path, [resumed], ckpt_path=str(tmp_path / "ck" / "step=2.ckpt"))
+    fit(tmp_path, [resumed, ResumeLoaderPositions()], ckpt_path=str(tmp_path / "ck" / "step=2.ckpt"))
     assert len(full.seen) == 6 and resumed.seen == full.seen[2:]  # not the epoch's first batches again
 
 
-def test_the_module_and_step_checkpoint_bring_the_one_restoring_callback() -> None:
-    assert [type(c) for c in CausalLMModule().configure_callbacks()] == [ResumeLoaderPositions]
+def test_the_command_line_and_step_checkpoint_bring_the_one_restoring_callback() -> None:
+    from gym_lightning.cli import cli_trainer_defaults
+
+    for trainer in ({}, {"barebones": True}, {"callbacks": [StepCheckpoint()]}):
+        added = cli_trainer_defaults(trainer)["callbacks"]
+        assert sum(isinstance(c, ResumeLoaderPositions) for c in added) == 1, trainer
+    assert CausalLMModule().configure_callbacks() == []  # the module brings none (a Lightning default)
     assert isinstance(StepCheckpoint(), ResumeLoaderPositions)

@@ -141,10 +141,10 @@ class PoisonLoss(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_step == self.at_step:
-            summed = module._summed_loss
-            module._summed_loss = lambda b: summed(b)._replace(loss=summed(b).loss * float("nan"))
-        elif "_summed_loss" in vars(module):
-            del module._summed_loss
+            summed = module.engine.token_loss
+            module.engine.token_loss = lambda m, b: summed(m, b)._replace(loss=summed(m, b).loss * float("nan"))
+        elif "token_loss" in vars(module.engine):
+            del module.engine.token_loss
 
 
 def test_nonfinite_loss_stops_naming_the_step_and_keeps_the_last_good_checkpoint(tmp_path: Path) -> None:

@@ -33,10 +33,11 @@ class PoisonLossOnOneRank(pl.Callback):
 
     def on_train_batch_start(self, trainer: pl.Trainer, module: Any, batch: Any, batch_idx: int) -> None:
         if trainer.global_rank == BAD_RANK and trainer.global_step == BAD_STEP:
-            summed = type(module)._summed_loss
-            module._summed_loss = lambda b: poisoned(summed(module, b))
-        elif "_summed_loss" in vars(module):
-            del module._summed_loss
+            engine = module.engine
+            summed = type(engine).token_loss
+            engine.token_loss = lambda model, b: poisoned(summed(engine, model, b))
+        elif "token_loss" in vars(module.engine):
+            del module.engine.token_loss
 
 
 def main(out: Path, strategy: str, action: str) -> None:

@@ -101,7 +101,7 @@ def test_compiled_layers_compose_with_checkpointing_lora_and_the_chunked_loss(va
     eager, _ = fit(variable_length_jsonl, steps=3, **settings)
     compiled, module = fit(variable_length_jsonl, steps=3, compile=True, **settings)
     assert_same_training(eager, compiled)
-    assert module._loss_is_chunked()
+    assert module.engine.chunked(module.model)
     assert_compiled_once_per_mask_kind(compiled)
 
 
@@ -174,7 +174,7 @@ def test_generation_with_a_kv_cache_runs_the_eager_layers() -> None:
 
 
 def test_the_chunked_loss_reads_the_decoders_output_and_never_a_models_own() -> None:
-    from gym_lightning.module import decoder_output
+    from gym_lightning.engine import decoder_output
 
     module = CausalLMModule("tiny-llama", config_overrides=SMALL, pretrained=False)
     module.configure_model()

@@ -56,7 +56,7 @@ def test_without_router_logits_the_loss_is_the_token_mean(tmp_path: Path) -> Non
     module, batch = _module(folder, output_router_logits=False), _batch()
     with torch.no_grad():
         expected = module.model(**batch, use_cache=False)
-        summed = module._summed_loss(batch)
+        summed = module.engine.token_loss(module.model, batch)
         ours = module.training_step(batch, 0)
     assert summed.router_aux is None
     torch.testing.assert_close(ours, expected.loss, rtol=1e-6, atol=1e-6)
