@@ -241,6 +241,10 @@ class CausalLMModule(pl.LightningModule):
 
     # ----------------------------------------------------------------------------------------------- training
     @override
+    def on_fit_start(self) -> None:
+        self.objective.on_fit_start(self)
+
+    @override
     def training_step(self, batch: dict[str, Any], batch_idx: int) -> torch.Tensor:
         return self.objective.training_step(self, batch)
 

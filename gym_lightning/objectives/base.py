@@ -37,11 +37,15 @@ class Objective:
     Subclasses set ``name`` (registered with ``register_objective``), take their settings as typed constructor
     arguments (the YAML mirrors them) and override ``training_step`` and ``validation_loss``; ``configure_model``
     builds what they hold beside the module's model (a frozen reference, say), ``problems`` checks the settings.
-    ``perplexity``: ``exp(val/loss)`` means something (a token-mean language-model loss).
+    ``perplexity``: ``exp(val/loss)`` means something (a token-mean language-model loss). ``batch_kind``: the batches
+    it reads (``"lm"``: the shared contract of ``data.collate``; ``"pairs"``: chosen rows then rejected rows;
+    ``"unpaired"``: completions with a desirable/undesirable label and their mismatched KL rows), which the data
+    settings must produce.
     """
 
     name: ClassVar[str] = ""
     perplexity: ClassVar[bool] = False
+    batch_kind: ClassVar[str] = "lm"
 
     def problems(self) -> list[str]:
         """Every wrong setting, one sentence each (empty when all are right)."""
@@ -49,6 +53,9 @@ class Objective:
 
     def configure_model(self, module: pl.LightningModule) -> None:
         """Called once the module's model is built (inside the strategy's construction context)."""
+
+    def on_fit_start(self, module: pl.LightningModule) -> None:
+        """Called once the strategy has set up the module (its model sharded or wrapped), before the first batch."""
 
     def training_step(self, module: pl.LightningModule, batch: dict[str, Any]) -> torch.Tensor:
         """The loss to back-propagate for this micro-batch (logging through ``module.log``)."""
