@@ -42,8 +42,8 @@ LAYERS: tuple[dict[str, tuple[str, ...]], ...] = (
         )
     },
     {"models": ("models",), "data": ("data",), "metrics": ("metrics",)},
-    {"planner": ("planner",), "checkpointing": ("checkpointing", "hf_folder")},
-    {"module": ("module",), "strategies": ("strategies",)},
+    {"planner": ("planner",), "checkpointing": ("checkpointing", "hf_folder"), "engine": ("engine",)},
+    {"module": ("module", "objectives"), "strategies": ("strategies",)},
     {"callbacks": ("callbacks", "prediction_writer")},
     {"entry": ("registration", "cli", "commands", "__main__")},
 )
