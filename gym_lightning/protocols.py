@@ -28,6 +28,11 @@ Strategy -> callbacks:
 - ``ProvidesLocalGradients``: ``local_gradients(module) -> list[Tensor] | None``, this rank's gradients
   (``NonFiniteGuard``); ``None`` where an engine owns them. The parameters' ``.grad`` otherwise.
 
+Strategy -> objectives (``objectives.preference``):
+
+- ``HoldsFrozenModels``: ``hold_frozen(build, copy_of) -> nn.Module``, a frozen model (a preference objective's
+  reference) held the way the strategy holds the policy; a whole copy on the module's device otherwise.
+
 Batch keys beyond the shared contract (``data.collate``) that a data loader, a strategy and the module exchange:
 
 - ``STEP_TOKENS_KEY``: the target tokens of the whole optimizer step on this rank (``data.loader``), which the
@@ -44,6 +49,8 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     import torch
     from torch import nn
 
@@ -125,6 +132,27 @@ class ProvidesLocalGradients(Protocol):
     def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None: ...
 
 
+@runtime_checkable
+class HoldsFrozenModels(Protocol):
+    """A strategy that holds frozen models (a preference objective's reference) the way it holds the policy.
+
+    ``hold_frozen(build, copy_of)`` is called once the strategy has set the module up (``on_fit_start``), on every
+    rank. ``build(plan)`` builds the model with the module's one loader (``models.loading.build_causal_lm``) under
+    ``plan``: the strategy passes its build plan and opens its construction context around the call, then shards or
+    partitions the model as it does the policy (FSDP2 shards, ZeRO-3 partitions; a reduced dtype such as bf16 is
+    allowed) and fills the weights the plan recorded, so that no rank that shards ever holds it whole. ``copy_of``,
+    when given, is the policy with its initial values (Lightning restores a checkpoint into a sharded policy only
+    after ``on_fit_start``), which the frozen model must take instead of the source's: a random initialisation,
+    which no folder holds. The answer is the module to call (gradients off,
+    eval mode; the same calls on every rank, as the policy's forward): never a registered submodule of the
+    LightningModule, so never in a checkpoint or the optimizer. Without this protocol the objective keeps a whole
+    copy on the module's device (``objectives.preference.FrozenCopy``), which only strategies that replicate the
+    policy can afford.
+    """
+
+    def hold_frozen(self, build: Callable[[BuildPlan], nn.Module], copy_of: nn.Module | None = None) -> nn.Module: ...
+
+
 def optimizer_facts_of(module: object) -> OptimizerFacts:
     """``module.optimizer_facts()`` when the module provides them, else all unknown."""
     return module.optimizer_facts() if isinstance(module, ProvidesOptimizerFacts) else OptimizerFacts()
@@ -150,6 +178,7 @@ __all__ = [
     "SHIFT_LABELS_KEY",
     "STEP_TOKENS_KEY",
     "AgreesCallCounts",
+    "HoldsFrozenModels",
     "OptimizerFacts",
     "ProvidesBuildPlan",
     "ProvidesFullTensors",
