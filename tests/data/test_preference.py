@@ -283,3 +283,27 @@ def test_loader_counts_pairs_and_resumes_mid_epoch(tmp_path):
     assert isinstance(resumed, StepTokenDataLoader) and len(rest) == 3
     for mine, theirs in zip(seen + rest, first, strict=True):
         assert torch.equal(mine["input_ids"], theirs["input_ids"]) and int(mine[STEP_PAIRS_KEY]) == 4
+
+
+def test_llama_factory_entries_map_through_columns(tmp_path):
+    """What a dataset_info.json entry becomes (format + columns): ranking sharegpt with its own column names, and a
+    kto_tag entry whose tag column is mapped onto label."""
+    ranking = [
+        {
+            "conv": [{"from": "human", "value": f"{i}+{i}?"}],
+            "better": {"from": "gpt", "value": str(2 * i)},
+            "worse": {"from": "gpt", "value": "?"},
+        }
+        for i in range(6)
+    ]
+    columns = {"conversations": "conv", "chosen": "better", "rejected": "worse"}
+    dm = CausalLMDataModule(
+        train_files=str(write_jsonl(tmp_path / "r.jsonl", ranking)), format="preference", columns=columns
+    )
+    batch = next(iter(dm.train_dataloader()))
+    assert dm.batch_kind == "pairs" and batch["input_ids"].shape[0] == 12
+    kto = [{"instruction": f"{i}+{i}?", "output": str(2 * i), "feedback": i % 2 == 0} for i in range(6)]
+    dm = CausalLMDataModule(
+        train_files=str(write_jsonl(tmp_path / "k.jsonl", kto)), format="kto", columns={"label": "feedback"}
+    )
+    assert dm.batch_kind == "unpaired" and next(iter(dm.train_dataloader()))["kto_labels"].shape == (6,)
