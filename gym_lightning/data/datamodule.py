@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import datasets
+import numpy as np
+import torch
 from datasets.distributed import split_dataset_by_node
 from lightning.pytorch import LightningDataModule
 from torch.utils.data import DataLoader, Dataset, DistributedSampler
@@ -17,8 +19,29 @@ from typing_extensions import override
 
 from gym_lightning._compat import rank_zero_info
 from gym_lightning.data.collate import Collator
-from gym_lightning.data.formats import FORMATS, FormatName, TokenizedSample, resolve_format, tokenize_prompt
+from gym_lightning.data.formats import (
+    FORMATS,
+    PREFERENCE_FORMATS,
+    FormatName,
+    TokenizedSample,
+    resolve_format,
+    tokenize_prompt,
+)
 from gym_lightning.data.loader import BATCH_INDEX_KEY, StepTokenDataLoader
+from gym_lightning.data.pairs import (
+    PairCollator,
+    PreferenceRows,
+    UnpairedCollator,
+    kind_of_columns,
+    kind_of_format,
+    kind_problems,
+    settings_problems,
+)
+from gym_lightning.data.preference import (
+    PreferenceSettings,
+    TruncationMode,
+    tokenize_preference_dataset,
+)
 from gym_lightning.data.prepare import (
     DataSource,
     Settings,
@@ -28,12 +51,14 @@ from gym_lightning.data.prepare import (
     load_records_dataset,
     mix,
     pack_dataset,
+    peek_format,
     records_to_dataset,
     resolve_source_format,
     split_indices,
     stream_dataset,
     tokenize_dataset,
 )
+from gym_lightning.data.reference import LogpsFn, precompute
 from gym_lightning.data.sources import read_records, source_fingerprint
 from gym_lightning.data.synthetic import BUNDLED_DATASETS
 from gym_lightning.errors import GymUserError
@@ -105,6 +130,9 @@ class CausalLMDataModule(LightningDataModule):
 
     Data is read and tokenized with Hugging Face ``datasets`` once per node and cached (see
     ``gym_lightning.data.prepare``): ``prepare_data`` (local rank 0) builds the cache, every rank memory-maps it.
+    Preference records (formats ``preference``, ``kto``) give the preference objectives' batches (``batch_kind``,
+    ``gym_lightning.data.pairs``), with the reference model's log-probabilities once ``precompute_reference_logps``
+    has stored them beside the prepared data.
 
     Args:
         dataset: Name of a bundled data set (``"addition"``: 2-digit additions with a fixed validation split).
@@ -119,15 +147,23 @@ class CausalLMDataModule(LightningDataModule):
         val_split: Fraction of the training records held out for validation (a seeded permutation of each set)
             when there are no ``val_files``; in ``[0, 1)``. Only for ``train_files``/``sources``.
         format: Record format of ``train_files`` (and ``val_files``/``predict_files``): ``"auto"`` (detect from the
-            fields), ``"text"``, ``"alpaca"``, ``"sharegpt"``, ``"messages"`` (alias ``"chat"``) or
-            ``"prompt_completion"``. See ``gym_lightning.data.formats``.
+            fields), ``"text"``, ``"alpaca"``, ``"sharegpt"``, ``"messages"`` (alias ``"chat"``),
+            ``"prompt_completion"``, or the preference formats ``"preference"`` (paired) and ``"kto"`` (unpaired).
+            See ``gym_lightning.data.formats`` and ``gym_lightning.data.preference``; ``batch_kind`` says which
+            batches the data gives.
         columns: Renames fields of ``train_files``/``val_files`` to the format's names, ``{format field: column}``.
         tokenizer: Local folder or Hugging Face Hub name of the tokenizer; ``None`` uses the shipped tokenizer. The
             CLI links it from the model.
         trust_remote_code: Allow tokenizer code from the Hub to run (only for sources you trust).
         special_tokens: Tokens of the vocabulary that replace the tokenizer's own (``{"eos_token": "<|im_end|>"}``);
             the CLI links them from the model's.
-        max_seq_length: Maximum tokens per sample (longer samples are cut) and per packed row.
+        max_seq_length: Maximum tokens per sample (longer samples are cut) and per packed row; of preference data,
+            per row of prompt + answer (TRL's ``max_length``).
+        truncation_mode: How a preference row longer than ``max_seq_length`` is cut: ``"keep_start"`` (its end goes;
+            examples whose prompt alone fills it are dropped, as in TRL) or ``"keep_end"`` (its start goes; paired
+            data only). Other data keeps starts.
+        max_prompt_length: Preference data: keep at most the last this many prompt tokens (older TRL's and
+            LLaMA-Factory's prompt cut, before ``max_seq_length``); ``None`` keeps the whole prompt.
         mask_prompt: Train only on the completion (prompt labels are ``-100``); ``False`` trains on every token.
         packing: Concatenate training samples into rows of ``max_seq_length`` tokens, padding-free: rows carry
             restarting ``position_ids`` and no ``attention_mask`` (see ``gym_lightning.data.collate``).
@@ -162,6 +198,8 @@ class CausalLMDataModule(LightningDataModule):
         trust_remote_code: bool = False,
         special_tokens: dict[str, str] | None = None,
         max_seq_length: int = 512,
+        truncation_mode: TruncationMode = "keep_start",
+        max_prompt_length: int | None = None,
         mask_prompt: bool = True,
         packing: bool = False,
         batch_size: int = 8,
@@ -186,6 +224,7 @@ class CausalLMDataModule(LightningDataModule):
         self.val_split, self.format, self.columns, self.tokenizer_source = val_split, format, columns, tokenizer
         self.trust_remote_code, self.max_seq_length, self.mask_prompt = trust_remote_code, max_seq_length, mask_prompt
         self.special_tokens = dict(special_tokens) if special_tokens else None
+        self.truncation_mode, self.max_prompt_length = truncation_mode, max_prompt_length
         self.packing, self.batch_size, self.num_workers, self.seed = packing, batch_size, num_workers, seed
         self.eval_batch_size = eval_batch_size or batch_size
         self.num_proc, self.streaming, self.pin_memory = num_proc, streaming, pin_memory
@@ -194,6 +233,8 @@ class CausalLMDataModule(LightningDataModule):
         self._splits: dict[str, datasets.Dataset] | None = None
         self._predict: list[TokenizedSample] | None = None
         self._train_format: str | None = None
+        self._cache_entry: Path | None = None
+        self._references: dict[str, np.ndarray] = {}  # split -> [rows, 2] precomputed reference log-probabilities
 
     @property
     def tokenizer(self) -> PreTrainedTokenizerBase:
@@ -212,6 +253,88 @@ class CausalLMDataModule(LightningDataModule):
         """Number of token ids the tokenizer can produce (added tokens included)."""
         return len(self.tokenizer)
 
+    @property
+    def batch_kind(self) -> str:
+        """The training batches: ``"lm"`` (SFT formats), ``"pairs"`` (``preference``) or ``"unpaired"`` (``kto``),
+        which the command line checks against the objective's (``data.pairs.batch_kind_problem``). From the prepared
+        data once it is there, else from the formats (``auto``: each source's first record, read as a stream)."""
+        if self._splits is not None:
+            return kind_of_columns(self._splits["train"].column_names)
+        if self.dataset is not None or not (self.train_files or self.sources):
+            return "lm"
+        kinds = {kind_of_format(peek_format(source, self.cache_dir)) for source in self._train_sources()}
+        self._raise_kind_problems(kinds)
+        return kinds.pop()
+
+    def _kind_settings(self) -> dict[str, Any]:
+        names = ("packing", "streaming", "mask_prompt", "truncation_mode", "max_prompt_length")
+        return {name: getattr(self, name) for name in names}
+
+    def _raise_kind_problems(self, kinds: set[str]) -> None:
+        if problems := kind_problems(kinds, self._kind_settings()):
+            raise GymUserError("Invalid data configuration:\n" + "\n".join(f"  - {p}" for p in problems))
+
+    def _preference_settings(self) -> PreferenceSettings:
+        return PreferenceSettings(self.max_seq_length, self.truncation_mode, self.max_prompt_length)
+
+    def _collate(self, kind: str, with_prompts: bool = False) -> Any:
+        """The collate function of ``kind`` batches (``data.collate`` or ``data.pairs``)."""
+        pad = self.tokenizer.pad_token_id
+        if kind == "pairs":
+            return PairCollator(pad, self.max_seq_length, self.truncation_mode)
+        if kind == "unpaired":
+            return UnpairedCollator(pad, self.max_seq_length)
+        return Collator(pad, with_prompts=with_prompts)
+
+    def _rows(self, split: datasets.Dataset, name: str, references: bool = True) -> Dataset:
+        """A prepared split as the loader reads it: as is (``lm``), or as ``PreferenceRows`` (KL partners in chunks
+        of ``batch_size``, as TRL chunks by the per-device training batch; the attached reference values)."""
+        kind = kind_of_columns(split.column_names)
+        if kind == "lm":
+            return split
+        chunk = self.batch_size if kind == "unpaired" else None
+        return PreferenceRows(split, chunk, self._references if references else None, name)
+
+    def precompute_reference_logps(self, logps: LogpsFn, reference_id: str, batch_size: int | None = None) -> None:
+        """TRL's ``precompute_ref_log_probs``, data side: every preference split's reference log-probabilities, read
+        from the data cache or computed by ``logps`` and stored there (``gym_lightning.data.reference``); training
+        batches then carry ``reference_logps``. Call it on every rank together (it is collective: data-parallel
+        forwards, a gather), after the strategy has set the model up and before the training loader is made
+        (``Objective.on_fit_start``).
+
+        Args:
+            logps: A batch of this data module's kind (on the CPU, as collated) -> ``[2B]`` summed log-probabilities
+                of its rows' targets under the reference model, in row order (the reference provider's forward,
+                under ``torch.no_grad()``; it moves the batch to its device).
+            reference_id: Names the reference model (``data.reference.model_fingerprint(folder, dtype=...)``): another
+                id, another stored file.
+            batch_size: Rows per forward (``None``: ``eval_batch_size``).
+        """
+        kind = self.batch_kind
+        if kind == "lm":
+            raise GymUserError("precompute_ref_log_probs needs preference data (format preference or kto).")
+        splits = {
+            name: (self._rows(rows, name, references=False), self._cache_entry)
+            for name, rows in self._tokenized().items()
+        }
+        place = self._data_parallel_place()
+        cut = {"max_length": self.max_seq_length, "truncation_mode": self.truncation_mode}
+        cut["kl_chunk"] = self.batch_size if kind == "unpaired" else None
+        batch, where = batch_size or self.eval_batch_size, (place["rank"], place["num_replicas"])
+        values = precompute(splits, self._collate(kind), logps, cut, reference_id, batch, where, self._gather())
+        self._references.update(values)
+
+    def _gather(self) -> Callable[[torch.Tensor], torch.Tensor] | None:
+        """All ranks' tensors, stacked (the strategy's ``all_gather``, on its device); ``None`` in one process."""
+        strategy = self.trainer.strategy if self.trainer is not None else None
+        if strategy is None or strategy.world_size == 1:
+            return None
+
+        def gather(tensor: torch.Tensor) -> torch.Tensor:
+            return strategy.all_gather(tensor.to(strategy.root_device))
+
+        return gather
+
     @override
     def prepare_data(self) -> None:
         # Lightning calls this on the local rank 0 of every node before any setup: the node's tokenization.
@@ -228,15 +351,17 @@ class CausalLMDataModule(LightningDataModule):
         accumulate = self.trainer.accumulate_grad_batches if self.trainer is not None else 1
         if self.streaming:
             return self._stream_loader(accumulate)
-        dataset = self._tokenized()["train"]
+        train = self._tokenized()["train"]
+        kind, rows = kind_of_columns(train.column_names), self._rows(train, "train")
         return StepTokenDataLoader(
-            dataset,
+            rows,
             batch_size=self.batch_size,
-            sampler=EpochShuffleSampler(dataset, self.seed, **self._data_parallel_place()),
-            collate_fn=Collator(self.tokenizer.pad_token_id),
+            sampler=EpochShuffleSampler(rows, self.seed, **self._data_parallel_place()),
+            collate_fn=self._collate(kind),
             num_workers=self.num_workers,
             pin_memory=self._pins(),
             accumulate_grad_batches=accumulate,
+            pairs=kind != "lm",
         )
 
     def _pins(self) -> bool:
@@ -255,6 +380,7 @@ class CausalLMDataModule(LightningDataModule):
         return {"num_replicas": int(kwargs["num_replicas"]), "rank": int(kwargs["rank"])}
 
     def _stream_loader(self, accumulate: int) -> DataLoader:
+        self._raise_kind_problems({self.batch_kind})  # preference data is not streamed
         streams = [stream_dataset(s, self.tokenizer, self._settings(), self.cache_dir) for s in self._train_sources()]
         stream = mix(streams, [s.weight for s in self._train_sources()], self.seed)
         place = self._data_parallel_place()
@@ -287,7 +413,8 @@ class CausalLMDataModule(LightningDataModule):
         splits = self._tokenized()
         if "val" not in splits or len(splits["val"]) == 0:
             return []  # no validation data: Lightning skips validation
-        return self._eval_loader(splits["val"])
+        kind = kind_of_columns(splits["val"].column_names)
+        return self._eval_loader(self._rows(splits["val"], "val"), self._collate(kind, with_prompts=True))
 
     @override
     def predict_dataloader(self) -> DataLoader:
@@ -300,15 +427,17 @@ class CausalLMDataModule(LightningDataModule):
         val = self._tokenized().get("val") if (self.dataset or self.train_files or self.sources) else None
         if val is None or len(val) == 0:
             raise GymUserError("There is nothing to predict: set data.predict_files (or have validation data).")
+        if kind_of_columns(val.column_names) != "lm":
+            raise GymUserError("The validation data holds preference pairs, not prompts: set data.predict_files.")
         rank_zero_info("No data.predict_files: predicting the prompts of the validation data.")
         return self._eval_loader(PromptView(val))
 
-    def _eval_loader(self, dataset: Dataset) -> DataLoader:
+    def _eval_loader(self, dataset: Dataset, collate: Any = None) -> DataLoader:
         return DataLoader(
             dataset,
             batch_size=self.eval_batch_size,
             shuffle=False,
-            collate_fn=Collator(self.tokenizer.pad_token_id, with_prompts=True),
+            collate_fn=collate or Collator(self.tokenizer.pad_token_id, with_prompts=True),
             num_workers=self.num_workers,
             pin_memory=self._pins(),
         )
@@ -331,8 +460,13 @@ class CausalLMDataModule(LightningDataModule):
         if self._splits is None:
             sources = [] if self.dataset is not None else self._train_sources()
             val = source_fingerprint(self.val_files, "train", None) if self.val_files else None
-            extra = json.dumps({"bundled": self.dataset, "val": val, "format": self.format, "columns": self.columns})
-            key = fingerprint(sources, self.tokenizer, self._settings(), extra)
+            extra = {"bundled": self.dataset, "val": val, "format": self.format, "columns": self.columns}
+            # Only when set (only preference data takes them): at their defaults, the keys of other data stay the
+            # ones earlier versions gave, so their caches stay valid.
+            if self.truncation_mode != "keep_start" or self.max_prompt_length is not None:
+                extra["preference"] = {"truncation_mode": self.truncation_mode, "prompt": self.max_prompt_length}
+            key = fingerprint(sources, self.tokenizer, self._settings(), json.dumps(extra))
+            self._cache_entry = self.cache_dir.expanduser().resolve() / key
             self._splits = build_or_load(self.cache_dir, key, self._build)
             packed = " packed" if self.packing else ""
             rank_zero_info(f"Training data: {len(self._splits['train'])}{packed} rows (int32, memory-mapped).")
@@ -341,6 +475,10 @@ class CausalLMDataModule(LightningDataModule):
     def _tokenize(
         self, rows: datasets.Dataset, format: str, with_prompts: bool, label: str, cache_file: Path
     ) -> datasets.Dataset:
+        if format in PREFERENCE_FORMATS:
+            return tokenize_preference_dataset(
+                rows, format, self.tokenizer, self._settings(), self._preference_settings(), label, str(cache_file)
+            )
         return tokenize_dataset(rows, format, self.tokenizer, self._settings(), with_prompts, label, cache_file)
 
     def _build(self, staging: Path) -> dict[str, datasets.Dataset]:
@@ -356,6 +494,7 @@ class CausalLMDataModule(LightningDataModule):
                 else [(records_to_dataset(bundled.val), "prompt_completion", f"{self.dataset}[val]")],
             )
             self._train_format = "prompt_completion"
+            self._raise_kind_problems({"lm"})
         else:
             train_parts, weights, val_parts = self._build_sources(staging)
         if self.val_files:
@@ -381,9 +520,12 @@ class CausalLMDataModule(LightningDataModule):
         self, staging: Path
     ) -> tuple[list[datasets.Dataset], list[float], list[tuple[datasets.Dataset, str, str]]]:
         train_parts, weights, val_parts = [], [], []
-        for index, source in enumerate(self._train_sources()):
-            rows, label = load_records_dataset(source, self.cache_dir)
-            format = resolve_source_format(source, rows, label)
+        loaded = [load_records_dataset(source, self.cache_dir) for source in self._train_sources()]
+        formats = [resolve_source_format(s, *rows) for s, rows in zip(self._train_sources(), loaded, strict=True)]
+        self._raise_kind_problems({kind_of_format(format) for format in formats})
+        for index, (source, (rows, label), format) in enumerate(
+            zip(self._train_sources(), loaded, formats, strict=True)
+        ):
             self._train_format = self._train_format or format
             if self.val_split > 0 and not self.val_files:
                 train_index, val_index = split_indices(len(rows), self.val_split, self.seed)
@@ -412,6 +554,7 @@ def _config_problems(args: dict) -> list[str]:
     if args["format"] not in FORMATS:
         problems.append(f"format={args['format']!r} is unknown; valid formats are: {', '.join(FORMATS)}.")
     problems += check_sources(args["sources"] or [])
+    problems += settings_problems(args)
     if args["streaming"]:
         clashes = [n for n in ("packing", "val_split", "val_files", "dataset", "num_workers") if args[n]]
         if clashes:

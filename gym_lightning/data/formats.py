@@ -21,6 +21,7 @@ Formats (``format=`` of the data module; ``columns`` renames a data set's fields
   ``human``/``user``, ``gpt``/``assistant``, ``system``, ``function_call`` (an assistant tool call whose value is the
   JSON ``{"name", "arguments"}``) and ``observation``/``tool`` (a tool result); converted to ``messages``.
   ``tools`` may be a JSON string (as in LLaMA-Factory's data sets) or a list.
+- ``preference`` (paired) and ``kto`` (unpaired) preference records: see ``gym_lightning.data.preference``.
 - ``auto``: picks one of the above from the fields of the first record and says which (rank-zero info).
 
 Chat targets are exactly what the assistant says in every turn and its end-of-turn token (see
@@ -48,10 +49,12 @@ from gym_lightning.data.tokens import special_prefix
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 
-FormatName = Literal["auto", "text", "alpaca", "sharegpt", "messages", "chat", "prompt_completion"]
+FormatName = Literal["auto", "text", "alpaca", "sharegpt", "messages", "chat", "prompt_completion", "preference", "kto"]
 FORMATS: tuple[str, ...] = get_args(FormatName)
 ALIASES = {"chat": "messages"}
 CHAT_FORMATS = ("messages", "sharegpt")
+PREFERENCE_FORMATS = ("preference", "kto")  # tokenized by gym_lightning.data.preference, not here
+KTO_LABEL_FIELDS = ("label", "kto_tag")  # TRL's and LLaMA-Factory's name of the desirable flag
 # Fields a record must have to train (all of them) and to predict (only the prompt side).
 TRAIN_FIELDS = {
     "text": ("text",),
@@ -59,6 +62,9 @@ TRAIN_FIELDS = {
     "sharegpt": ("conversations",),
     "messages": ("messages",),
     "prompt_completion": ("prompt", "completion"),
+    # The least each needs; gym_lightning.data.preference reads the other shapes (implicit prompt, LLaMA-Factory's).
+    "preference": ("chosen", "rejected"),
+    "kto": ("completion", "label"),
 }
 PREDICT_FIELDS = {**TRAIN_FIELDS, "alpaca": ("instruction",), "prompt_completion": ("prompt",)}
 OPTIONAL_TEXT_FIELDS = {"alpaca": ("input", "system")}
@@ -107,9 +113,23 @@ def canonical(format: str) -> str:
     return ALIASES.get(format, format)
 
 
+def preference_format(record: Record) -> str | None:
+    """``preference`` for a record with ``chosen`` and ``rejected``, ``kto`` for one with a boolean ``label`` (or
+    ``kto_tag``) and an answer (``completion``, ``output`` or a conversation), else ``None``."""
+    data = record.data
+    if data.get("chosen") is not None and data.get("rejected") is not None:
+        return "preference"
+    label = next((data[key] for key in KTO_LABEL_FIELDS if data.get(key) is not None), None)
+    answers = ("completion", "output", "messages", "conversations")
+    return "kto" if isinstance(label, bool) and any(data.get(key) is not None for key in answers) else None
+
+
 def detect_format(record: Record, for_predict: bool = False) -> str:
-    """The format whose fields ``record`` has, checked in the order messages, sharegpt, alpaca, prompt_completion,
-    text (a ``messages`` list of ``from``/``value`` turns is ShareGPT)."""
+    """The format whose fields ``record`` has: ``preference``/``kto`` (``preference_format``; not for prediction),
+    then in the order messages, sharegpt, alpaca, prompt_completion, text (a ``messages`` list of ``from``/``value``
+    turns is ShareGPT)."""
+    if not for_predict and (preference := preference_format(record)) is not None:
+        return preference
     fields = PREDICT_FIELDS if for_predict else TRAIN_FIELDS
     for name in ("messages", "sharegpt", "alpaca", "prompt_completion", "text"):
         if all(record.data.get(key) is not None for key in fields[name]):
@@ -117,7 +137,8 @@ def detect_format(record: Record, for_predict: bool = False) -> str:
             if name == "messages" and isinstance(turns, list) and turns and "from" in (turns[0] or {}):
                 return "sharegpt"
             return name
-    expected = "; ".join(f"{name}: {', '.join(keys)}" for name, keys in fields.items())
+    shown = [name for name in fields if not (for_predict and name in PREFERENCE_FORMATS)]
+    expected = "; ".join(f"{name}: {', '.join(fields[name])}" for name in shown)
     present = sorted(key for key, value in record.data.items() if value is not None)
     raise GymUserError(
         f"{record.origin}: cannot detect the data format from the fields {present}. Expected the fields of one "
@@ -235,7 +256,7 @@ def uniform_plain_slots(batch: dict[str, list], format: str) -> tuple[list[list[
 
 
 # ------------------------------------------------------------------------------------------------- chat formats
-def _parse_json(value: Any, what: str, origin: str) -> Any:
+def parse_json(value: Any, what: str, origin: str) -> Any:
     if not isinstance(value, str):
         return value
     try:
@@ -254,7 +275,7 @@ def _sharegpt_turn(turn: Any, origin: str) -> dict[str, Any]:
         )
     if turn["from"] != "function_call":
         return {"role": role, "content": turn["value"]}
-    calls = _parse_json(turn["value"], "a function_call value", origin)
+    calls = parse_json(turn["value"], "a function_call value", origin)
     calls = calls if isinstance(calls, list) else [calls]
     if not all(isinstance(c, dict) and "name" in c for c in calls):
         raise GymUserError(f'{origin}: a function_call value must be {{"name": ..., "arguments": ...}} (JSON).')
@@ -282,7 +303,7 @@ def drop_nulls(value: Any) -> Any:
 def conversation(record: Record, format: str) -> tuple[list[dict[str, Any]], list[Any] | None]:
     """The OpenAI-style messages and the tools of a ``messages`` or ``sharegpt`` record (checked)."""
     data = record.data
-    tools = drop_nulls(_parse_json(data.get("tools"), "'tools'", record.origin)) or None
+    tools = drop_nulls(parse_json(data.get("tools"), "'tools'", record.origin)) or None
     if format == "sharegpt":
         turns = data["conversations"] if data.get("conversations") is not None else data.get("messages")
         if not isinstance(turns, list) or not turns:
@@ -300,7 +321,7 @@ def conversation(record: Record, format: str) -> tuple[list[dict[str, Any]], lis
     for message in messages:
         for call in message.get("tool_calls") or []:
             function = call.get("function", {}) if isinstance(call, dict) else {}
-            function["arguments"] = _parse_json(function.get("arguments", {}), "tool call arguments", record.origin)
+            function["arguments"] = parse_json(function.get("arguments", {}), "tool call arguments", record.origin)
     return messages, tools
 
 
@@ -356,6 +377,11 @@ def tokenize_prompt(
 ) -> TokenizedSample:
     """A prediction sample: only the prompt (``input_ids == prompt_ids``, no targets) and the reference, if any."""
     format = canonical(format)
+    if format in PREFERENCE_FORMATS:
+        raise GymUserError(
+            f"{record.origin}: prediction reads prompts, and data.format {format!r} describes preference training "
+            "records; predict with data.format auto (records with a prompt, chat messages or alpaca instructions)."
+        )
     check_fields(record, format, for_predict=True)
     prompt, reference = prompt_text(record, format, tokenizer)
     ids = prompt_ids_of(tokenizer, prompt, format, max_seq_length)

@@ -3,8 +3,10 @@
 Lightning gives ``training_step`` one micro-batch at a time, so the module cannot know the token count of the
 whole gradient-accumulation window by itself. This loader reads the window ahead (as the Hugging Face Trainer's
 ``get_batch_samples`` does) and attaches the local count to every batch of the window as ``step_target_tokens``.
-The module sums that count over data-parallel ranks. Windows restart at every epoch and hold
-``accumulate_grad_batches`` batches, exactly the grouping Lightning's loop uses to decide when to step.
+The module sums that count over data-parallel ranks. Preference batches (``data.pairs``: two rows per example) also
+get ``step_pairs``, the window's examples on this rank, for objectives that average over examples. Windows restart
+at every epoch and hold ``accumulate_grad_batches`` batches, exactly the grouping Lightning's loop uses to decide
+when to step. The resume position below counts data set rows, which for preference data are examples (pairs).
 
 Mid-epoch resume: Lightning's fit loop saves ``state_dict()`` of every training DataLoader that has one in the
 checkpoint and, when it restarts inside an epoch, hands it back through ``load_state_dict`` before iterating
@@ -38,6 +40,7 @@ from gym_lightning.loss import count_target_tokens
 from gym_lightning.protocols import STEP_TOKENS_KEY
 
 BATCH_INDEX_KEY = "stream_batch_index"  # streamed batches only; CausalLMDataModule.on_before_batch_transfer pops it
+STEP_PAIRS_KEY = "step_pairs"  # preference batches: this rank's examples (pairs) in the optimizer step
 
 
 def batches_to_skip(state: dict[str, Any], batch_size: int, num_replicas: int, num_batches: int) -> int:
@@ -67,10 +70,14 @@ class StepTokenDataLoader(DataLoader):
         accumulate_grad_batches: Micro-batches per optimizer step (the Trainer's ``accumulate_grad_batches``).
         stream_ranks: For a streamed data set already split between the data-parallel ranks
             (``split_dataset_by_node``): how many ranks share it (a map-style set's sampler says so itself).
+        pairs: Batches hold two rows per example (``pairs``/``unpaired``): attach ``step_pairs`` too. Their
+            ``step_target_tokens`` counts the targets of all rows (KTO's KL rows included).
         **kwargs: As for ``torch.utils.data.DataLoader``.
     """
 
-    def __init__(self, *args: Any, accumulate_grad_batches: int = 1, stream_ranks: int = 1, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, accumulate_grad_batches: int = 1, stream_ranks: int = 1, pairs: bool = False, **kwargs: Any
+    ) -> None:
         if not isinstance(accumulate_grad_batches, int) or accumulate_grad_batches < 1:
             raise GymUserError(
                 f"accumulate_grad_batches must be a positive integer, got {accumulate_grad_batches!r}; "
@@ -79,6 +86,7 @@ class StepTokenDataLoader(DataLoader):
         super().__init__(*args, **kwargs)
         self.accumulate_grad_batches = accumulate_grad_batches
         self.stream_ranks = stream_ranks
+        self.pairs = pairs
         self._yielded = 0  # batches handed out in the current pass
         self._skip = 0  # batches the next pass skips (set by load_state_dict)
         self._resumed_at: int | None = None  # batches of the interrupted epoch already trained (resumed_batches)
@@ -92,14 +100,17 @@ class StepTokenDataLoader(DataLoader):
         batches = self._with_positions(super().__iter__())
         index = 0
         while window := list(islice(batches, self.accumulate_grad_batches)):
-            total = torch.stack([count_target_tokens(batch["labels"]) for batch, _ in window]).sum()
+            counts = {STEP_TOKENS_KEY: torch.stack([count_target_tokens(batch["labels"]) for batch, _ in window]).sum()}
+            if self.pairs:
+                counts[STEP_PAIRS_KEY] = torch.tensor(sum(len(batch["input_ids"]) // 2 for batch, _ in window))
             if self.pin_memory and torch.accelerator.is_available():  # the DataLoader's own condition for pinning
-                total = total.pin_memory()  # the batch was pinned by the DataLoader; the count joins it after
+                # The batch was pinned by the DataLoader; the counts join it after.
+                counts = {key: value.pin_memory() for key, value in counts.items()}
             for batch, position in window:
                 index += 1
                 if index <= skip:
                     continue
-                batch[STEP_TOKENS_KEY] = total
+                batch.update(counts)
                 self._yielded, self._position = index, position  # set before the consumer sees the batch
                 if position is not None:
                     batch[BATCH_INDEX_KEY] = index

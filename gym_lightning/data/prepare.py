@@ -217,6 +217,22 @@ def resolve_source_format(source: DataSource, dataset: datasets.Dataset, label: 
     return detected
 
 
+def peek_format(source: DataSource, cache_dir: Path) -> str:
+    """A source's format before it is prepared: as given, or detected from its first record, read as a stream (a
+    Hub set that cannot be streamed now is read from ``datasets``' cache)."""
+    if source.format != "auto":
+        return canonical(source.format)
+    try:
+        rows, label = load_source(source.path, source.split, source.subset, cache_dir / "hf", streaming=True)
+        first = next(iter(rename_columns(rows, source.columns, label)), None)
+    except GymUserError:
+        rows, label = load_records_dataset(source, cache_dir)
+        first = rows[0] if len(rows) else None
+    if first is None:
+        raise GymUserError(f"The data set {label} is empty: it holds no records.")
+    return detect_format(Record(first, f"{label} record 1"))
+
+
 def rename_columns(dataset: datasets.Dataset, columns: dict[str, str] | None, label: str) -> datasets.Dataset:
     """Apply a ``{format field: column}`` mapping."""
     if not columns:
@@ -229,6 +245,15 @@ def rename_columns(dataset: datasets.Dataset, columns: dict[str, str] | None, la
             "the column names in `columns` ({format field: column of the data set})."
         )
     return dataset.rename_columns({column: field for field, column in columns.items() if column != field})
+
+
+def map_processes(settings: Settings, num_records: int) -> int | None:
+    """Worker processes of a tokenizing ``map`` (``None``: in this process). They cost ~1-2 s each to start: only
+    worth it for large sets, unless ``num_proc`` says otherwise."""
+    num_proc = settings.num_proc if settings.num_proc is not None else (min(os.cpu_count() or 1, 8))
+    if settings.num_proc is None and num_records <= 50_000:
+        return None
+    return num_proc if num_proc > 1 else None
 
 
 def tokenize_dataset(
@@ -244,12 +269,6 @@ def tokenize_dataset(
     ``cache_file``: where the tokenized rows are written (``num_proc`` workers add ``_0000k_of_0000n`` to the name);
     ``None``: ``datasets``' cache next to the source (or memory)."""
     features = datasets.Features({**TOKEN_FEATURES, **(PROMPT_FEATURES if with_prompts else {})})
-    # Worker processes cost ~1-2 s each to start: only worth it for large sets.
-    num_proc = (
-        settings.num_proc
-        if settings.num_proc is not None
-        else (min(os.cpu_count() or 1, 8) if len(dataset) > 50_000 else None)
-    )
     tokenized = dataset.map(
         Tokenize(format, tokenizer, settings.max_seq_length, settings.mask_prompt, with_prompts, label),
         batched=True,
@@ -257,7 +276,7 @@ def tokenize_dataset(
         with_indices=True,
         remove_columns=dataset.column_names,
         features=features,
-        num_proc=num_proc if num_proc and num_proc > 1 else None,
+        num_proc=map_processes(settings, len(dataset)),
         cache_file_name=None if cache_file is None else str(cache_file),
         desc=f"Tokenizing {label}",
     )

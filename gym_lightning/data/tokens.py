@@ -45,10 +45,13 @@ def encode(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[Enc
 ENCODE_CHUNK = 64
 
 
-def encode_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[list[int]]:
-    """``tokenizer(texts, add_special_tokens=False)["input_ids"]`` (straight from the Rust backend when fast)."""
+def encode_ids(
+    tokenizer: PreTrainedTokenizerBase, texts: Sequence[str], add_special_tokens: bool = False
+) -> list[list[int]]:
+    """``tokenizer(texts, add_special_tokens=...)["input_ids"]`` (straight from the Rust backend when fast; its
+    post-processor adds the special tokens as transformers' call does)."""
     if not tokenizer.is_fast:
-        return tokenizer(list(texts), add_special_tokens=False)["input_ids"] if texts else []
+        return tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"] if texts else []
     # No offsets: the plain formats label whole segments. encode_batch_fast skips computing them: 8.2-10.0 vs
     # 10.5-11.1 CPU-s for the 80k segments of 40k generated alpaca records, interleaved, idle machine (30 Nov 2026);
     # an earlier single measurement at load ~8 had it slower, which three interleaved repeats did not confirm.
@@ -58,7 +61,7 @@ def encode_ids(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list
     return [
         encoding.ids
         for start in range(0, len(texts), ENCODE_CHUNK)
-        for encoding in encode_batch(texts[start : start + ENCODE_CHUNK], add_special_tokens=False)
+        for encoding in encode_batch(texts[start : start + ENCODE_CHUNK], add_special_tokens=add_special_tokens)
     ]
 
 

@@ -190,7 +190,7 @@ def test_auto_detection_failure_lists_expected_fields():
 
 
 def test_unknown_format_lists_valid_ones():
-    valid = "auto, text, alpaca, sharegpt, messages, chat, prompt_completion"
+    valid = "auto, text, alpaca, sharegpt, messages, chat, prompt_completion, preference, kto"
     with pytest.raises(ValueError, match=f"valid formats are: {valid}"):
         resolve_format("oasst", [Record({"text": "a"}, "r:1")])
     assert tuple(valid.split(", ")) == FORMATS
