@@ -38,10 +38,12 @@ from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_
 from gym_lightning.checkpointing.safe_load import load_lightning_checkpoint
 from gym_lightning.commands import COMMANDS
 from gym_lightning.data.datamodule import CausalLMDataModule
+from gym_lightning.data.pairs import batch_kind_problem
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.metrics.hardware import gpu_for_device_name
 from gym_lightning.models.presets import resolve_tokenizer_source
 from gym_lightning.module import CausalLMModule
+from gym_lightning.objectives import OBJECTIVES, Objective
 from gym_lightning.patches import apply_patches
 from gym_lightning.planner.auto import AutoChoice, choose_strategy, is_auto
 from gym_lightning.planner.machines import DEFAULT_GPU
@@ -137,10 +139,28 @@ class GymCLI(LightningCLI):
         trainer.strategy.precision_plugin = clipping_precision(trainer.strategy.precision_plugin)
         return trainer
 
+    def before_fit(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
+        """The objective and the data agree on the batches before anything is prepared or built."""
+        if problem := objective_data_problem(self.model, self.datamodule):
+            raise GymUserError(problem)
+
+    def before_validate(self) -> None:
+        self.before_fit()
+
     def before_predict(self) -> None:  # LightningCLI calls ``before_<subcommand>`` hooks by name
         """``predict`` from the command line writes its completions to a file unless a writer is configured."""
         if not any(isinstance(callback, JsonlPredictionWriter) for callback in self.trainer.callbacks):
             self.trainer.callbacks.append(JsonlPredictionWriter())
+
+
+def objective_data_problem(model: object, datamodule: object) -> str | None:
+    """One line when the module's objective reads other batches than the data module gives (an SFT run on preference
+    data, DPO on chat data); ``None`` when they agree or either does not say (a user's own classes)."""
+    objective, kind = getattr(model, "objective", None), getattr(datamodule, "batch_kind", None)
+    if not isinstance(objective, Objective) or not isinstance(kind, str):
+        return None
+    fits = sorted(name for name, cls in OBJECTIVES.items() if cls.batch_kind == kind)
+    return batch_kind_problem(objective.name, objective.batch_kind, kind, fits)
 
 
 def check_ckpt_path(ckpt_path: str | None) -> None:

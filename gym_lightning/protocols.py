@@ -33,6 +33,11 @@ Strategy -> objectives (``objectives.preference``):
 - ``HoldsFrozenModels``: ``hold_frozen(build, copy_of) -> nn.Module``, a frozen model (a preference objective's
   reference) held the way the strategy holds the policy; a whole copy on the module's device otherwise.
 
+Objective -> data module (``objectives.reference_pass``):
+
+- ``StoresReferenceLogps``: ``precompute_reference_logps(logps, reference_id)``, TRL's ``precompute_ref_log_probs``:
+  the data module runs ``logps`` over its preference data once and stores the values beside its prepared data.
+
 Batch keys beyond the shared contract (``data.collate``) that a data loader, a strategy and the module exchange:
 
 - ``STEP_TOKENS_KEY``: the target tokens of the whole optimizer step on this rank (``data.loader``), which the
@@ -153,6 +158,18 @@ class HoldsFrozenModels(Protocol):
     def hold_frozen(self, build: Callable[[BuildPlan], nn.Module], copy_of: nn.Module | None = None) -> nn.Module: ...
 
 
+@runtime_checkable
+class StoresReferenceLogps(Protocol):
+    """A data module that computes a reference model's log-probabilities of its preference data once (``logps``: a
+    collated batch -> ``[rows]`` summed log-probabilities), stores them beside its prepared data under
+    ``reference_id`` (a resume reuses them; another id computes new ones) and hands them out in every batch as
+    ``reference_logps``. Collective: every rank calls it, after the strategy set the module up."""
+
+    def precompute_reference_logps(
+        self, logps: Callable[[dict], torch.Tensor], reference_id: str, batch_size: int | None = None
+    ) -> None: ...
+
+
 def optimizer_facts_of(module: object) -> OptimizerFacts:
     """``module.optimizer_facts()`` when the module provides them, else all unknown."""
     return module.optimizer_facts() if isinstance(module, ProvidesOptimizerFacts) else OptimizerFacts()
@@ -186,6 +203,7 @@ __all__ = [
     "ProvidesMicroBatchSize",
     "ProvidesModelFacts",
     "ProvidesOptimizerFacts",
+    "StoresReferenceLogps",
     "micro_batch_size_of",
     "optimizer_facts_of",
 ]

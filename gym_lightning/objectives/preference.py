@@ -39,6 +39,7 @@ from gym_lightning.models.loading import build_causal_lm
 from gym_lightning.models.plan import BuildPlan
 from gym_lightning.models.presets import is_preset
 from gym_lightning.objectives.base import Objective
+from gym_lightning.objectives.reference_pass import precompute_reference_pass
 from gym_lightning.protocols import HoldsFrozenModels
 
 if TYPE_CHECKING:
@@ -394,8 +395,13 @@ class PreferenceObjective(Objective):
 
     @override
     def on_fit_start(self, module: pl.LightningModule) -> None:
-        if self.reference_settings() is not None:
-            self.reference(module).setup(module)
+        settings = self.reference_settings()
+        if settings is None:
+            return
+        if settings[0]:  # precompute_ref_log_probs: one pass now, stored with the data (objectives.reference_pass)
+            provider = precompute_reference(module, settings[1])
+            precompute_reference_pass(module, provider, settings[1], isinstance(provider, AdaptersOff))
+        self.reference(module).setup(module)
 
     def reference(self, module: pl.LightningModule) -> ReferenceLogps:
         """This run's reference provider (``reference_for``), chosen once."""
