@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 import llama_factory_fields
 import pytest
 import yaml
-from launch_lines import LINES, LLAMA_FACTORY_DATASET_INFO
+from launch_lines import LINES, LLAMA_FACTORY_DATASET_INFO, LLAMA_FACTORY_QWEN3_PRETRAIN, argv_for
 from transformers import TrainingArguments
 
 from gym_lightning import cli
@@ -215,6 +215,20 @@ def test_llama_factory_pretraining_yaml_reads_c4_demo_through_dataset_info(tmp_p
         "2048",
     )
     assert json.loads(values["model.lora"]) == {"r": 8, "alpha": 16, "target_modules": ["all-linear"]}
+
+
+def test_both_llama_factory_pretraining_examples_are_the_same_run(tmp_path: Path) -> None:
+    """qwen3_lora_pretrain.yaml (LLaMA-Factory's newer name of the example, not run by the matrix) becomes the same
+    gym fit arguments as the llama3 one the matrix runs, but for the output folder."""
+    (llama3,) = [line for line in LINES if line.name == "llamafactory_lora_pretrain"]
+    _jsonl(tmp_path / "c4_demo.jsonl", [{"text": "a web page"}])
+    (tmp_path / "dataset_info.json").write_text(json.dumps(LLAMA_FACTORY_DATASET_INFO))
+    runs = []
+    for line in (llama3, LLAMA_FACTORY_QWEN3_PRETRAIN):
+        out = tmp_path / line.name
+        argv = argv_for(line, {"model": "tiny-llama", "data": str(tmp_path), "out": str(out), "nproc": "1"})
+        runs.append([arg.replace(str(out), "OUT") for arg in to_cli_args(parse_train_args(argv[1:]), env={})])
+    assert runs[0] == runs[1] and "--model.objective=pt" in runs[0]
 
 
 class _Probe(SFT):
