@@ -18,7 +18,9 @@ import argparse
 import difflib
 import importlib
 import importlib.util
+import json
 import os
+import shlex
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -26,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+import yaml
 from jsonargparse import Namespace
 from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
@@ -101,7 +104,14 @@ class GymCLI(LightningCLI):
 
     @override
     def parse_arguments(self, parser: LightningArgumentParser, args: Any) -> None:
-        super().parse_arguments(parser, args)
+        try:
+            super().parse_arguments(parser, args)
+        except argparse.ArgumentError as err:
+            # jsonargparse's own words for this one are a dump of its union types; say what works instead.
+            argv = list(sys.argv[1:] if args is None else args) if not isinstance(args, dict | Namespace) else []
+            if (line := named_strategy_with_init_args(argv)) is None:
+                raise
+            raise GymUserError(line) from err
         subcommand = self.config.get("subcommand")
         if subcommand:
             check_ckpt_path(self.config[subcommand].get("ckpt_path"))
@@ -161,6 +171,70 @@ def objective_data_problem(model: object, datamodule: object) -> str | None:
         return None
     fits = sorted(name for name, cls in OBJECTIVES.items() if cls.batch_kind == kind)
     return batch_kind_problem(objective.name, objective.batch_kind, kind, fits)
+
+
+def named_strategy_with_init_args(argv: list[str]) -> str | None:
+    """The one line for a registered strategy name given init args (``--trainer.strategy zero_infinity
+    --trainer.strategy.nvme_path /scratch``), which jsonargparse refuses (a name is a string, not a class): the
+    class-path form that works, the name's own init args included; ``None`` when ``argv`` is not that case.
+
+    The name is the last ``--trainer.strategy`` of ``argv``, else the one of a ``--config`` file it names.
+    """
+    from lightning.pytorch.strategies import StrategyRegistry
+
+    given = dict(_dotted_values(argv, "--trainer.strategy."))
+    name = next((value for key, value in reversed(_dotted_values(argv, "--trainer.strategy")) if not key), None)
+    name = name if name is not None else _config_strategy(argv)
+    if not given or not isinstance(name, str) or name not in StrategyRegistry:
+        return None
+    entry = StrategyRegistry[name]
+    init_args = {**entry["init_params"], **given}
+    form = f"--trainer.strategy {_class_path(entry['strategy'])}"
+    form += "".join(f" --trainer.strategy.{key} {_cli_value(value)}" for key, value in init_args.items())
+    flags = ", ".join(f"--trainer.strategy.{key}" for key in given)
+    return (
+        f"--trainer.strategy {name} is a registered name, which takes no init args ({flags}); give its class with "
+        f"them: {form} (in YAML: strategy: {{class_path: ..., init_args: {{...}}}})."
+    )
+
+
+def _dotted_values(argv: list[str], prefix: str) -> list[tuple[str, str]]:
+    """``(key after prefix, value)`` of every ``--prefix...`` argument of ``argv`` (``--k v`` and ``--k=v``)."""
+    found = []
+    for index, arg in enumerate(argv):
+        flag, equals, value = arg.partition("=")
+        if flag.startswith(prefix) and (equals or index + 1 < len(argv)):
+            found.append((flag[len(prefix) :], value if equals else argv[index + 1]))
+    return found
+
+
+def _config_strategy(argv: list[str]) -> Any:
+    """``trainer.strategy`` of the last ``--config`` file of ``argv`` that sets it (``None`` if none does)."""
+    strategy = None
+    for _, path in [(key, value) for key, value in _dotted_values(argv, "--config") if not key]:
+        try:
+            config = yaml.safe_load(Path(path).read_text(encoding="utf-8")) or {}
+        except (OSError, yaml.YAMLError):
+            continue  # jsonargparse reports a config it cannot read
+        trainer = config.get("trainer") if isinstance(config, dict) else None
+        strategy = trainer.get("strategy", strategy) if isinstance(trainer, dict) else strategy
+    return strategy
+
+
+def _class_path(cls: type) -> str:
+    """The shortest import path of ``cls`` below its top package (``gym_lightning.strategies.ZeROStrategy``, as the
+    shipped configs write it, not its defining module)."""
+    parts = cls.__module__.split(".")
+    for end in range(min(2, len(parts)), len(parts) + 1):
+        module = ".".join(parts[:end])
+        if getattr(importlib.import_module(module), cls.__qualname__, None) is cls:
+            return f"{module}.{cls.__qualname__}"
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _cli_value(value: Any) -> str:
+    """A value as a command-line word jsonargparse reads back (JSON for anything but plain strings)."""
+    return shlex.quote(value) if isinstance(value, str) else shlex.quote(json.dumps(value))
 
 
 def check_ckpt_path(ckpt_path: str | None) -> None:

@@ -59,7 +59,7 @@ from gym_lightning.data.prepare import (
     tokenize_dataset,
 )
 from gym_lightning.data.reference import LogpsFn, precompute
-from gym_lightning.data.sources import read_records, source_fingerprint
+from gym_lightning.data.sources import MIX_STRATEGIES, MixStrategy, read_records, source_fingerprint
 from gym_lightning.data.synthetic import BUNDLED_DATASETS
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
@@ -141,6 +141,10 @@ class CausalLMDataModule(LightningDataModule):
             paragraphs, ``.arrow``) or a Hugging Face Hub data set name (its ``train`` split).
         sources: Several training data sets mixed with weights and per-set caps (``DataSource``: ``path``,
             ``format``, ``columns``, ``weight``, ``max_samples``, ``split``, ``subset``). Instead of ``train_files``.
+        mix: How ``sources`` become one training set (LLaMA-Factory's ``mix_strategy`` names): ``interleave_over``
+            (the default) draws from each in proportion to its ``weight`` until every one is drawn completely (a
+            smaller share repeats), ``interleave_under`` until the first runs out, ``concat`` takes each record once,
+            one set after the other (the sampler shuffles every epoch; weights must stay 1).
         val_files: Validation files or glob patterns. Replace the bundled data set's validation split if given.
         predict_files: Files with prompts for ``predict`` (records with ``prompt``, alpaca ``instruction``/``input``,
             chat ``messages``/``conversations`` or ``text``). Without them, ``predict`` uses the validation prompts.
@@ -189,6 +193,7 @@ class CausalLMDataModule(LightningDataModule):
         dataset: str | None = None,
         train_files: str | list[str] | None = None,
         sources: list[DataSource] | None = None,
+        mix: MixStrategy = "interleave_over",
         val_files: str | list[str] | None = None,
         predict_files: str | list[str] | None = None,
         val_split: float = 0.0,
@@ -219,7 +224,7 @@ class CausalLMDataModule(LightningDataModule):
         # name): it is logged with the module's hyper-parameters, and Lightning refuses to merge a key that both hold
         # with different values (None there, the resolved name here).
         self.save_hyperparameters(ignore=["tokenizer"])
-        self.dataset, self.sources = dataset, list(sources or [])
+        self.dataset, self.sources, self.mix = dataset, list(sources or []), mix
         self.train_files, self.val_files, self.predict_files = train_files, val_files, predict_files
         self.val_split, self.format, self.columns, self.tokenizer_source = val_split, format, columns, tokenizer
         self.trust_remote_code, self.max_seq_length, self.mask_prompt = trust_remote_code, max_seq_length, mask_prompt
@@ -382,7 +387,7 @@ class CausalLMDataModule(LightningDataModule):
     def _stream_loader(self, accumulate: int) -> DataLoader:
         self._raise_kind_problems({self.batch_kind})  # preference data is not streamed
         streams = [stream_dataset(s, self.tokenizer, self._settings(), self.cache_dir) for s in self._train_sources()]
-        stream = mix(streams, [s.weight for s in self._train_sources()], self.seed)
+        stream = mix(streams, [s.weight for s in self._train_sources()], self.seed, self.mix)
         place = self._data_parallel_place()
         if place["num_replicas"] > 1:
             # Lightning gives iterable data sets no distributed sampler: each rank takes its share here.
@@ -461,10 +466,12 @@ class CausalLMDataModule(LightningDataModule):
             sources = [] if self.dataset is not None else self._train_sources()
             val = source_fingerprint(self.val_files, "train", None) if self.val_files else None
             extra = {"bundled": self.dataset, "val": val, "format": self.format, "columns": self.columns}
-            # Only when set (only preference data takes them): at their defaults, the keys of other data stay the
-            # ones earlier versions gave, so their caches stay valid.
+            # Only when set (only preference data takes them; mix only away from its default): at their defaults,
+            # the keys of other data stay the ones earlier versions gave, so their caches stay valid.
             if self.truncation_mode != "keep_start" or self.max_prompt_length is not None:
                 extra["preference"] = {"truncation_mode": self.truncation_mode, "prompt": self.max_prompt_length}
+            if self.mix != "interleave_over":
+                extra["mix"] = self.mix
             key = fingerprint(sources, self.tokenizer, self._settings(), json.dumps(extra))
             self._cache_entry = self.cache_dir.expanduser().resolve() / key
             self._splits = build_or_load(self.cache_dir, key, self._build)
@@ -502,7 +509,7 @@ class CausalLMDataModule(LightningDataModule):
             val_parts = [
                 (rows, self._train_format or resolve_source_format(DataSource(self.val_files), rows, label), label)
             ]
-        train = mix(train_parts, weights, self.seed)
+        train = mix(train_parts, weights, self.seed, self.mix)
         if self.packing:
             train = pack_dataset(train, self.max_seq_length, staging)
         elif len(train_parts) > 1:  # the mix is an indices mapping over the parts: write it out in order
@@ -555,6 +562,10 @@ def _config_problems(args: dict) -> list[str]:
         problems.append(f"format={args['format']!r} is unknown; valid formats are: {', '.join(FORMATS)}.")
     problems += check_sources(args["sources"] or [])
     problems += settings_problems(args)
+    if args["mix"] not in MIX_STRATEGIES:
+        problems.append(f"mix={args['mix']!r} is unknown; choose one of {', '.join(MIX_STRATEGIES)}.")
+    elif args["mix"] == "concat" and any(source.weight != 1.0 for source in args["sources"] or []):
+        problems.append("mix=concat takes every record once: source weights apply to interleave mixes; drop them.")
     if args["streaming"]:
         clashes = [n for n in ("packing", "val_split", "val_files", "dataset", "num_workers") if args[n]]
         if clashes:

@@ -402,13 +402,19 @@ def check_sources(sources: Sequence[DataSource]) -> list[str]:
     return problems
 
 
-def mix(parts: Sequence[datasets.Dataset], weights: Sequence[float], seed: int) -> datasets.Dataset:
-    """Interleave tokenized sets with probabilities proportional to ``weights`` (``datasets.interleave_datasets``)."""
+def mix(
+    parts: Sequence[datasets.Dataset], weights: Sequence[float], seed: int, strategy: str = "interleave_over"
+) -> datasets.Dataset:
+    """Tokenized sets as one (``sources.MIX_STRATEGIES``): interleaved with probabilities proportional to ``weights``
+    (``datasets.interleave_datasets``) until every set, or the first, is drawn completely; or concatenated."""
     if len(parts) == 1:
         return parts[0]
+    if strategy == "concat":
+        return datasets.concatenate_datasets(list(parts))
     total = sum(weights)
+    stopping = "first_exhausted" if strategy == "interleave_under" else "all_exhausted"
     return datasets.interleave_datasets(
-        list(parts), probabilities=[w / total for w in weights], seed=seed, stopping_strategy="all_exhausted"
+        list(parts), probabilities=[w / total for w in weights], seed=seed, stopping_strategy=stopping
     )
 
 

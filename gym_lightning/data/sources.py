@@ -18,7 +18,7 @@ import re
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal, get_args
 
 import datasets
 
@@ -27,6 +27,11 @@ from gym_lightning.errors import GymUserError
 SUPPORTED_SUFFIXES = (".jsonl", ".json", ".txt", ".csv", ".parquet", ".arrow")
 # The ``datasets`` builder of each suffix (``text`` reads one record per paragraph, as ``_read_text`` does).
 BUILDERS = {".jsonl": "json", ".json": "json", ".txt": "text", ".csv": "csv", ".parquet": "parquet", ".arrow": "arrow"}
+# How several training sets become one (LLaMA-Factory's mix_strategy names): ``interleave_over`` draws from each set in
+# proportion to its weight until every set is drawn completely (smaller shares repeat), ``interleave_under`` until the
+# first set runs out, ``concat`` puts them one after the other (each record once; the sampler shuffles every epoch).
+MixStrategy = Literal["interleave_over", "interleave_under", "concat"]
+MIX_STRATEGIES: tuple[str, ...] = get_args(MixStrategy)
 
 
 @dataclass(frozen=True)

@@ -39,6 +39,8 @@ TRANSFORMERS_DEEPSPEED_DOC = (
 TRL = "https://github.com/huggingface/trl/blob/f2cd57710ae345ea6428ae95363267fcf38a3dc8/"
 PEFT = "https://github.com/huggingface/peft/blob/5d602fdbff04c33c1c4de55cda9d4ae1d7cb7e40/"
 LLAMA_FACTORY = "https://github.com/hiyouga/LLaMA-Factory/blob/000526908ae92cc1567130559f04a3436855e0cd/"
+# The snapshot read on 2026-12-05 for the qwen3 pretraining example (its file is unchanged since 95ac3f2).
+LLAMA_FACTORY_LATEST = "https://github.com/hiyouga/LLaMA-Factory/blob/ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30/"
 GYM_README = "README.md of this repository"
 
 # The arguments run_clm.py's README gives for "your own training and validation files"; the DeepSpeed guide's launch
@@ -361,6 +363,103 @@ ddp_timeout: 180000000
 # eval_strategy: steps
 # eval_steps: 500
 """
+# examples/train_lora/llama3_lora_pretrain.yaml and qwen3_lora_pretrain.yaml: stage pt on data/c4_demo.jsonl.
+_LF_LORA_PRETRAIN = """\
+### model
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+trust_remote_code: true
+
+### method
+stage: pt
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+
+### dataset
+dataset: c4_demo
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+
+### output
+output_dir: saves/llama3-8b/lora/pretrain
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none  # choices: [none, wandb, tensorboard, swanlab, mlflow]
+
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+
+### eval
+# eval_dataset: c4_demo
+# val_size: 0.1
+# per_device_eval_batch_size: 1
+# eval_strategy: steps
+# eval_steps: 500
+"""
+_LF_QWEN3_LORA_PRETRAIN = """\
+### model
+model_name_or_path: Qwen/Qwen3-4B-Instruct-2507
+trust_remote_code: true
+
+### method
+stage: pt
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+
+### dataset
+dataset: c4_demo
+cutoff_len: 2048
+max_samples: 1000
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+
+### output
+output_dir: saves/qwen3-4b/lora/pretrain
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none  # choices: [none, wandb, tensorboard, swanlab, mlflow]
+
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 1.0e-4
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+
+### eval
+# eval_dataset: c4_demo
+# val_size: 0.1
+# per_device_eval_batch_size: 1
+# eval_strategy: steps
+# eval_steps: 500
+"""
+# data/dataset_info.json's c4_demo entry ({"text": ...} records read through the alpaca prompt column), verbatim; the
+# test writes it with the local c4_demo.jsonl into the data folder, which the pretraining lines name as dataset_dir.
+LLAMA_FACTORY_DATASET_INFO = {"c4_demo": {"file_name": "c4_demo.jsonl", "columns": {"prompt": "text"}}}
 _LF_CHANGES: dict[str, Any] = {
     "model_name_or_path": "{model}",
     "dataset": "{data}/identity.json,{data}/alpaca_en_demo.json",
@@ -636,6 +735,18 @@ accelerate launch --config_file "configs/fsdp_config_qlora.yaml"  train.py \\
         add={"max_steps": 2},
         adapter_only=True,
     ),
+    LaunchLine(
+        name="llamafactory_lora_pretrain",
+        source=LLAMA_FACTORY
+        + "examples/README.md (LoRA Fine-Tuning, (Continuous) Pre-Training), "
+        + "examples/train_lora/llama3_lora_pretrain.yaml and data/dataset_info.json (c4_demo)",
+        original="llamafactory-cli train examples/train_lora/llama3_lora_pretrain.yaml",
+        config=_LF_LORA_PRETRAIN,
+        # dataset: c4_demo stays: the name is read from dataset_info.json in dataset_dir (LLaMA-Factory's own data/).
+        replace={"model_name_or_path": "{model}", "output_dir": "{out}"},
+        add={"dataset_dir": "{data}", "max_steps": 2},
+        adapter_only=True,
+    ),
     # ---------------------------------------------------------------------------------------------- this README
     LaunchLine(
         name="readme_gym_train_zero3",
@@ -669,6 +780,18 @@ gym train --model_name_or_path Qwen/Qwen3-8B --deepspeed configs/deepspeed/ds_ze
             "--export.output_dir": "{out}/hf",
         },
     ),
+)
+
+# LLaMA-Factory's newer pretraining example, the llama3 one's twin (model and output folder aside): not run (the
+# matrix runs the llama3 one); test_train_tables.py checks that both become the same gym fit arguments.
+LLAMA_FACTORY_QWEN3_PRETRAIN = LaunchLine(
+    name="llamafactory_qwen3_lora_pretrain",
+    source=LLAMA_FACTORY_LATEST + "examples/train_lora/qwen3_lora_pretrain.yaml; data/dataset_info.json",
+    original="llamafactory-cli train examples/train_lora/qwen3_lora_pretrain.yaml",
+    config=_LF_QWEN3_LORA_PRETRAIN,
+    replace={"model_name_or_path": "{model}", "output_dir": "{out}"},
+    add={"dataset_dir": "{data}", "max_steps": 2},
+    adapter_only=True,
 )
 
 # Launcher words in front of the training program: everything up to and including them is the launcher's.
@@ -747,4 +870,13 @@ def argv_for(line: LaunchLine, places: dict[str, str]) -> list[str]:
     return [command, *args]
 
 
-__all__ = ["DEEPSPEED_JSONS", "GYM_README", "LINES", "LaunchLine", "argv_for", "program_args"]
+__all__ = [
+    "DEEPSPEED_JSONS",
+    "GYM_README",
+    "LINES",
+    "LLAMA_FACTORY_DATASET_INFO",
+    "LLAMA_FACTORY_QWEN3_PRETRAIN",
+    "LaunchLine",
+    "argv_for",
+    "program_args",
+]

@@ -25,7 +25,15 @@ import pytest
 import torch
 import yaml
 from helpers.dist import REPO_ROOT, free_port, rank_env
-from launch_lines import DEEPSPEED_JSONS, GYM_README, LINES, LaunchLine, argv_for, program_args
+from launch_lines import (
+    DEEPSPEED_JSONS,
+    GYM_README,
+    LINES,
+    LLAMA_FACTORY_DATASET_INFO,
+    LaunchLine,
+    argv_for,
+    program_args,
+)
 from transformers import AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
 pytestmark = pytest.mark.slow
@@ -124,6 +132,11 @@ def write_data(folder: Path) -> Path:
     ]
     (folder / "identity.json").write_text(json.dumps(identity, indent=2))
     (folder / "alpaca_en_demo.json").write_text(json.dumps(alpaca, indent=2))
+    # LLaMA-Factory's data/c4_demo.jsonl ({"text": ...} web pages) and its dataset_info.json entry. Short pages:
+    # stage pt packs them all into one row of cutoff_len (2048) tokens, so a step is one row.
+    pages = [{"text": f"Page {i}: the river runs past the town of {i * 3} people."} for i in numbers]
+    _jsonl(folder / "c4_demo.jsonl", pages)
+    (folder / "dataset_info.json").write_text(json.dumps(LLAMA_FACTORY_DATASET_INFO, indent=2))
     return folder
 
 

@@ -768,7 +768,7 @@ def test_dataset_name_takes_files_folders_with_splits_and_hub_sets(tmp_path: Pat
         (["--chat_template_path", "t.jinja"], "--chat_template_path 't.jinja' is not supported"),
         (["--lora_task_type", "SEQ_CLS"], "--lora_task_type 'SEQ_CLS' is not supported"),
         (["--loss_type", "dft"], "--loss_type 'dft' is not supported"),
-        (["--stage", "dpo"], "--stage 'dpo' is not supported: gym train runs supervised finetuning"),
+        (["--stage", "dpo"], "--stage dpo (direct preference optimisation): DPO arrives with the preference stage"),
         (["--finetuning_type", "freeze"], "--finetuning_type 'freeze' is not supported"),
         (["--quantization_bit", "8"], "--quantization_bit 8 is not supported"),
         (["--quantization_method", "gptq"], "--quantization_method 'gptq' is not supported"),
@@ -885,8 +885,10 @@ def test_llama_factory_lora_sft_yaml_maps(tmp_path: Path, llama3_tokenizer: Path
     assert json.loads(values["trainer.strategy"])["init_args"]["timeout"] == "2083 days, 8:00:00"
     from gym_lightning.commands.train import flag_notes
 
+    # LLaMA-Factory's mix_strategy (default concat): each set once, one after the other, as there.
+    assert values["data.mix"] == "concat"
     notes = flag_notes(args)
-    assert len(notes) == 2 and "mixed in equal shares" in notes[0] and "tokenizer's own chat template" in notes[1]
+    assert len(notes) == 1 and "tokenizer's own chat template" in notes[0]
 
 
 def test_llama_factory_qlora_and_dataset_info(tmp_path: Path, llama3_tokenizer: Path) -> None:
@@ -918,7 +920,7 @@ def test_llama_factory_qlora_and_dataset_info(tmp_path: Path, llama3_tokenizer: 
     with pytest.raises(GymUserError, match="pairs: ranking not read by gym_lightning"):
         to_cli_args(parse_train_args([str(tmp_path / "pairs.yaml")]))
     (tmp_path / "pt.yaml").write_text(text.replace("stage: sft", "stage: pt"))
-    with pytest.raises(GymUserError, match="--stage 'pt' is not supported"):
+    with pytest.raises(GymUserError, match=r"qa: .*raw text is one column here"):  # stage pt reads raw text
         to_cli_args(parse_train_args([str(tmp_path / "pt.yaml")]))
 
 
@@ -938,8 +940,8 @@ def test_other_llama_factory_keys_are_accepted_at_their_default_and_refused_othe
     with pytest.raises(GymUserError) as info:
         to_cli_args(parse_train_args([str(tmp_path / "lf.yaml")]), env={})
     assert str(info.value).splitlines()[1:] == [
-        f"  - {tmp_path / 'lf.yaml'}: disable_shuffling True is not supported: gym train has no equivalent of "
-        "LLaMA-Factory's disable_shuffling; leave it at False."
+        f"  - {tmp_path / 'lf.yaml'}: disable_shuffling True is not supported: the training data is shuffled every "
+        "epoch; leave it at False."
     ]
 
 

@@ -14,10 +14,12 @@ Three front doors name the training data, one at a time:
   or of names in ``<dataset_dir>/dataset_info.json`` (its ``file_name``/``hf_hub_url``, ``formatting``, ``columns``
   and ``tags``; ``dataset_dir: ONLINE`` makes every name a Hub data set).
 
-One list of local files with one format becomes ``data.train_files`` (concatenated, as LLaMA-Factory concatenates its
-sets); anything else (a Hub set, a subset or split, ``--max_samples``, sets of different formats) ``data.sources``,
-which the data module mixes in equal shares. A validation fraction (``--validation_split_percentage``,
-LLaMA-Factory's ``val_size``, TRL's ``test_split_size``) is ``data.val_split``.
+One list of local files with one format becomes ``data.train_files`` (concatenated, as LLaMA-Factory's default
+``mix_strategy: concat``); anything else (a Hub set, a subset or split, ``--max_samples``, sets of different formats,
+an interleave mix) ``data.sources`` with ``data.mix``, LLaMA-Factory's ``mix_strategy`` (``interleave_probs`` the
+weights). A validation fraction (``--validation_split_percentage``, LLaMA-Factory's ``val_size``, TRL's
+``test_split_size``) is ``data.val_split``. A stage that reads raw text (``pt``) reads a ``dataset_info.json`` entry's
+``prompt`` column as the text, as LLaMA-Factory's ``stage: pt`` does (``c4_demo``).
 """
 
 from __future__ import annotations
@@ -29,6 +31,8 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from gym_lightning.commands.train.llama_factory import interleave_weights, mix_problems
+from gym_lightning.commands.train.stages import resolved_data
 from gym_lightning.data.sources import SUPPORTED_SUFFIXES
 from gym_lightning.data.synthetic import BUNDLED_DATASETS
 
@@ -140,7 +144,12 @@ def _training_sources(args: argparse.Namespace, plan: DataPlan, need_test: bool)
             "data.sources (path, split, subset, weight)."
         )
         return [], []
-    return _lf_sources(args.dataset, args.dataset_dir, plan, "--dataset"), []
+    return _lf_sources(args.dataset, args.dataset_dir, plan, "--dataset", _reads_text(args)), []
+
+
+def _reads_text(args: argparse.Namespace) -> bool:
+    """Whether the stage reads raw text only (``pt``): a dataset_info.json entry's prompt column is the text."""
+    return resolved_data(args)["format"] == "text"
 
 
 def _is_local(path: str) -> bool:
@@ -197,7 +206,7 @@ def folder_splits(folder: str) -> dict[str, list[str]]:
     return {split: sorted(files) for split, files in splits.items() if files}
 
 
-def _lf_sources(names: str, dataset_dir: str, plan: DataPlan, flag: str) -> list[Source]:
+def _lf_sources(names: str, dataset_dir: str, plan: DataPlan, flag: str, text: bool = False) -> list[Source]:
     """LLaMA-Factory's comma list of data sets: paths, or names of ``<dataset_dir>/dataset_info.json``."""
     info = _dataset_info(dataset_dir, plan)
     sources = []
@@ -205,7 +214,7 @@ def _lf_sources(names: str, dataset_dir: str, plan: DataPlan, flag: str) -> list
         if dataset_dir == "ONLINE":
             sources.append(Source(name, hub=True))
         elif info is not None and name in info:
-            sources += _info_source(name, info[name], dataset_dir, plan)
+            sources += _info_source(name, info[name], dataset_dir, plan, text)
         elif glob.has_magic(name) or Path(name).exists():
             sources.append(Source(_folder_files(name) or name))
         else:
@@ -236,13 +245,14 @@ def _dataset_info(dataset_dir: str, plan: DataPlan) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def _info_source(name: str, entry: dict[str, Any], dataset_dir: str, plan: DataPlan) -> list[Source]:
-    """A dataset_info.json entry as a source: its file (under ``dataset_dir``) or Hub set, format and columns."""
+def _info_source(name: str, entry: dict[str, Any], dataset_dir: str, plan: DataPlan, text: bool) -> list[Source]:
+    """A dataset_info.json entry as a source: its file (under ``dataset_dir``) or Hub set, format and columns
+    (``text``: the stage reads raw text, its prompt column)."""
     where = f"{Path(dataset_dir) / DATASET_INFO} {name}"
     if unread := sorted(key for key, value in entry.items() if key not in INFO_KEYS and value not in (None, False)):
         plan.problems.append(f"{where}: {', '.join(unread)} not read by gym_lightning (SFT data: files or Hub sets).")
         return []
-    format, columns, problem = _info_format(entry)
+    format, columns, problem = _text_format(entry) if text else _info_format(entry)
     if problem:
         plan.problems.append(f"{where}: {problem}")
         return []
@@ -255,6 +265,17 @@ def _info_source(name: str, entry: dict[str, Any], dataset_dir: str, plan: DataP
         plan.problems.append(f"{where}: has neither file_name nor hf_hub_url.")
         return []
     return [replace(source, format=format, columns=columns or None)]
+
+
+def _text_format(entry: dict[str, Any]) -> tuple[str, dict[str, str], str | None]:
+    """``(text, columns, problem)`` of an entry read as raw text: LLaMA-Factory's ``stage: pt`` trains on an alpaca
+    entry's prompt column (``c4_demo``: ``columns: {prompt: text}``); other columns would be joined to it there."""
+    formatting, columns = entry.get("formatting", "alpaca"), entry.get("columns") or {}
+    if formatting != "alpaca" or set(columns) - {"prompt"}:
+        shown = {"formatting": formatting, "columns": columns}
+        return "text", {}, f"{shown}: raw text is one column here (alpaca formatting, columns: {{prompt: COLUMN}})."
+    column = columns.get("prompt", "instruction")
+    return "text", ({"text": column} if column != "text" else {}), None
 
 
 def _info_format(entry: dict[str, Any]) -> tuple[str, dict[str, str], str | None]:
@@ -287,23 +308,29 @@ def _add_sources(sources: list[Source], args: argparse.Namespace, plan: DataPlan
     # field names no column of the data, and the chats are rendered here as every chat is.
     rendered = str(getattr(args, "chat_template_format", "none")).lower() != "none"
     text = {"text": args.dataset_text_field} if args.dataset_text_field != "text" and not rendered else None
-    default = "text" if text and args.data_format == "auto" else args.data_format
+    data_format = resolved_data(args)["format"]
+    default = "text" if text and data_format == "auto" else data_format
     sources = [
         replace(s, format=default if s.format == "auto" else s.format, columns=s.columns or text) for s in sources
     ]
     kinds = {(s.format, json.dumps(s.columns, sort_keys=True)) for s in sources}
     plain = all(not s.hub and s.split == "train" and s.subset is None for s in sources)
-    if plain and len(kinds) == 1 and args.max_samples is None:
+    # LLaMA-Factory's mix of its data sets: concat (its default) is the files' concatenation, as data.train_files.
+    mixed = len(sources) > 1
+    problems = mix_problems(args, len(sources)) if mixed else []
+    plan.problems += problems
+    if plain and len(kinds) == 1 and args.max_samples is None and not (mixed and args.mix_strategy != "concat"):
         files = [path for s in sources for path in _as_list(s.path)]
         plan.values |= {"data.train_files": files, "data.format": sources[0].format, "data.columns": sources[0].columns}
         return
-    plan.values |= {"data.train_files": None, "data.sources": [s.entry(args.max_samples) for s in sources]}
+    entries = [s.entry(args.max_samples) for s in sources]
+    if mixed and not problems and args.interleave_probs is not None:
+        weights = interleave_weights(args.interleave_probs)  # one per set: mix_problems checked
+        entries = [entry | {"weight": weight} for entry, weight in zip(entries, weights, strict=True)]
+    if mixed:
+        plan.values["data.mix"] = args.mix_strategy
+    plan.values |= {"data.train_files": None, "data.sources": entries}
     plan.values |= {"data.format": default, "data.columns": text}
-    if len(sources) > 1:
-        plan.notes.append(
-            f"{len(sources)} training data sets are mixed in equal shares until each is drawn completely "
-            "(data.sources), where LLaMA-Factory concatenates them."
-        )
 
 
 def _eval_dataset(args: argparse.Namespace, plan: DataPlan, val_files: list[str] | None) -> list[str] | None:
@@ -312,7 +339,7 @@ def _eval_dataset(args: argparse.Namespace, plan: DataPlan, val_files: list[str]
         return val_files
     if val_files:
         plan.problems.append("--eval_dataset and --validation_file both choose the validation data; pass one.")
-    sources = _lf_sources(args.eval_dataset, args.dataset_dir, plan, "--eval_dataset")
+    sources = _lf_sources(args.eval_dataset, args.dataset_dir, plan, "--eval_dataset", _reads_text(args))
     if any(s.hub for s in sources):
         plan.problems.append("--eval_dataset: gym_lightning reads validation data from files, not the Hub.")
     return [path for s in sources if not s.hub for path in _as_list(s.path)] or None
