@@ -152,7 +152,7 @@ class CausalLMModule(pl.LightningModule):
         mlp_tile_tokens: int | None = None,
         compile: bool | CompileArgs = False,
         fused_ops: bool | FusedOps | None = None,
-        objective: Objective | str | None = None,
+        objective: Objective | str | dict[str, Any] | None = None,
     ) -> None:
         super().__init__()
         lora = LoRAArgs.from_value(lora)  # a dict where the settings come as plain data (YAML, a checkpoint)
