@@ -21,6 +21,8 @@ from gym_lightning.errors import GymUserError, raise_if_problems
 from gym_lightning.generation import GenerationArgs, exact_match, generate_completions
 from gym_lightning.lora import LoRAArgs, apply_lora
 from gym_lightning.loss import (
+    LOSS_CHUNKS,
+    MLP_TILES,
     AgreedCounts,
     agreed_counts_of,
     chunked_summed_cross_entropy,
@@ -310,7 +312,7 @@ class CausalLMModule(pl.LightningModule):
         chunked, tiled = self._loss_is_chunked(), self.hparams.mlp_tile_tokens is not None and torch.is_grad_enabled()
         counts = self._start_counts(labels, shifted, chunked, tiled)
         if tiled:
-            self._mlp_tiles.value = counts[1]
+            self._mlp_tiles.value = counts[MLP_TILES]  # this rank's own unless the strategy gathers MLPs per call
         if not chunked:
             outputs = self.model(**inputs)
             loss = summed_cross_entropy(outputs.logits, labels, shifted)
@@ -325,7 +327,7 @@ class CausalLMModule(pl.LightningModule):
         if hidden is None:
             raise RuntimeError(f"{type(self._base_model()).__name__}'s decoder was not called in its forward")
         head = self._base_model().get_output_embeddings()
-        chunks = counts[0]  # a device sync only on NCCL-only groups
+        chunks = counts[LOSS_CHUNKS]  # agreed over host memory while the forward ran: no device is waited for
         if self._liger_loss(head):
             return SummedLoss(
                 liger_summed_linear_cross_entropy(hidden, head.weight, labels, shifted, head.bias),
@@ -368,9 +370,10 @@ class CausalLMModule(pl.LightningModule):
 
     def _start_counts(self, labels: torch.Tensor, shifted: bool, chunked: bool, tiled: bool) -> AgreedCounts:
         """The number of LM-head chunks (see ``chunked_summed_cross_entropy``) and of MLP tiles (``models.tiling``)
-        this micro-batch runs, ``[chunks, tiles]``, as every rank agrees on them: the strategy decides how
-        (``protocols.AgreesCallCounts``; ZeRO-3 gathers weights on each call, so every rank must make as many). The
-        agreement starts before the forward so that, for the loss chunks, it overlaps it.
+        this micro-batch runs, ``[chunks, tiles]`` (``loss.LOSS_CHUNKS``, ``loss.MLP_TILES``), as every rank agrees
+        on them: the strategy decides which need agreeing and how (``protocols.AgreesCallCounts``; ZeRO-3 gathers
+        weights on each call, so every rank must make as many). The agreement starts before the forward so that, for
+        the loss chunks, it overlaps it; it runs on host memory, so reading it never waits for the device.
         """
         local = [
             num_loss_chunks(labels, self.hparams.loss_chunk_tokens, shifted) if chunked else 1,
@@ -379,7 +382,7 @@ class CausalLMModule(pl.LightningModule):
         if not (chunked or tiled):
             return AgreedCounts(local)  # no call that may be a collective depends on them
         trainer = self._attached_trainer()
-        return agreed_counts_of(trainer.strategy if trainer is not None else None, local, self.device)
+        return agreed_counts_of(trainer.strategy if trainer is not None else None, local)
 
     def _start_step_token_count(self, batch: dict[str, Any]) -> tuple[torch.Tensor, int, Any]:
         """Start summing this optimizer step's target tokens over ranks; returns the (in-flight) sum, the
