@@ -29,6 +29,8 @@ from torch import nn
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import (
+    LOSS_CHUNKS,
+    MLP_TILES,
     AgreedCounts,
     chunked_sequence_logps,
     chunked_summed_cross_entropy,
@@ -163,7 +165,7 @@ class LMEngine:
             return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
         hidden, outputs = self._hidden_states(model, batch, labels)
         head = base_model_of(model).get_output_embeddings()
-        chunks = counts[0]  # a device sync only on NCCL-only groups
+        chunks = counts[LOSS_CHUNKS]  # agreed over host memory while the forward ran: no device is waited for
         if self._liger_loss(head):
             loss = liger_summed_linear_cross_entropy(hidden, head.weight, labels, shifted, head.bias)
             return SummedLoss(loss, count_target_tokens(labels, shifted), _aux(outputs))
@@ -189,7 +191,7 @@ class LMEngine:
         hidden, outputs = self._hidden_states(model, batch, labels)
         head = base_model_of(model).get_output_embeddings()
         chunk_tokens = self.settings.loss_chunk_tokens
-        logps, tokens = chunked_sequence_logps(hidden, head, labels, ids, count, chunk_tokens, counts[0])
+        logps, tokens = chunked_sequence_logps(hidden, head, labels, ids, count, chunk_tokens, counts[LOSS_CHUNKS])
         return SequenceLogps(logps, tokens, _aux(outputs))
 
     def _hidden_states(self, model: nn.Module, batch: dict[str, Any], labels: torch.Tensor) -> tuple[Any, Any]:
@@ -234,9 +236,11 @@ class LMEngine:
         return self._chunked
 
     def _start_counts(self, labels: torch.Tensor, shifted: bool, chunked: bool) -> AgreedCounts:
-        """The number of LM-head chunks and of MLP tiles this micro-batch runs, ``[chunks, tiles]``, as every rank
-        agrees on them (the agreement starts before the forward so that, for the loss chunks, it overlaps it); the
-        tiles are set for the MLPs at once. Tiling applies to gradient-tracking forwards only."""
+        """The number of LM-head chunks and of MLP tiles this micro-batch runs, ``[chunks, tiles]``
+        (``loss.LOSS_CHUNKS``, ``loss.MLP_TILES``), as every rank agrees on them: the strategy decides which need
+        agreeing and how. The agreement starts before the forward so that, for the loss chunks, it overlaps it; it
+        runs on host memory, so reading it never waits for the device. The tiles are set for the MLPs at once;
+        tiling applies to gradient-tracking forwards only."""
         settings = self.settings
         tiled = settings.mlp_tile_tokens is not None and torch.is_grad_enabled()
         local = [
@@ -245,7 +249,7 @@ class LMEngine:
         ]
         counts = self.agree_counts(local) if chunked or tiled else AgreedCounts(local)
         if tiled:
-            self.tiles.value = counts[1]
+            self.tiles.value = counts[MLP_TILES]  # this rank's own unless the strategy gathers MLPs per call
         return counts
 
 

@@ -87,48 +87,78 @@ def has_cpu_backend(group: Any = None) -> bool:
     return "cpu:" in torch.distributed.get_backend_config(group)
 
 
+_HOST_GROUPS: dict[Any, Any] = {}
+
+
+def host_group(group: Any = None) -> Any:
+    """A process group over ``group``'s ranks (the default group's when ``None``) that reduces host tensors:
+    ``group`` itself where it has a CPU backend, else a gloo group made for it at the first call (a collective:
+    every rank of the job reaches it at the same agreement, as it reaches the agreement's all-reduce)."""
+    if has_cpu_backend(group):
+        return group
+    key = group if group is not None else torch.distributed.group.WORLD
+    if key not in _HOST_GROUPS:
+        ranks = torch.distributed.get_process_group_ranks(key)
+        _HOST_GROUPS[key] = torch.distributed.new_group(ranks, backend="gloo")
+    return _HOST_GROUPS[key]
+
+
+# Where the module's call counts stand in the lists it asks a strategy to agree on (``protocols.AgreesCallCounts``).
+LOSS_CHUNKS, MLP_TILES = 0, 1
+
+
 class AgreedCounts:
-    """Call counts every rank agrees on, readable once the collective that agrees them (if any) has finished.
+    """Call counts every rank agrees on: this rank's own where no agreement is needed, the largest over the ranks
+    where one is, readable once the host-side all-reduce that agrees them has finished.
 
     Args:
-        counts: The counts: host integers, or a tensor an all-reduce is reducing in place.
+        local: This rank's counts.
+        agreed: The positions in ``local`` that are agreed over the ranks (none: every count is ``local``'s).
+        reduced: A host tensor an all-reduce is reducing in place: the agreed counts, in ``agreed``'s order.
         pending: That all-reduce's work handle; ``None`` when nothing is in flight.
     """
 
-    def __init__(self, counts: list[int] | torch.Tensor, pending: Any = None) -> None:
-        self._counts = counts
-        self._pending = pending
+    def __init__(
+        self, local: list[int], agreed: tuple[int, ...] = (), reduced: torch.Tensor | None = None, pending: Any = None
+    ) -> None:
+        self._local, self._agreed, self._reduced, self._pending = list(local), agreed, reduced, pending
 
     def __getitem__(self, index: int) -> int:
-        """Count ``index``, once the all-reduce has finished (a device sync only on NCCL-only groups)."""
+        """Count ``index``; an agreed one once its all-reduce has finished (host memory: no device is waited for)."""
+        if index not in self._agreed:
+            return self._local[index]
         if self._pending is not None:
             self._pending.wait()
             self._pending = None
-        return int(self._counts[index])
+        return int(self._reduced[self._agreed.index(index)])
 
 
-def start_max_counts(local: list[int], device: torch.device | None = None, group: Any = None) -> AgreedCounts:
-    """The largest of each of ``local``'s counts over the ranks of ``group`` (the default process group when
-    ``None``), the all-reduce started but not waited for so that it overlaps the forward pass.
+def start_max_counts(local: list[int], agreed: tuple[int, ...] | None = None, group: Any = None) -> AgreedCounts:
+    """The largest of ``local``'s counts at the positions ``agreed`` (all when ``None``) over the ranks of ``group``
+    (the default process group when ``None``), the all-reduce started but not waited for so that it overlaps the
+    forward pass; the other counts stay this rank's.
 
-    The counts come from the batch's shape, so they are host integers on one rank. Over ranks they are all-reduced
-    as a host tensor where the group has a CPU backend (gloo, ``cpu:gloo,cuda:nccl``): reading a device tensor back
-    would stop the host until the GPU has finished the forward. ``device`` holds them on NCCL-only groups.
+    The counts come from the batch's shape, host integers on every rank, so they are all-reduced as a host tensor
+    (over a gloo group where ``group`` has no CPU backend, ``host_group``): on CUDA a device tensor would be a
+    blocking copy from host data to the device, and reading it back would stop the host until the GPU had run
+    everything queued before, the forward included.
     """
-    if not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) <= 1:
+    agreed = tuple(range(len(local))) if agreed is None else agreed
+    if not agreed or not torch.distributed.is_initialized() or torch.distributed.get_world_size(group) <= 1:
         return AgreedCounts(local)
-    counts = torch.tensor(local, device=torch.device("cpu") if has_cpu_backend(group) else device)
-    pending = torch.distributed.all_reduce(counts, op=torch.distributed.ReduceOp.MAX, group=group, async_op=True)
-    return AgreedCounts(counts, pending)
+    reduced = torch.tensor([local[i] for i in agreed], dtype=torch.int64)  # host memory, on CUDA too
+    max_op = torch.distributed.ReduceOp.MAX
+    pending = torch.distributed.all_reduce(reduced, op=max_op, group=host_group(group), async_op=True)
+    return AgreedCounts(local, agreed, reduced, pending)
 
 
-def agreed_counts_of(strategy: object, local: list[int], device: torch.device | None = None) -> AgreedCounts:
+def agreed_counts_of(strategy: object, local: list[int]) -> AgreedCounts:
     """The call counts of ``local`` every rank makes: the strategy's (``protocols.AgreesCallCounts``), else the
     largest over the default process group (safe for any strategy that gathers weights on each call, such as
-    Lightning's ``DeepSpeedStrategy`` at stage 3; ``device`` as for ``start_max_counts``)."""
+    Lightning's ``DeepSpeedStrategy`` at stage 3)."""
     if isinstance(strategy, AgreesCallCounts):
         return strategy.start_agreed_counts(local)
-    return start_max_counts(local, device)
+    return start_max_counts(local)
 
 
 def start_rank_sum(value: torch.Tensor, world_size: int) -> Any:

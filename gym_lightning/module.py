@@ -252,7 +252,7 @@ class CausalLMModule(pl.LightningModule):
         """The call counts every rank makes (``engine.LMEngine``'s ``agree_counts``): the strategy decides how
         (``protocols.AgreesCallCounts``; ZeRO-3 gathers weights on each call, so every rank must make as many)."""
         trainer = self._attached_trainer()
-        return agreed_counts_of(trainer.strategy if trainer is not None else None, local, self.device)
+        return agreed_counts_of(trainer.strategy if trainer is not None else None, local)
 
     def _base_model(self) -> torch.nn.Module:
         """The transformers model (inside a peft wrapper when LoRA is on)."""

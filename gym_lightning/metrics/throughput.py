@@ -141,6 +141,8 @@ def batch_counts(batch: Mapping[str, Any]) -> torch.Tensor:
     lengths = mask.sum(-1) if isinstance(mask, torch.Tensor) else torch.full_like(input_ids[:, 0], input_ids.size(1))
     labels = batch.get("labels")
     targets = count_target_tokens(labels) if isinstance(labels, torch.Tensor) else lengths.new_zeros(())
-    samples = lengths.new_tensor(input_ids.size(0))
     lengths = lengths.long()
-    return torch.stack([samples.long(), lengths.sum(), targets.long().to(lengths.device), (lengths * lengths).sum()])
+    # The row count is a host integer: filled in on the device (a kernel argument), not copied there. A tensor made
+    # from it (``new_tensor``, ``torch.tensor``) would be a blocking host-to-device copy, a stream sync on CUDA.
+    samples = torch.full((), input_ids.size(0), dtype=torch.long, device=lengths.device)
+    return torch.stack([samples, lengths.sum(), targets.long().to(lengths.device), (lengths * lengths).sum()])

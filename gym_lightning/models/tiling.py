@@ -14,8 +14,9 @@ own comment: "DDP, FSDP will need something similar"). Checkpointed tiles are or
 hooks see one gradient per parameter per step.
 
 Under ZeRO-3 every call of a linear layer gathers its weight, a collective: every rank must run the same number of
-tiles. The module sets one count for all ranks before each training forward (``TileCount``), the count the strategy
-agrees on over the ranks (``protocols.AgreesCallCounts``: the largest any rank needs), and tiling applies to
+tiles, unless the decoder layer is a leaf module gathered whole. The module sets the count before each training
+forward (``TileCount``) as the strategy answers (``protocols.AgreesCallCounts``): the largest any rank needs where
+tiles are collectives, this rank's own elsewhere (no rank waits for another), and tiling applies to
 gradient-tracking forwards only (evaluation keeps no activations).
 """
 

@@ -23,7 +23,7 @@ from gym_lightning._compat import set_attention_implementation
 from gym_lightning.checkpointing.manifest import verify_checkpoint
 from gym_lightning.checkpointing.safe_load import refuse_unsafe_pickles
 from gym_lightning.errors import raise_if_problems
-from gym_lightning.loss import AgreedCounts, start_max_counts
+from gym_lightning.loss import LOSS_CHUNKS, AgreedCounts, start_max_counts
 from gym_lightning.strategies._common import (
     configure_cpu_threads,
     destroy_process_group_at_exit,
@@ -129,17 +129,19 @@ class GymStrategy(ParallelStrategy):
 
     # ----------------------------------------------------------------------------------------------- call counts
     def start_agreed_counts(self, local: list[int]) -> AgreedCounts:
-        """The largest of each of ``local``'s counts over all ranks (``protocols.AgreesCallCounts``), started before
-        the forward so that it overlaps it (``loss.start_max_counts``).
+        """The counts every rank makes of the calls that may be collectives (``protocols.AgreesCallCounts``): the
+        largest over all ranks of the LM-head calls (``loss.LOSS_CHUNKS``), started before the forward and read
+        after it, so that it overlaps it (``loss.start_max_counts``, over host memory: no device is waited for);
+        this rank's own MLP tiles (``loss.MLP_TILES``), which run inside a decoder layer that gym_ddp never gathers
+        and gym_fsdp gathers once per pass, so no rank waits for another before its forward.
 
-        Under ZeRO-3 every LM-head call (a loss chunk) or tiled-MLP call gathers weights, so every rank must make as
-        many as the rank that needs most. gym_ddp and gym_fsdp gather nothing there, yet agree too: the chunk count
-        sets the order of the loss sum, so agreeing keeps every strategy's losses equal to the others'.
+        The head is agreed because a strategy may gather it on each call (a shard unit of its own); where none does,
+        the extra calls on the rank with fewer positions run on no position and add an exact zero to the loss.
 
         Args:
             local: This rank's counts (loss chunks, MLP tiles), in the order the caller reads them back.
         """
-        return start_max_counts(local, self.root_device)
+        return start_max_counts(local, (LOSS_CHUNKS,))
 
     # ----------------------------------------------------------------------------------------------- checkpoints
     @override

@@ -461,7 +461,9 @@ def test_two_ranks_get_a_distributed_step_token_loader(tmp_path):
 
 
 def test_batches_are_pinned_when_training_on_cuda(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A pageable batch's copy to the GPU waits for the GPU's queued work: the loaders pin on CUDA, as HF's do."""
+    """The loaders pin on CUDA, as HF's do: a pageable batch's copy to the GPU is staged through a pinned buffer and
+    returns only once staged, which can wait for the GPU's queued work. Shows the decision only (the transfer's
+    asynchrony needs a GPU: docs/testing-cuda-semantics.md)."""
     from types import SimpleNamespace
 
     pinned: list[torch.Size] = []

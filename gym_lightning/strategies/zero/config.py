@@ -91,6 +91,11 @@ def apply_gym_defaults(config: dict[str, Any]) -> dict[str, Any]:
     config.setdefault("zero_allow_untested_optimizer", True)
     config.setdefault("zero_force_ds_cpu_optimizer", False)
     config["managed_gradient_accumulation"] = False
+    # DeepSpeed's throughput timer synchronises the device at the start and the end of every step by default
+    # (utils/timer.py; its config's own words: "at the expense of performance degradation") for a log line every
+    # steps_per_print steps. Host time unless the config says otherwise; ThroughputCallback measures without.
+    timers = config.get("timers") or {}
+    config["timers"] = {**timers, "throughput": {"synchronized": False, **(timers.get("throughput") or {})}}
     return config
 
 

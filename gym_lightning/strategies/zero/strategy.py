@@ -68,6 +68,7 @@ from gym_lightning._compat import (
 from gym_lightning.checkpointing.safe_load import use_weights_only_engine
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
+from gym_lightning.loss import AgreedCounts, start_max_counts
 from gym_lightning.models.compiled import decoder_layer_names, decoder_layers
 from gym_lightning.models.facts import ModelFacts, model_facts_of
 from gym_lightning.models.moe import moe_block_classes, moe_blocks
@@ -368,6 +369,7 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
         self.stage = resolved_stage
         self.cpu_optimizer = cpu_optimizer
         self.leaf_decoder_layers = leaf_decoder_layers
+        self._layers_gathered_whole = False  # decoder layers made leaf modules for training (_mark_leaf_modules)
         self._hf_deepspeed_config: Any = None
         # ZeRO-3: models are built under zero.Init with their random draw or their folder recorded (models.plan).
         self._build_plan = BuildPlan(record_random_init=resolved_stage == 3, fill_pretrained=resolved_stage == 3)
@@ -551,7 +553,17 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
             return
         mark_moe_leaf_modules(model)
         if self.leaf_decoder_layers:
-            mark_decoder_leaf_modules(model, self.config, training)
+            marked = mark_decoder_leaf_modules(model, self.config, training)
+            self._layers_gathered_whole = bool(marked) if training else self._layers_gathered_whole
+
+    @override
+    def start_agreed_counts(self, local: list[int]) -> AgreedCounts:
+        """As ``GymStrategy``'s, with one more count agreed at stage 3 where it must be: ZeRO-3 gathers a module's
+        weights at each of its calls, so an MLP tile (``loss.MLP_TILES``) is a collective unless its decoder layer
+        is a leaf module, gathered whole once per pass (``mark_decoder_leaf_modules``; not under LoRA)."""
+        if not self.zero_stage_3 or self._layers_gathered_whole:
+            return super().start_agreed_counts(local)
+        return start_max_counts(local)
 
     def _fill_zero3_weights(self) -> None:
         """Give the models built under ``zero.Init`` (recorded in the build plan) their weights, each rank its

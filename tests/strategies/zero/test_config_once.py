@@ -26,6 +26,7 @@ GYM_DEFAULTS = {
     "zero_allow_untested_optimizer": True,
     "zero_force_ds_cpu_optimizer": False,
     "managed_gradient_accumulation": False,
+    "timers": {"throughput": {"synchronized": False}},  # DeepSpeed's timer on host time: no device sync per step
 }
 # What a one-rank Trainer(max_steps=2) with a DataLoader of batch 4 states (no clipping, fp32).
 TRAINER = {"micro_batch_size": 4, "accumulate_grad_batches": 1, "world_size": 1, "precision": "32-true"}
