@@ -16,8 +16,8 @@ from typing import Any
 import lightning.pytorch as pl
 import torch
 
+from gym_lightning._compat import rank_zero_info
 from gym_lightning.data.reference import model_fingerprint
-from gym_lightning.errors import GymUserError
 from gym_lightning.protocols import StoresReferenceLogps
 
 
@@ -40,11 +40,12 @@ def precompute_reference_pass(
     preference data (see the module docstring); ``ref_model`` and ``adapters_off`` name that reference."""
     store = getattr(module.trainer, "datamodule", None)
     if not isinstance(store, StoresReferenceLogps):
-        raise GymUserError(
-            "precompute_ref_log_probs needs a data module that stores reference log-probabilities beside its prepared "
-            f"data (CausalLMDataModule does), got {type(store).__name__}; set precompute_ref_log_probs to false to "
-            "run the reference in every step instead."
+        # A user's own DataLoader: its batches must carry reference_logps themselves (the objective says so if not).
+        rank_zero_info(
+            f"gym_lightning: precompute_ref_log_probs: the data module ({type(store).__name__}) stores no reference "
+            "log-probabilities; every batch must carry 'reference_logps' (CausalLMDataModule computes them)."
         )
+        return
     provider.setup(module)
     device = module.device
 
