@@ -34,19 +34,19 @@ H100_NAME = "NVIDIA H100 80GB HBM3"
 # ---------------------------------------------------------------------------------------------- strategies
 def test_each_gym_strategy_maps_to_its_planner_row() -> None:
     ddp = planner_strategy_of(GymDDPStrategy(gradient_compression="bf16"))
-    assert (ddp.framework, ddp.stage, ddp.ddp) == ("torch", 0, True)
+    assert (ddp.family, ddp.ddp) == ("replicated", True)
     fsdp = planner_strategy_of(GymFSDPStrategy(sharding="grad_op", cpu_offload=True))
-    assert (fsdp.stage, fsdp.keep_gathered, fsdp.offload_optimizer, fsdp.offload_parameters) == (3, True, "cpu", "cpu")
-    hybrid = planner_strategy_of(GymFSDPStrategy(sharding="hybrid"))
-    assert (hybrid.hybrid, hybrid.offload_optimizer, hybrid.keep_gathered) == (True, "none", False)
-    assert planner_strategy_of(GymFSDPStrategy(sharding="none")).stage == 0
-    zero3 = planner_strategy_of(ZeROStrategy(stage=3, offload_optimizer="cpu", offload_parameters="cpu"))
-    assert (zero3.framework, zero3.stage, zero3.offload_optimizer, zero3.offload_parameters) == (
-        "deepspeed",
-        3,
+    assert (fsdp.family, fsdp.keep_gathered, fsdp.offload_optimizer, fsdp.offload_parameters) == (
+        "fsdp",
+        True,
         "cpu",
         "cpu",
     )
+    hybrid = planner_strategy_of(GymFSDPStrategy(sharding="hybrid"))
+    assert (hybrid.hybrid, hybrid.offload_optimizer, hybrid.keep_gathered) == (True, "none", False)
+    assert planner_strategy_of(GymFSDPStrategy(sharding="none")).family == "replicated"
+    zero3 = planner_strategy_of(ZeROStrategy(stage=3, offload_optimizer="cpu", offload_parameters="cpu"))
+    assert (zero3.family, zero3.stage, zero3.offload_optimizer, zero3.offload_parameters) == ("zero", 3, "cpu", "cpu")
     assert planner_strategy_of(ZeRO1Strategy()).stage == 1
     # A user's DeepSpeed JSON replaces the arguments: its stage and offload are what ran.
     config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
@@ -57,7 +57,7 @@ def test_each_gym_strategy_maps_to_its_planner_row() -> None:
 def test_lightning_single_device_and_ddp_are_ddp_and_others_none() -> None:
     for strategy in (SingleDeviceStrategy(torch.device("cpu")), DDPStrategy()):
         found = planner_strategy_of(strategy)
-        assert (found.stage, found.framework, found.trainer_strategy) == (0, "torch", type(strategy).__name__)
+        assert (found.family, found.trainer_strategy) == ("replicated", type(strategy).__name__)
     assert planner_strategy_of(ModelParallelStrategy()) is None
 
 
@@ -132,7 +132,9 @@ def test_cuda_device_name_gives_the_catalog_gpu(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100_NAME)
     chip = catalog.gpu("h100-sxm")
     hardware, _ = run_hardware(_cuda_trainer(), "bf16-mixed", 2048)
-    assert hardware.peak_flops == chip.dense_peak["bf16"] and hardware.memory_bandwidth == chip.memory_bandwidth
+    family = catalog.KERNELS[chip.kernels]
+    assert hardware.peak_flops == chip.dense_peak["bf16"]
+    assert hardware.memory_bandwidth == pytest.approx(chip.memory_bandwidth * family.memory_efficiency)
     assert run_hardware(_cuda_trainer(), "32-true", 2048)[0].peak_flops == chip.dense_peak["fp32"]
     counts = {"steps": 10, "samples": 40, "tokens": 40 * 512}
     plan = prediction(_cuda_trainer(), TinyLM(), counts, steps_per_second=5.0, tokens_per_second=10_240.0)

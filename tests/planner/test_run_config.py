@@ -96,9 +96,10 @@ def test_what_cannot_be_planned_is_a_note(tmp_path: Path, capsys: pytest.Capture
     model = {"model": "llama-3-8b", "torch_dtype": "bfloat16", "optim": "rmsprop", "lr": 1e-4}
     path = _write(tmp_path, {"trainer": {"devices": "auto", "strategy": strategy}, "model": model})
     report, err = _plan_json(capsys, "--config", path)
-    assert "model.torch_dtype" in err and "bucket_size" in err and "rmsprop planned as sgd" in err
+    assert "model.torch_dtype" in err and "rmsprop planned as sgd" in err
     assert "trainer.devices auto" in err and "model.lr" not in err  # no memory: no note
     assert report["setup"]["optimizer"] == "sgd" and report["setup"]["gpus_per_node"] == 8
+    assert "bucket_size" not in err and report["setup"]["bucket_size"] == 10  # the strategy's knob, planned
 
 
 def test_bad_values_are_one_line_listing_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
