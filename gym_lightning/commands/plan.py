@@ -37,7 +37,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.planner.auto import choice_line, is_auto
 from gym_lightning.planner.report import plan
 from gym_lightning.planner.run_config import run_settings
-from gym_lightning.planner.spec import choices, field_default, flag_fields
+from gym_lightning.planner.spec_flags import choices, field_default, flag_fields
 from gym_lightning.vocabulary import AUTO_STRATEGY
 
 # Flags that are not run settings: what to print and what the training costs.

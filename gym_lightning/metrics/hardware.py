@@ -164,6 +164,20 @@ class _Reader:
             return 0.0
         return float(value)
 
+    def non_negative(self, entry: Mapping[str, Any], field: str, where: str) -> float:
+        """A number >= 0 from ``entry[field]``; 0.0 (and a problem) when missing or negative.
+
+        Args:
+            entry: the YAML mapping of one entry.
+            field: the field's name.
+            where: the entry's path in the file, for the message.
+        """
+        value = entry.get(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            self.problems.append(f"{where}.{field} is {value!r}; expected a number >= 0.")
+            return 0.0
+        return float(value)
+
     def fraction(self, entry: Mapping[str, Any], field: str, where: str) -> float:
         """A number in (0, 1] from ``entry[field]``; 0.0 (and a problem) when missing or out of range.
 
@@ -265,7 +279,7 @@ def _read_link(section: str, key: str, entry: Mapping[str, Any], read: _Reader) 
         name=read.text(entry, "name", where) or "",
         bus_bandwidth=read.positive(entry, "bus_bandwidth_gbs", where) * _GB,
         latency=read.positive(entry, "latency_us", where) * _US,
-        hop_latency=read.positive(entry, "hop_latency_us", where) * _US,
+        hop_latency=read.non_negative(entry, "hop_latency_us", where) * _US,
         source=read.text(entry, "source", where) or "",
         assumed=read.text(entry, "assumed", where, optional=True),
         nics_per_node=int(read.positive(entry, "nics_per_node", where)) if fabric else 0,

@@ -9,8 +9,9 @@ bus bandwidth it implies, ``f S / time``, falls as the per-rank message ``S/n`` 
 
 Overlap (:func:`overlapped_seconds`): collectives on their own stream hide behind the compute of the same phase,
 except the part with nothing to hide behind; while they run they take SMs from compute (``contention`` x their
-hidden seconds, :func:`contention_seconds`). The step waits for the slowest of N ranks (:func:`slowest_of`: the
-expected maximum of N normal draws of a rank's compute time, Blom's approximation).
+hidden seconds, :func:`contention_seconds`). GPUs of one SKU run at different speeds (power management and
+manufacturing: Sinha et al., SC'22, arXiv 2208.11035), and a synchronous step runs at the slowest of N ranks
+(:func:`slowest_of`: the expected maximum of N normal draws, Blom's approximation, of a rank's relative speed).
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ class Network:
         scatter_share: Reduce-scatter bus bandwidth / all-reduce's.
         overlap: Whether collectives run beside compute (NCCL's stream); gloo computes on the training cores.
         contention: Compute seconds lost per second of collectives hidden behind it (their SMs' share).
-        dispersion: Relative standard deviation of one rank's compute time between ranks (the slowest waits).
+        dispersion: Relative standard deviation of a rank's compute speed across the job's GPUs.
     """
 
     intra_bandwidth: float
@@ -157,7 +158,7 @@ def expected_maximum(ranks: int) -> float:
 
 def slowest_of(seconds: float, ranks: int, dispersion: float) -> float:
     """What the slowest of ``ranks`` ranks adds to ``seconds`` of compute every rank does between two
-    synchronisations, when one rank's time varies by ``dispersion`` (relative standard deviation) between ranks."""
+    synchronisations, when a rank's speed varies by ``dispersion`` (relative standard deviation) across ranks."""
     return seconds * dispersion * expected_maximum(ranks)
 
 

@@ -24,16 +24,8 @@ from gym_lightning.planner.long_sequence import longest_sequence, sequence_step
 from gym_lightning.planner.machines import Figures, Machine, machine_of
 from gym_lightning.planner.params import param_counts, quantized_base
 from gym_lightning.planner.phases import PhasePeaks, phase_peaks
-from gym_lightning.planner.spec import (
-    LEAVES,
-    GiB,
-    RunSpec,
-    coerce,
-    local_tokens,
-    names_ok,
-    parse_bytes,
-    spec_problems,
-)
+from gym_lightning.planner.spec import LEAVES, GiB, RunSpec, local_tokens, parse_bytes
+from gym_lightning.planner.spec_flags import coerce, names_ok, spec_problems
 from gym_lightning.planner.strategies import STRATEGIES, STRATEGY_BY_KEY, Strategy, planner_strategy
 from gym_lightning.planner.timing import Speed, speed
 from gym_lightning.vocabulary import STRATEGY_NAMES, STRATEGY_PRESET_BY_NAME

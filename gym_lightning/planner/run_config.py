@@ -1,34 +1,18 @@
-"""``gym plan --config run.yaml``: the planner's settings of the run a ``gym fit`` YAML launches (pure data, no
-Lightning: the YAML is read as plain data, ``class_path`` / ``init_args`` followed, registered names looked up in
-``gym_lightning.vocabulary``).
+"""``gym plan --config``: the settings of the run a ``gym fit`` YAML launches, by the run description's flat names
+(pure data, no Lightning: the YAML is read as plain data, ``class_path`` / ``init_args`` followed, registered names
+looked up in ``gym_lightning.vocabulary``). What is read (docs/planner.md, "Planning the run you will launch"):
 
-====================================================  =========================================================
-The run's YAML                                        The planner's setting (``plan(...)`` / ``gym plan`` flag)
-====================================================  =========================================================
-``model.model``, ``model.config_overrides``           ``model``, ``config_overrides``
-``trainer.strategy`` (a name, or ``class_path`` +     ``strategy`` (reported on a line of its own), and its
-``init_args``; ``gym_auto``: none, the plan picks)    ``sequence_parallel_size``; FSDP's ``activation_checkpointing``;
-                                                      ``gradient_compression``
-``trainer.precision``                                 ``precision`` (``16-mixed`` as ``bf16-mixed``: same bytes)
-``trainer.devices``, ``trainer.num_nodes``            ``gpus_per_node``, ``nodes``
-``trainer.accumulate_grad_batches``                   ``accumulate_grad_batches`` (step time)
-``trainer.accelerator``                               ``accelerator`` (``cpu``, else ``gpu``)
-``data.batch_size``, ``data.max_seq_length``          ``micro_batch_size``, ``seq_length``
-``model.lora`` (``r``, ``target_modules``,           ``lora_r``, ``lora_targets`` (``none`` when only
-``target_parameters``)                                ``target_parameters`` is set), ``lora_target_parameters``
-``model.quantization`` (``quant_type``,               ``quantization`` (``fp4`` as ``nf4``: same bytes);
-``skip_modules``)                                     ``quantization_skip_modules`` (its expert weights)
-``model.gradient_checkpointing``                      ``activation_checkpointing``
-``model.attn_implementation``, ``model.optim``        ``attention``, ``optimizer``
-``model.mlp_tile_tokens``, ``model.loss_chunking``,   the same
-``model.loss_chunk_tokens``
-``model.objective``                                   ``stage`` (``sft``, ``pt``: ``spec.STAGES``)
-``model.compile``, ``model.fused_ops``                ``kernels`` (``compiled``; ``liger`` for Liger's kernels)
-ZeRO's ``bucket_size``, ``leaf_decoder_layers`` and   ``bucket_size``, ``zero3_leaf_layers``,
-its JSON's ``reduce_bucket_size``,                    ``zero3_param_persistence_threshold``,
-``stage3_*_persistence_threshold``,                   ``zero3_model_persistence_threshold``, ``sub_group_size``
-``sub_group_size``, ``leaf_module``, offload devices  and the strategy's offload; gym_ddp's ``powersgd_rank``
-====================================================  =========================================================
+* ``model``: ``model``, ``config_overrides``, ``lora`` (``r``, ``target_modules``, ``target_parameters``),
+  ``quantization`` (``quant_type``, ``skip_modules``), ``gradient_checkpointing``, ``attn_implementation``,
+  ``optim``, ``mlp_tile_tokens``, ``loss_chunking``, ``loss_chunk_tokens``, ``objective`` (the stage),
+  ``compile`` / ``fused_ops`` (the kernel path);
+* ``data``: ``batch_size`` and ``max_seq_length`` (micro-batch and sequence);
+* ``trainer``: ``precision``, ``devices``, ``num_nodes``, ``accumulate_grad_batches``, ``accelerator``, and
+  ``strategy``: a registered name, or a class with its ``init_args`` (FSDP's ``sharding`` and ``cpu_offload``,
+  ZeRO's ``stage``, offload, ``bucket_size``, ``leaf_decoder_layers`` and the DeepSpeed JSON of ``config``: its
+  stage, offload devices, buckets, persistence thresholds and sub-group, :data:`JSON_KNOBS`; gym_ddp's
+  ``gradient_compression`` and ``powersgd_rank``; every strategy's ``sequence_parallel_size``); ``gym_auto``:
+  none, the plan picks.
 
 A setting the YAML leaves out is the one the run gets (the module's and the data module's defaults); one the
 planner cannot model is left out with a note; a value it cannot read is a problem, all of them in one error.
@@ -43,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.planner.spec import STAGES, field_default
+from gym_lightning.planner.spec import STAGES
+from gym_lightning.planner.spec_flags import field_default
 from gym_lightning.planner.strategies import Strategy, planner_strategy
 from gym_lightning.vocabulary import (
     AUTO_STRATEGY,

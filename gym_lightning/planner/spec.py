@@ -9,15 +9,15 @@ here) and ``hardware``. Each default is written here, once.
 
 Every leaf also has a flat name, unique across the spec (tests check it): ``RunSpec(lora_r=16)``,
 ``dataclasses.replace(spec, lora_r=16)`` and ``spec.lora_r`` take it; ``gym plan``'s flags are those names
-(:func:`flag_fields`; a field may name its flag differently, ``checkpoint_file_size``, and both names are taken).
+(``planner.spec_flags``; a field may name its flag differently, ``checkpoint_file_size``, and both are taken).
 """
 
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Iterator, Mapping
-from dataclasses import MISSING, dataclass, field, fields, replace
-from typing import Any, Literal, get_args
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field, fields, replace
+from typing import Any, Literal
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics import hardware as catalog
@@ -398,86 +398,6 @@ def local_tokens(spec: RunSpec, micro_batch: int) -> int:
     return micro_batch * spec.training.kind.sequences * spec.local_seq_length
 
 
-def flag_fields() -> Iterator[tuple[str, Any]]:
-    """``(flag name, field)`` of every leaf ``gym plan`` takes as a flag, in section order."""
-    for section, kind in SECTIONS.items():
-        del section
-        for f in fields(kind):
-            name = f.metadata.get("flag", "")
-            if name is not None and f.metadata.get("help"):
-                yield name or f.name, f
-
-
-def coerce(name: str, value: Any) -> Any:
-    """``value`` of the leaf ``name`` as the spec holds it (a size's text as bytes, names as a tuple); a value that
-    cannot be read raises :class:`GymUserError` naming the flag."""
-    parse = LEAVES[name][1].metadata.get("parse")
-    if parse is None or value is None:
-        return value
-    try:
-        return parse(value)
-    except GymUserError as err:
-        raise GymUserError(f"{name}: {str(err).rstrip('.')}") from None
-
-
-def field_default(name: str) -> Any:
-    """The default of the leaf ``name`` (written once, in its section)."""
-    f = LEAVES[name][1]
-    return f.default if f.default is not MISSING else None
-
-
-_LITERALS = {"Precision": Precision, "Optimizer": Optimizer, "Attention": Attention, "Kernels": Kernels}
-_LITERALS |= {"Accelerator": Accelerator, "LossChunking": LossChunking, "Quantization": Quantization}
-_LITERALS |= {"GradientCompression": GradientCompression, "LoraTargets": LoraTargets, "StageName": StageName}
-
-
-def choices(name: str) -> tuple[Any, ...]:
-    """The values a ``Literal`` leaf takes (empty for any other)."""
-    literal = _LITERALS.get(str(LEAVES[name][1].type))
-    return get_args(literal) if literal is not None else ()
-
-
-def _int_problem(name: str, value: Any, low: int) -> list[str]:
-    if isinstance(value, bool) or not isinstance(value, int) or value < low:
-        return [f"{name} must be an integer >= {low}, got {value!r}"]
-    return []
-
-
-def spec_problems(spec: RunSpec) -> list[str]:
-    """Every setting of ``spec`` that is not a value its leaf takes (the model-dependent checks are the callers')."""
-    problems: list[str] = []
-    for name, low in (("gpus_per_node", 1), ("nodes", 1), ("micro_batch_size", 1), ("seq_length", 1)):
-        problems += _int_problem(name, getattr(spec, name), low)
-    for name, low in (("lora_r", 0), ("accumulate_grad_batches", 1), ("loss_chunk_tokens", 1)):
-        problems += _int_problem(name, getattr(spec, name), low)
-    for name in ("precision", "lora_targets", "optimizer", "attention", "accelerator", "loss_chunking"):
-        problems += _choice_problem(name, getattr(spec, name))
-    for name in ("quantization", "gradient_compression", "kernels", "stage"):
-        problems += _choice_problem(name, getattr(spec, name))
-    for name in ("gpu_memory", "host_memory"):
-        value = getattr(spec, name)
-        if value is not None and (not isinstance(value, (int, float)) or value <= 0):
-            problems.append(f"{name} must be positive, got {value!r}")
-    if spec.quantization == "nf4" and spec.lora_r == 0:
-        problems.append("quantization nf4 (QLoRA) freezes a 4-bit base and trains LoRA adapters: set lora_r > 0")
-    for name in ("quantization_skip_modules", "lora_target_parameters"):
-        if not names_ok(getattr(spec, name)):
-            problems.append(f"{name} must be a list of names, got {getattr(spec, name)!r}")
-    return problems
-
-
-def names_ok(value: Any) -> bool:
-    """Whether ``value`` is a tuple of names (what a names leaf holds once read)."""
-    return isinstance(value, tuple) and all(isinstance(n, str) for n in value)
-
-
-def _choice_problem(name: str, value: Any) -> list[str]:
-    options = choices(name)
-    if value not in options:
-        return [f"{name} must be one of {', '.join(map(str, options))}, got {value!r}"]
-    return []
-
-
 __all__ = [
     "LEAVES",
     "SECTIONS",
@@ -491,11 +411,6 @@ __all__ = [
     "RunSpec",
     "StageKind",
     "TrainingSpec",
-    "choices",
-    "coerce",
-    "field_default",
-    "flag_fields",
     "local_tokens",
     "parse_bytes",
-    "spec_problems",
 ]

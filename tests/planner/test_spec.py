@@ -14,7 +14,8 @@ from gym_lightning.planner import BUNDLED, plan
 from gym_lightning.planner.estimate import STRATEGY_BY_KEY, estimate, model_states
 from gym_lightning.planner.families import cost_model
 from gym_lightning.planner.families.fsdp import LAYOUT, fsdp_units
-from gym_lightning.planner.spec import LEAVES, SECTIONS, STAGES, RunSpec, StageKind, flag_fields, local_tokens
+from gym_lightning.planner.spec import LEAVES, SECTIONS, STAGES, RunSpec, StageKind, local_tokens
+from gym_lightning.planner.spec_flags import flag_fields
 from gym_lightning.planner.timing import speed
 from gym_lightning.strategies.parallel_dims import ParallelDims
 
