@@ -411,6 +411,7 @@ def render(figures: dict[str, Any]) -> str:
     cal, comm = figures["calibration"], figures["comm"]
     loop = cal["plain_loop"]
     lines = [
+        *([figures["note"], ""] if figures.get("note") else []),
         f"Calibration ({cal['reference']}, 1 thread, 32-true): matmul "
         + ", ".join(f"{s} {v / 1e9:.1f}" for s, v in cal["matmul_flops"].items())
         + f" GFLOP/s; plain loop fwd+bwd {loop['compute'] * 1e3:.0f} ms ({cal['plain_loop_flops'] / 1e9:.1f} "
@@ -584,9 +585,8 @@ def measure(args: argparse.Namespace) -> dict[str, Any]:
     from gym_lightning.planner.estimate import param_counts
 
     started = time.perf_counter()
-    figures: dict[str, Any] = {
-        "calibration": calibrate(args.reference, sorted(set(args.sizes) | {args.reference.split("/")[0]}))
-    }
+    sizes = set(args.sizes) | {args.reference.split("/")[0]} | ({"hooks"} if args.hooks else set())
+    figures: dict[str, Any] = {"calibration": calibrate(args.reference, sorted(sizes))}
     gradient_bytes = [4 * param_counts(shape_of(s), RunSpec(accelerator="cpu")).trainable for s in args.sizes]
     figures["comm"] = measure_comm(gradient_bytes)
     print(f"calibrated in {time.perf_counter() - started:.0f} s: {figures}", file=sys.stderr, flush=True)

@@ -30,7 +30,7 @@ from gym_lightning.planner.spec import RunSpec, local_tokens
 # Share of the eager path's elementwise bytes each kernel path moves (docs/planner.md, "Kernels": torch.compile's
 # share calibrated on torchtitan's 8-GPU eager / compiled pair; Liger's fused RMSNorm, SwiGLU, RoPE and linear
 # cross-entropy assumed alike).
-KERNEL_PASSES: dict[str, float] = {"eager": 1.0, "compiled": 0.35, "liger": 0.35}
+KERNEL_PASSES: dict[str, float] = {"eager": 1.0, "compiled": 0.46, "liger": 0.46}
 # Kernels the host launches per routed expert and MoE layer in gym's routed forward (models.experts.route_experts:
 # index, gather, gate_up, split, SiLU, multiply, down, weight, index_add), and three times that with backward.
 EXPERT_KERNELS = 9
