@@ -4,20 +4,22 @@
     python benchmarks/plan_validate.py --sizes 10m --batches 1x256 --strategies gym_ddp   # a smoke run
 
 1. **Calibration** (this process, one thread: each of the 2 ranks gets one core of this 2-core machine): the matmul
-   FLOP/s of each model's width (``metrics.calibrate.matmul_flops``, fp32) and the achieved model FLOP/s of a plain
-   PyTorch loop (forward, summed cross-entropy, backward, torch AdamW, no Lightning) of ONE reference size and
-   batch (``--reference``). The CPU compute efficiency is what makes the model's one-rank step (compute + optimizer
-   step) last the measured step: ``planner.timing.calibrated_efficiency`` (achieved / matmul FLOP/s, the optimizer's
-   predicted share taken out of the step).
+   FLOP/s of each model's width (``metrics.calibrate.matmul_flops``, fp32) and a plain PyTorch loop (forward, summed
+   cross-entropy, backward, torch AdamW, no Lightning) of ONE reference size and batch (``--reference``). The CPU
+   kernel efficiency is what makes the model's one-rank step (``planner.compute``'s roofline on the measured matmul
+   rate and memory bandwidth, + the optimizer step) last the measured step (``planner.compute.calibrated_efficiency``).
 2. **gloo and memory**: 2 processes measure ``all_reduce_figures`` and ``memory_bandwidth`` at the same time (what
    the ranks see while training together).
 3. **Measured runs**: the real CLI on 2 CPU ranks (``python -m gym_lightning fit``, ``32-true``, the tiny-llama
    preset widened with ``--model.config_overrides``, packed rows of the bundled addition set), one per size, batch
    shape and strategy. :class:`StepTimer` (a callback) times each optimizer step from the end of one to the end of
    the next after a barrier; the median of the timed steps after ``--warmup`` is the measured step.
-4. **Prediction**: ``planner.timing.speed`` with the run's ``Setup`` and ``planner.machines.cpu_hardware`` of the
+4. **Prediction**: ``planner.timing.speed`` with the run's ``RunSpec`` and ``planner.machines.cpu_hardware`` of the
    figures above; error = predicted / measured - 1. A markdown table goes to stdout and ``--out``, the raw figures
    to ``--out`` with ``.json``.
+5. **ZeRO-3's hooks** (``--hooks``): a 12-layer, 256-wide model under ZeRO-3 with and without decoder-layer leaves,
+   alternated ``--repeats`` times; a fetch's host seconds are the step's difference, less the model's difference in
+   collective latency, over the difference in fetches (``families.zero.ZeRO.fetched_modules``, both passes).
 
 Precision is ``32-true`` throughout: on AVX2-class CPUs a bf16 matmul whose second operand is not transposed takes a
 slow path (benchmarks/scale.py measured 27-33 s against 0.6 s), which no FLOP count would predict.
@@ -47,11 +49,21 @@ SIZES: dict[str, dict[str, int]] = {
     "9m": {"hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 3, "num_attention_heads": 8},
     "26m": {"hidden_size": 768, "intermediate_size": 2304, "num_hidden_layers": 4, "num_attention_heads": 12},
     "47m": {"hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 4, "num_attention_heads": 16},
+    # Many small modules, little compute: what ZeRO-3's per-module hooks cost (--hooks).
+    "hooks": {"hidden_size": 256, "intermediate_size": 768, "num_hidden_layers": 12, "num_attention_heads": 4},
 }
 # Batch shapes: micro-batch x sequence length, "a2" = accumulate_grad_batches 2. 256 tokens per rank and step: the
 # 47m model's step takes ~3 s per rank on one busy core, and 24 runs of ~25 s start-up each must fit ~15 minutes.
 BATCHES = ("1x256", "2x64a2")
 STRATEGIES = ("gym_ddp", "gym_fsdp", "zero2", "zero3")
+# ZeRO-3 with decoder-layer leaves (gym's rule) and without (a hook on every submodule), for --hooks.
+HOOK_RUNS = {
+    "zero3": "zero3",
+    "zero3_modules": json.dumps(
+        {"class_path": "gym_lightning.strategies.ZeROStrategy", "init_args": {"stage": 3, "leaf_decoder_layers": False}}
+    ),
+}
+HOOK_BATCH = "1x128"
 PLANNER_KEYS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp_full", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
 
 
@@ -123,15 +135,10 @@ def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
     import torch
 
     from gym_lightning.metrics.calibrate import memory_bandwidth, model_matmul_flops
-    from gym_lightning.planner import Setup
-    from gym_lightning.planner.estimate import param_counts
-    from gym_lightning.planner.timing import (
-        PLAIN,
-        calibrated_efficiency,
-        flops_per_token,
-        optimizer_seconds,
-        step_traffic_bytes,
-    )
+    from gym_lightning.planner import RunSpec
+    from gym_lightning.planner.compute import calibrated_efficiency, flops_per_token
+    from gym_lightning.planner.machines import cpu_hardware
+    from gym_lightning.planner.timing import PLAIN, step_time
 
     torch.set_num_threads(1)
     size, batch = reference.split("/")
@@ -140,11 +147,13 @@ def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
     matmul = {s: model_matmul_flops(SIZES[s]["hidden_size"], torch.float32) for s in sizes}
     bandwidth = memory_bandwidth(repeats=9, budget=1.0)
     loop = plain_loop(size, batch, warmup=2, steps=5)
-    shape, setup = shape_of(size), Setup(accelerator="cpu", gpus_per_node=1, precision="32-true",
-                                         micro_batch_size=micro, seq_length=seq)  # fmt: skip
+    shape, setup = shape_of(size), RunSpec(accelerator="cpu", gpus_per_node=1, precision="32-true",
+                                           micro_batch_size=micro, seq_length=seq)  # fmt: skip
     step_flops = micro * seq * flops_per_token(shape, setup).model
-    optimizer = optimizer_seconds(param_counts(shape, setup).trainable, step_traffic_bytes(PLAIN, setup), bandwidth)
     peak = matmul[size]
+    ideal = step_time(shape, PLAIN, setup, cpu_hardware(peak, bandwidth, 0.0, 0.0, 1.0))
+    optimizer = ideal.optimizer
+    measured = loop["compute"] + loop["optimizer"]
     return {
         "reference": reference,
         "matmul_flops": matmul,
@@ -153,7 +162,7 @@ def calibrate(reference: str, sizes: list[str]) -> dict[str, Any]:
         "plain_loop_flops": step_flops / loop["compute"],
         "optimizer_predicted": optimizer,
         "efficiency_raw": step_flops / (loop["compute"] + loop["optimizer"]) / peak,
-        "efficiency": calibrated_efficiency(step_flops, loop["compute"] + loop["optimizer"], peak, optimizer),
+        "efficiency": calibrated_efficiency(ideal.total, measured, optimizer),
     }
 
 
@@ -244,7 +253,8 @@ class StepTimer(pl.Callback):
     0's clock, into forward (batch start -> ``on_before_backward``), backward (-> ``on_after_backward``, FSDP's and
     ZeRO-2/3's reduce-scatters included), optimizer (``on_before_optimizer_step`` -> batch end: the step and, for
     ZeRO-1/2, the parameter all-gather) summed over its micro-batches; the rest of the step is Lightning's loop, data
-    and waiting for the other rank. Writes ``{"steps": [...], "phases": [{...}, ...]}``.
+    and waiting for the other rank. Also rank 0's process CPU seconds per step (``time.process_time``: the host work
+    of a rank, what the machine's other load does not inflate). Writes ``{"steps", "cpu_steps", "phases"}``.
 
     Args:
         out: JSON file rank 0 writes the step seconds to.
@@ -252,8 +262,9 @@ class StepTimer(pl.Callback):
 
     def __init__(self, out: str) -> None:
         self.out = Path(out)
-        self.last_step, self.last_time, self.mark = 0, 0.0, 0.0
+        self.last_step, self.last_time, self.mark, self.last_cpu = 0, 0.0, 0.0, 0.0
         self.seconds: list[float] = []
+        self.cpu_seconds: list[float] = []
         self.phases: list[dict[str, float]] = []
         self.current = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
 
@@ -281,14 +292,16 @@ class StepTimer(pl.Callback):
             return  # a micro-batch that did not step (gradient accumulation)
         self._lap("optimizer")
         trainer.strategy.barrier()
-        now = time.perf_counter()
+        now, cpu = time.perf_counter(), time.process_time()
         if self.last_step > 0:
             self.seconds.append(now - self.last_time)
+            self.cpu_seconds.append(cpu - self.last_cpu)
             self.phases.append(self.current)
         self.current = {"forward": 0.0, "backward": 0.0, "optimizer": 0.0}
-        self.last_step, self.last_time = trainer.global_step, now
+        self.last_step, self.last_time, self.last_cpu = trainer.global_step, now, cpu
         if trainer.global_rank == 0:
-            self.out.write_text(json.dumps({"steps": self.seconds, "phases": self.phases}))
+            found = {"steps": self.seconds, "cpu_steps": self.cpu_seconds, "phases": self.phases}
+            self.out.write_text(json.dumps(found))
 
 
 def fit_command(size: str, batch: str, strategy: str, run: Path, steps: int) -> list[str]:
@@ -310,9 +323,11 @@ def fit_command(size: str, batch: str, strategy: str, run: Path, steps: int) -> 
     ]  # fmt: skip
 
 
-def run_one(workdir: Path, size: str, batch: str, strategy: str, warmup: int, timed: int) -> dict[str, Any]:
+def run_one(
+    workdir: Path, size: str, batch: str, strategy: str, warmup: int, timed: int, name: str | None = None
+) -> dict[str, Any]:
     """One CLI run; ``{"steps": [seconds of each timed step], "wall": ...}`` or ``{"failed": rc}``."""
-    run = workdir / f"{size}-{batch}-{strategy}"
+    run = workdir / f"{size}-{batch}-{name or strategy}"
     run.mkdir(parents=True, exist_ok=True)
     env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
     start = time.perf_counter()
@@ -325,7 +340,8 @@ def run_one(workdir: Path, size: str, batch: str, strategy: str, warmup: int, ti
         return {"failed": done.returncode, "wall": wall}
     timed = json.loads((run / "steps.json").read_text())
     # The first duration is step 2's (step 1 has no start).
-    return {"steps": timed["steps"][warmup - 1 :], "phases": timed["phases"][warmup - 1 :], "wall": wall}
+    kept = {key: timed[key][warmup - 1 :] for key in ("steps", "cpu_steps", "phases")}
+    return {**kept, "wall": wall}
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -335,10 +351,10 @@ def run_one(workdir: Path, size: str, batch: str, strategy: str, warmup: int, ti
 def sharded_bus_bandwidth(comm: dict[str, Any], size: str) -> float | None:
     """The bus bandwidth gloo's all-gather and reduce-scatter reached on ``size``'s fp32 gradient bytes (one call
     each, the mean of their two times), for the diagnostic column; ``None`` without that measurement."""
-    from gym_lightning.planner import Setup
+    from gym_lightning.planner import RunSpec
     from gym_lightning.planner.estimate import param_counts
 
-    nbytes = str(4 * param_counts(shape_of(size), Setup(accelerator="cpu")).trainable)
+    nbytes = str(4 * param_counts(shape_of(size), RunSpec(accelerator="cpu")).trainable)
     measured = comm.get("gradient_collectives", {}).get(nbytes)
     if not measured:
         return None
@@ -346,16 +362,20 @@ def sharded_bus_bandwidth(comm: dict[str, Any], size: str) -> float | None:
     return int(nbytes) / 2 / seconds  # (n-1)/n x bytes / time, n = 2
 
 
-def predict(size: str, batch: str, strategy: str, figures: dict[str, Any], bus: float | None = None) -> Any:
-    """``planner.timing.speed`` of one run on the measured CPU figures (``bus``: another bus bandwidth, diagnostic)."""
-    from gym_lightning.planner import Setup
+def predict(
+    size: str, batch: str, strategy: str, figures: dict[str, Any], bus: float | None = None, leaf: bool = True
+) -> Any:
+    """``planner.timing.speed`` of one run on the measured CPU figures (``bus``: another bus bandwidth, diagnostic;
+    ``leaf``: ZeRO-3 gathers decoder layers whole, gym's rule)."""
+    from gym_lightning.planner import RunSpec
     from gym_lightning.planner.estimate import STRATEGY_BY_KEY
     from gym_lightning.planner.machines import cpu_hardware
     from gym_lightning.planner.timing import speed
 
     micro, seq, accumulate = parse_batch(batch)
-    setup = Setup(accelerator="cpu", gpus_per_node=2, nodes=1, precision="32-true", micro_batch_size=micro,
-                  seq_length=seq, accumulate_grad_batches=accumulate, optimizer="adamw")  # fmt: skip
+    setup = RunSpec(accelerator="cpu", gpus_per_node=2, nodes=1, precision="32-true", micro_batch_size=micro,
+                    seq_length=seq, accumulate_grad_batches=accumulate, optimizer="adamw",
+                    zero3_leaf_layers=leaf)  # fmt: skip
     calibration, comm = figures["calibration"], figures["comm"]
     hw = cpu_hardware(
         matmul_flops=calibration["matmul_flops"][size],
@@ -371,13 +391,14 @@ def predict(size: str, batch: str, strategy: str, figures: dict[str, Any], bus: 
 
 def _collective_lines(comm: dict[str, Any]) -> list[str]:
     """One line per gradient size: measured seconds of each collective beside the model's (from the bus bandwidth)."""
-    from gym_lightning.planner.timing import all_gather_seconds, all_reduce_seconds
+    from gym_lightning.planner.comm import Group, Network
 
     lines = []
     bus, latency = comm["bus_bandwidth"], comm["latency"]
+    group = Group(2, 1, Network(bus, bus, latency, latency, overlap=False))
     for nbytes, seconds in comm.get("gradient_collectives", {}).items():
-        model = {"all_reduce": all_reduce_seconds(int(nbytes), 2, bus, latency)}
-        model["all_gather"] = model["reduce_scatter"] = all_gather_seconds(int(nbytes), 2, bus, latency)
+        model = {"all_reduce": group.all_reduce(int(nbytes))}
+        model["all_gather"] = model["reduce_scatter"] = group.all_gather(int(nbytes))
         shown = ", ".join(f"{name} {s * 1e3:.0f} ms (model {model[name] * 1e3:.0f})" for name, s in seconds.items())
         busbw = int(nbytes) / 2 / ((seconds["all_gather"] + seconds["reduce_scatter"]) / 2) / 1e9
         lines.append(f"gloo, {int(nbytes) / 1e6:.0f} MB fp32 gradients, one call each: {shown}; all-gather / "
@@ -390,6 +411,7 @@ def render(figures: dict[str, Any]) -> str:
     cal, comm = figures["calibration"], figures["comm"]
     loop = cal["plain_loop"]
     lines = [
+        *([figures["note"], ""] if figures.get("note") else []),
         f"Calibration ({cal['reference']}, 1 thread, 32-true): matmul "
         + ", ".join(f"{s} {v / 1e9:.1f}" for s, v in cal["matmul_flops"].items())
         + f" GFLOP/s; plain loop fwd+bwd {loop['compute'] * 1e3:.0f} ms ({cal['plain_loop_flops'] / 1e9:.1f} "
@@ -410,6 +432,8 @@ def render(figures: dict[str, Any]) -> str:
     ]
     for key, result in figures["runs"].items():
         size, batch, strategy = key.split("/")
+        if strategy not in PLANNER_KEYS:
+            continue  # the hooks runs: their own section
         shape = shape_of(size)
         if "steps" not in result:
             lines.append(f"| {size} | {shape.num_params() / 1e6:.1f}M | {batch} | {strategy} | failed | | | | | | |")
@@ -424,7 +448,7 @@ def render(figures: dict[str, Any]) -> str:
             f"{step.compute:.3f} | {step.exposed_communication:.3f} | {step.optimizer:.3f} | "
             + (f"{other / measured - 1:+.1%} |" if other else "|")
         )
-    return "\n".join(lines + _phase_lines(figures)) + "\n"
+    return "\n".join(lines + _phase_lines(figures) + _hook_lines(figures)) + "\n"
 
 
 def _phase_lines(figures: dict[str, Any]) -> list[str]:
@@ -439,9 +463,9 @@ def _phase_lines(figures: dict[str, Any]) -> list[str]:
         "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for key, result in figures["runs"].items():
-        if not result.get("phases"):
-            continue
         size, batch, strategy = key.split("/")
+        if not result.get("phases") or strategy not in PLANNER_KEYS:
+            continue
         step = predict(size, batch, strategy, figures).step
         phase = {name: statistics.median(p[name] for p in result["phases"]) for name in result["phases"][0]}
         other = statistics.median(result["steps"]) - sum(phase.values())
@@ -453,8 +477,70 @@ def _phase_lines(figures: dict[str, Any]) -> list[str]:
     return lines if len(lines) > 5 else []
 
 
+def measure_hooks(workdir: Path, repeats: int, warmup: int, timed: int) -> dict[str, list[float]]:
+    """ZeRO-3 with and without decoder-layer leaves on the ``hooks`` model, alternated ``repeats`` times: the
+    median of each run's timed steps, wall (``<name>``) and rank 0's process CPU seconds (``<name>_cpu``)."""
+    found: dict[str, list[float]] = {key: [] for name in HOOK_RUNS for key in (name, f"{name}_cpu")}
+    for attempt in range(repeats):
+        for name, strategy in HOOK_RUNS.items():
+            result = run_one(workdir, "hooks", HOOK_BATCH, strategy, warmup, timed, name=f"{name}-{attempt}")
+            if "steps" in result:
+                found[name].append(statistics.median(result["steps"]))
+                found[f"{name}_cpu"].append(statistics.median(result["cpu_steps"]))
+            print(f"hooks {name} {attempt}: {result.get('steps')} cpu {result.get('cpu_steps')}", file=sys.stderr)
+    return found
+
+
+def fetch_seconds(figures: dict[str, Any]) -> dict[str, float] | None:
+    """Host seconds of one ZeRO-3 fetch from the ``--hooks`` runs: rank 0's CPU seconds per step with per-module
+    hooks less with decoder-layer leaves (the machine's other load inflates wall time, not a process's own CPU
+    time), over the difference in fetches per step (forward and backward); the wall difference beside it, less the
+    model's difference in gather latencies."""
+    from gym_lightning.planner import RunSpec
+    from gym_lightning.planner.estimate import STRATEGY_BY_KEY
+    from gym_lightning.planner.families import cost_model
+
+    hooks = figures.get("hooks")
+    if not hooks or not hooks.get("zero3_cpu") or not hooks.get("zero3_modules_cpu"):
+        return None
+    shape, zero3 = shape_of("hooks"), STRATEGY_BY_KEY["zero3"]
+    counts = [cost_model(zero3, shape, RunSpec(zero3_leaf_layers=leaf)).fetched_modules() for leaf in (True, False)]
+    fetches = 2 * (counts[1] - counts[0])
+    cpu = statistics.median(hooks["zero3_modules_cpu"]) - statistics.median(hooks["zero3_cpu"])
+    measured = statistics.median(hooks["zero3_modules"]) - statistics.median(hooks["zero3"])
+    model = predict("hooks", HOOK_BATCH, "zero3", figures, leaf=False).step.total
+    model -= predict("hooks", HOOK_BATCH, "zero3", figures).step.total
+    wall = (measured - model) / fetches
+    return {
+        "fetches": fetches,
+        "cpu": cpu,
+        "measured": measured,
+        "model": model,
+        "per_fetch": cpu / fetches,
+        "wall": wall,
+    }
+
+
+def _hook_lines(figures: dict[str, Any]) -> list[str]:
+    """The ZeRO-3 hook measurement, when it ran."""
+    found = fetch_seconds(figures)
+    if found is None:
+        return []
+    hooks = figures["hooks"]
+    shown = "; ".join(f"{name} " + ", ".join(f"{v:.3f}" for v in values) + " s" for name, values in hooks.items())
+    return [
+        "",
+        f"ZeRO-3 hooks (`--hooks`, {shape_of('hooks').num_params() / 1e6:.1f}M parameters in 12 layers, {HOOK_BATCH}, "
+        f"2 CPU ranks, runs alternated; per run the median step, wall and rank 0's CPU seconds): {shown}. Per-module "
+        f"hooks add {found['cpu'] * 1e3:.1f} ms of rank 0's CPU time a step for {found['fetches']} more fetches: "
+        f"{found['per_fetch'] * 1e6:.0f} us of host work per fetch (the catalog's `host.zero3_fetch_us`). Wall: "
+        f"{found['measured'] * 1e3:.1f} ms more a step, of which the model's gather latencies are "
+        f"{found['model'] * 1e3:.1f} ms: {found['wall'] * 1e6:.0f} us per fetch.",
+    ]
+
+
 DOC = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
-HEADING = "## Step time on 2 CPU ranks over gloo"
+HEADING = "## Validation: step time on 2 CPU ranks over gloo"
 
 
 def main() -> None:
@@ -468,6 +554,8 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gym-plan-validate")
     parser.add_argument("--out", type=Path, default=None, help="markdown report (and .json beside it)")
     parser.add_argument("--render-only", action="store_true", help="rebuild the table from --out's JSON")
+    parser.add_argument("--hooks", action="store_true", help="also measure ZeRO-3's per-module hook cost")
+    parser.add_argument("--repeats", type=int, default=3, help="--hooks: alternations of the two runs")
     parser.add_argument("--write", action="store_true", help=f"replace the section {HEADING!r} of docs/planner.md")
     args = parser.parse_args()
     json_out = (args.out or args.workdir / "report.md").with_suffix(".json")
@@ -493,17 +581,18 @@ def main() -> None:
 
 def measure(args: argparse.Namespace) -> dict[str, Any]:
     """Steps 1-3: calibration, the 2-rank figures, then every run (progress on stderr)."""
-    from gym_lightning.planner import Setup
+    from gym_lightning.planner import RunSpec
     from gym_lightning.planner.estimate import param_counts
 
     started = time.perf_counter()
-    figures: dict[str, Any] = {
-        "calibration": calibrate(args.reference, sorted(set(args.sizes) | {args.reference.split("/")[0]}))
-    }
-    gradient_bytes = [4 * param_counts(shape_of(s), Setup(accelerator="cpu")).trainable for s in args.sizes]
+    sizes = set(args.sizes) | {args.reference.split("/")[0]} | ({"hooks"} if args.hooks else set())
+    figures: dict[str, Any] = {"calibration": calibrate(args.reference, sorted(sizes))}
+    gradient_bytes = [4 * param_counts(shape_of(s), RunSpec(accelerator="cpu")).trainable for s in args.sizes]
     figures["comm"] = measure_comm(gradient_bytes)
     print(f"calibrated in {time.perf_counter() - started:.0f} s: {figures}", file=sys.stderr, flush=True)
     figures["runs"] = {}
+    if args.hooks:
+        figures["hooks"] = measure_hooks(args.workdir, args.repeats, args.warmup, args.timed)
     for size in args.sizes:
         for batch in args.batches:
             for strategy in args.strategies:

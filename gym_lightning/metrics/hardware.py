@@ -44,6 +44,7 @@ class GPU:
     dense_peak: dict[str, float]  # dtype -> dense FLOP/s (never the 2:4-sparse figure)
     link: str  # key into LINKS: the usual intra-node link of this form factor
     host_link: str  # key into HOST_LINKS: GPU <-> host copies
+    kernels: str  # key into KERNELS: the GPU family's kernel efficiencies
     cuda_names: tuple[str, ...]  # regexes on the lower-cased torch.cuda.get_device_name()
     source: str
 
@@ -56,11 +57,38 @@ class Link:
     name: str
     bus_bandwidth: float  # bytes/s, all_reduce busbw for messages >= 1 GB
     latency: float  # seconds, small-message all_reduce
+    hop_latency: float  # seconds each ring step over this link adds (planner.comm.ring_latency)
     source: str
     assumed: str | None  # None: a published measurement; else how the figure was derived
     nics_per_node: int = 0  # fabrics only
     nic_gbit: float = 0.0  # fabrics only: one NIC's line rate in Gb/s
     aliases: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class KernelFamily:
+    """What one GPU family's kernels reach (``planner.compute.Kernels``): a GEMM takes ``2mnk / (peak x gemm_peak)
+    + gemm_overhead``; flash attention reaches ``attention_peak`` of the peak; elementwise work moves its bytes at
+    ``memory_efficiency`` x the datasheet bandwidth."""
+
+    key: str
+    gemm_peak: float
+    gemm_overhead: float  # seconds
+    attention_peak: float
+    memory_efficiency: float
+    source: str
+    assumed: str | None
+
+
+@dataclass(frozen=True)
+class ClusterSpec:
+    """What a job of many ranks loses beyond its links: ``contention`` (compute seconds lost per second of
+    collectives hidden behind it) and ``dispersion`` (relative spread of a rank's compute time)."""
+
+    contention: float
+    dispersion: float
+    sources: tuple[str, ...]
+    assumed: tuple[str, ...]
 
 
 @dataclass(frozen=True)
@@ -81,6 +109,8 @@ class HostSpec:
     memory_bandwidth: float  # bytes/s
     nvme_bandwidth: float  # bytes/s
     cpu_compute_efficiency: float  # achieved model FLOP/s of a CPU training loop / the CPU's matmul FLOP/s, in (0, 1]
+    kernel_launch: float  # host seconds per kernel launch from eager PyTorch
+    zero3_fetch: float  # host seconds per DeepSpeed ZeRO-3 parameter fetch
     sources: tuple[str, ...]
     assumed: tuple[str, ...]
 
@@ -95,6 +125,8 @@ class Catalog:
     host_links: dict[str, HostLink]
     host: HostSpec
     unlisted_cuda_names: tuple[str, ...]
+    kernels: dict[str, KernelFamily]
+    cluster: ClusterSpec
 
 
 def parse_memory(text: str) -> int:
@@ -129,6 +161,20 @@ class _Reader:
         value = entry.get(field)
         if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
             self.problems.append(f"{where}.{field} is {value!r}; expected a positive number.")
+            return 0.0
+        return float(value)
+
+    def non_negative(self, entry: Mapping[str, Any], field: str, where: str) -> float:
+        """A number >= 0 from ``entry[field]``; 0.0 (and a problem) when missing or negative.
+
+        Args:
+            entry: the YAML mapping of one entry.
+            field: the field's name.
+            where: the entry's path in the file, for the message.
+        """
+        value = entry.get(field)
+        if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0:
+            self.problems.append(f"{where}.{field} is {value!r}; expected a number >= 0.")
             return 0.0
         return float(value)
 
@@ -211,6 +257,7 @@ def _read_gpu(key: str, entry: Mapping[str, Any], read: _Reader) -> GPU:
         dense_peak={dtype: read.positive(peaks, dtype, f"{where}.dense_tflops") * _TFLOPS for dtype in peaks},
         link=read.text(entry, "link", where) or "",
         host_link=read.text(entry, "host_link", where) or "",
+        kernels=read.text(entry, "kernels", where) or "",
         cuda_names=cuda_names,
         source=read.text(entry, "source", where) or "",
     )
@@ -232,6 +279,7 @@ def _read_link(section: str, key: str, entry: Mapping[str, Any], read: _Reader) 
         name=read.text(entry, "name", where) or "",
         bus_bandwidth=read.positive(entry, "bus_bandwidth_gbs", where) * _GB,
         latency=read.positive(entry, "latency_us", where) * _US,
+        hop_latency=read.non_negative(entry, "hop_latency_us", where) * _US,
         source=read.text(entry, "source", where) or "",
         assumed=read.text(entry, "assumed", where, optional=True),
         nics_per_node=int(read.positive(entry, "nics_per_node", where)) if fabric else 0,
@@ -258,6 +306,42 @@ def _read_host_link(key: str, entry: Mapping[str, Any], read: _Reader) -> HostLi
     )
 
 
+def _read_kernels(key: str, entry: Mapping[str, Any], read: _Reader) -> KernelFamily:
+    """One ``kernels:`` entry as a :class:`KernelFamily`.
+
+    Args:
+        key: the entry's key.
+        entry: its YAML mapping.
+        read: the reader that collects problems.
+    """
+    where = f"kernels.{key}"
+    return KernelFamily(
+        key=key,
+        gemm_peak=read.fraction(entry, "gemm_peak", where),
+        gemm_overhead=read.positive(entry, "gemm_overhead_us", where) * _US,
+        attention_peak=read.fraction(entry, "attention_peak", where),
+        memory_efficiency=read.fraction(entry, "memory_efficiency", where),
+        source=read.text(entry, "source", where) or "",
+        assumed=read.text(entry, "assumed", where, optional=True),
+    )
+
+
+def _read_cluster(entry: Mapping[str, Any], read: _Reader) -> ClusterSpec:
+    """The ``cluster:`` section as a :class:`ClusterSpec`.
+
+    Args:
+        entry: its YAML mapping.
+        read: the reader that collects problems.
+    """
+    figures = ("contention", "dispersion")
+    return ClusterSpec(
+        contention=read.fraction(entry, "contention", "cluster"),
+        dispersion=read.fraction(entry, "dispersion", "cluster"),
+        sources=tuple(read.text(entry, f"{figure}_source", "cluster") or "" for figure in figures),
+        assumed=tuple(read.text(entry, f"{figure}_assumed", "cluster", optional=True) or "" for figure in figures),
+    )
+
+
 def _read_host(entry: Mapping[str, Any], read: _Reader) -> HostSpec:
     """The ``host:`` section as a :class:`HostSpec`.
 
@@ -265,13 +349,15 @@ def _read_host(entry: Mapping[str, Any], read: _Reader) -> HostSpec:
         entry: its YAML mapping.
         read: the reader that collects problems.
     """
-    figures = ("memory_bandwidth", "nvme_bandwidth", "cpu_compute_efficiency")
+    figures = ("memory_bandwidth", "nvme_bandwidth", "cpu_compute_efficiency", "kernel_launch", "zero3_fetch")
     sources = tuple(read.text(entry, f"{figure}_source", "host") or "" for figure in figures)
     assumed = tuple(read.text(entry, f"{figure}_assumed", "host", optional=True) or "" for figure in figures)
     return HostSpec(
         memory_bandwidth=read.positive(entry, "memory_bandwidth_gbs", "host") * _GB,
         nvme_bandwidth=read.positive(entry, "nvme_bandwidth_gbs", "host") * _GB,
         cpu_compute_efficiency=read.fraction(entry, "cpu_compute_efficiency", "host"),
+        kernel_launch=read.positive(entry, "kernel_launch_us", "host") * _US,
+        zero3_fetch=read.positive(entry, "zero3_fetch_us", "host") * _US,
         sources=sources,
         assumed=tuple(text for text in assumed if text),
     )
@@ -313,7 +399,11 @@ def _cross_problems(catalog: Catalog) -> list[str]:
     problems = [
         f"gpus.{gpu.key}.{field} is {value!r}; expected one of: {', '.join(table)}."
         for gpu in catalog.gpus.values()
-        for field, value, table in (("link", gpu.link, catalog.links), ("host_link", gpu.host_link, catalog.host_links))
+        for field, value, table in (
+            ("link", gpu.link, catalog.links),
+            ("host_link", gpu.host_link, catalog.host_links),
+            ("kernels", gpu.kernels, catalog.kernels),
+        )
         if value and value not in table
     ]
     overlap = sorted(set(catalog.links) & set(catalog.fabrics))
@@ -346,7 +436,7 @@ def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
         raise GymUserError(f"The hardware catalog {path} holds {type(data).__name__}; expected a mapping of sections.")
     problems: list[str] = []
     read = _Reader(problems)
-    host = data.get("host")
+    host, cluster = data.get("host"), data.get("cluster")
     unlisted = read.names(data, "unlisted_cuda_names", "unlisted_cuda_names")
     catalog = Catalog(
         gpus=_section(data, "gpus", lambda key, entry: _read_gpu(key, entry, read), problems),
@@ -355,6 +445,8 @@ def load_catalog(path: Path | str = CATALOG_PATH) -> Catalog:
         host_links=_section(data, "host_links", lambda key, entry: _read_host_link(key, entry, read), problems),
         host=_read_host(host if isinstance(host, dict) else {}, read),
         unlisted_cuda_names=unlisted,
+        kernels=_section(data, "kernels", lambda key, entry: _read_kernels(key, entry, read), problems),
+        cluster=_read_cluster(cluster if isinstance(cluster, dict) else {}, read),
     )
     problems.extend(_cross_problems(catalog))
     raise_if_problems(f"Broken hardware catalog {path}", problems)
@@ -367,6 +459,8 @@ LINKS: dict[str, Link] = _CATALOG.links
 FABRICS: dict[str, Link] = _CATALOG.fabrics
 HOST_LINKS: dict[str, HostLink] = _CATALOG.host_links
 HOST: HostSpec = _CATALOG.host
+KERNELS: dict[str, KernelFamily] = _CATALOG.kernels
+CLUSTER: ClusterSpec = _CATALOG.cluster
 
 
 def _listing(table: Mapping[str, Any]) -> str:
@@ -459,15 +553,19 @@ def gpu_for_device_name(cuda_name: str) -> GPU | None:
 
 __all__ = [
     "CATALOG_PATH",
+    "CLUSTER",
     "FABRICS",
     "GPU",
     "GPUS",
     "HOST",
     "HOST_LINKS",
+    "KERNELS",
     "LINKS",
     "Catalog",
+    "ClusterSpec",
     "HostLink",
     "HostSpec",
+    "KernelFamily",
     "Link",
     "fabric",
     "gpu",

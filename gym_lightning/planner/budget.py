@@ -96,8 +96,8 @@ def speed_lines(
     if first is None:
         return []
     title = (
-        f"Speed on {gpus} x {hw.name} (compute at {hw.compute_efficiency:.1%} of the dense peak "
-        f"{hw.peak_flops / 1e12:,.0f} TFLOP/s; {first.tokens_per_step:,} tokens per optimizer step)"
+        f"Speed on {gpus} x {hw.name} (kernels at {hw.compute_efficiency:.1%} of the roofline of a "
+        f"{hw.peak_flops / 1e12:,.0f} TFLOP/s peak; {first.tokens_per_step:,} tokens per optimizer step)"
     )
     if budget.tokens is not None:
         title += f", {budget.tokens:,.0f} tokens"

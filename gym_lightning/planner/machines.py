@@ -1,11 +1,11 @@
-"""The machines a plan runs on: a catalog GPU, its node's link and the fabric between nodes
-(``gym_lightning/assets/hardware.yaml`` through ``metrics.hardware``) become the step-time model's
-:class:`~gym_lightning.planner.timing.Hardware`, with the user's explicit figures over them.
+"""The machines a plan runs on: a catalog GPU, its family's kernel efficiencies, its node's link and the fabric
+between nodes (``gym_lightning/assets/hardware.yaml`` through ``metrics.hardware``) become the step-time model's
+:class:`~gym_lightning.planner.hardware.Hardware`, with the run's explicit figures over them.
 
-The compute efficiency (the fraction of the dense peak a training loop's model FLOPs reach) is calibrated once, on the
-plain PyTorch loop's H200 row (:data:`~gym_lightning.planner.timing.PLAIN_LOOP`), and used for every GPU: the same
-kernels (cuBLAS GEMMs, SDPA's flash attention, fused AdamW) reach about the same fraction of any recent NVIDIA chip's
-peak at these sizes. That is an assumption, and ``compute_efficiency`` overrides it (docs/planner.md validates it).
+The kernel efficiency (how close a project's kernels come to the roofline of ``planner.compute``) is one figure per
+(project, GPU). gym_lightning's own is calibrated once, on the plain PyTorch loop's H200 row
+(:data:`~gym_lightning.planner.timing.PLAIN_LOOP`, :func:`calibrated_compute_efficiency`), and used for every GPU;
+``compute_efficiency`` overrides it (docs/planner.md, "Validation", sets it per project from one row each).
 """
 
 from __future__ import annotations
@@ -18,17 +18,11 @@ from typing import TypeVar
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics import hardware as catalog
 from gym_lightning.planner.catalog import resolve_shape
-from gym_lightning.planner.estimate import STRATEGY_BY_KEY, Setup, param_counts
-from gym_lightning.planner.timing import (
-    PLAIN_LOOP,
-    Hardware,
-    calibrated_efficiency,
-    flops_per_token,
-    optimizer_seconds,
-    step_traffic_bytes,
-)
+from gym_lightning.planner.comm import Network
+from gym_lightning.planner.compute import Kernels, calibrated_efficiency
+from gym_lightning.planner.hardware import Hardware, HostFigures
+from gym_lightning.planner.spec import DEFAULT_GPU, RunSpec
 
-DEFAULT_GPU = "h100-sxm"
 # The fabric assumed when a plan spans nodes and names none: the usual one of H100 / H200 clusters (8 x 400 Gb/s
 # InfiniBand NDR per node, one NIC per GPU). The report says it was assumed.
 DEFAULT_FABRIC = "ib-ndr400"
@@ -42,8 +36,8 @@ class Figures:
 
     Args:
         peak_tflops: Dense TFLOP/s of one GPU in the compute dtype.
-        compute_efficiency: Fraction of the peak a training loop reaches (0 < x <= 1).
-        memory_bandwidth_gbs: GPU memory GB/s.
+        compute_efficiency: How close the kernels come to the roofline (0 < x <= 1).
+        memory_bandwidth_gbs: GPU memory GB/s (datasheet; the family's efficiency applies).
         intra_node_bandwidth_gbs: All-reduce bus bandwidth within a node, GB/s (nccl-tests ``busbw``).
         inter_node_bandwidth_gbs: Bus bandwidth of a collective across nodes, GB/s.
         host_bandwidth_gbs: Pinned host <-> GPU copy GB/s (offload).
@@ -56,6 +50,11 @@ class Figures:
     inter_node_bandwidth_gbs: float | None = None
     host_bandwidth_gbs: float | None = None
 
+    @classmethod
+    def of(cls, spec: RunSpec) -> Figures:
+        """The overrides ``spec.hardware`` holds."""
+        return cls(**{name: getattr(spec.hardware, name) for name in cls.__dataclass_fields__})
+
     def problems(self) -> list[str]:
         """Every figure that is not a positive number (an efficiency above 1 too)."""
         found = []
@@ -64,7 +63,9 @@ class Figures:
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0):
                 found.append(f"{name} must be a positive number, got {value!r}")
         if isinstance(self.compute_efficiency, (int, float)) and self.compute_efficiency > 1:
-            found.append(f"compute_efficiency is a fraction of the peak, at most 1, got {self.compute_efficiency!r}")
+            found.append(
+                f"compute_efficiency is a fraction of the roofline, at most 1, got {self.compute_efficiency!r}"
+            )
         return found
 
 
@@ -85,18 +86,18 @@ def compute_dtype(precision: str) -> str:
 
 @functools.cache
 def calibrated_compute_efficiency() -> float:
-    """The fraction of the H200's dense bf16 peak that makes the model's plain-loop step last what it measured
-    (:data:`PLAIN_LOOP`: 25,764 tokens/s; about 0.316)."""
-    shape, chip = resolve_shape(str(PLAIN_LOOP["model"])), catalog.gpu(str(PLAIN_LOOP["gpu"]))
-    setup = Setup(
+    """gym_lightning's kernel efficiency: what makes the model's plain-loop step on one H200 last what it measured
+    (:data:`~gym_lightning.planner.timing.PLAIN_LOOP`)."""
+    from gym_lightning.planner.timing import PLAIN, PLAIN_LOOP, step_time
+
+    shape = resolve_shape(str(PLAIN_LOOP["model"]))
+    spec = RunSpec(
         gpus_per_node=1, micro_batch_size=int(PLAIN_LOOP["micro_batch"]), seq_length=int(PLAIN_LOOP["seq_length"])
     )
-    tokens = setup.micro_batch_size * setup.seq_length
-    trainable = param_counts(shape, setup).trainable
-    step_bytes = step_traffic_bytes(STRATEGY_BY_KEY["ddp"], setup)  # torch's fused AdamW, as the plain loop's
-    optimizer = optimizer_seconds(trainable, step_bytes, chip.memory_bandwidth)
-    step = tokens / float(PLAIN_LOOP["tokens_per_s"])
-    return calibrated_efficiency(tokens * flops_per_token(shape, setup).model, step, chip.dense_peak["bf16"], optimizer)
+    hardware = _hardware("bf16-mixed", 1, str(PLAIN_LOOP["gpu"]), None, Figures(compute_efficiency=1.0))[0]
+    step = step_time(shape, PLAIN, spec, hardware)
+    measured = spec.micro_batch_size * spec.seq_length / float(PLAIN_LOOP["tokens_per_s"])
+    return calibrated_efficiency(step.total, measured, step.optimizer)
 
 
 def _lookup(find: Callable[[], T], problems: list[str]) -> T | None:
@@ -145,32 +146,63 @@ def machine(
         interconnect: See above.
         figures: Explicit figures that override the catalog's.
     """
-    figures = figures or Figures()
+    hardware, chip, notes = _hardware(precision, nodes, gpu or DEFAULT_GPU, interconnect, figures or Figures())
+    return Machine(hardware, chip.memory, chip.key, tuple(notes))
+
+
+def machine_of(spec: RunSpec) -> Machine:
+    """The :class:`Machine` ``spec.hardware`` names (GPU, interconnect, explicit figures)."""
+    return machine(spec.precision, spec.nodes, spec.gpu, spec.interconnect, Figures.of(spec))
+
+
+def _hardware(
+    precision: str, nodes: int, gpu: str, interconnect: str | None, figures: Figures
+) -> tuple[Hardware, catalog.GPU, list[str]]:
+    """The catalog's figures of ``gpu`` and its links, ``figures`` over them (one error lists every problem)."""
     problems = figures.problems()
-    chip = _lookup(lambda: catalog.gpu(gpu or DEFAULT_GPU), problems)
+    chip = _lookup(lambda: catalog.gpu(gpu), problems)
     links = _lookup(lambda: _links(catalog.link(chip.link) if chip else None, interconnect, nodes), problems)
     if problems or chip is None or links is None or links[0] is None:
         raise GymUserError("; ".join(problems) + ".")
-    intra, inter, notes = links[0], links[1], links[2]
+    intra, inter, notes = links
     dtype = compute_dtype(precision)
     peak = chip.dense_peak.get(dtype, 0.0) if figures.peak_tflops is None else figures.peak_tflops * 1e12
     if peak <= 0:
         raise GymUserError(f"The catalog has no dense {dtype} peak for {chip.name}: pass --peak_tflops.")
-    name = f"{chip.key}, {intra.key}" + (f", {inter.key}" if inter is not None and nodes > 1 else "")
-    hardware = Hardware(
-        name=name,
+    family = catalog.KERNELS[chip.kernels]
+    memory = _gbs(figures.memory_bandwidth_gbs) or chip.memory_bandwidth
+    kernels = Kernels(
         peak_flops=peak,
-        compute_efficiency=figures.compute_efficiency or calibrated_compute_efficiency(),
-        memory_bandwidth=_gbs(figures.memory_bandwidth_gbs) or chip.memory_bandwidth,
+        memory_bandwidth=memory * family.memory_efficiency,
+        efficiency=figures.compute_efficiency or calibrated_compute_efficiency(),
+        gemm_peak=family.gemm_peak,
+        gemm_overhead=family.gemm_overhead,
+        attention_peak=family.attention_peak,
+        launch=catalog.HOST.kernel_launch,
+    )
+    network = _network(intra, inter if nodes > 1 else None, figures)
+    host = HostFigures(
+        host_bandwidth=_gbs(figures.host_bandwidth_gbs) or catalog.host_link(chip.host_link).bandwidth,
+        host_memory_bandwidth=catalog.HOST.memory_bandwidth,
+        nvme_bandwidth=catalog.HOST.nvme_bandwidth,
+        zero3_fetch=catalog.HOST.zero3_fetch,
+    )
+    name = f"{chip.key}, {intra.key}" + (f", {inter.key}" if inter is not None and nodes > 1 else "")
+    return Hardware(name, kernels, network, host), chip, notes
+
+
+def _network(intra: catalog.Link, inter: catalog.Link | None, figures: Figures) -> Network:
+    """The links' figures (the fabric's only when the job spans nodes), with the cluster's losses."""
+    return Network(
         intra_bandwidth=_gbs(figures.intra_node_bandwidth_gbs) or intra.bus_bandwidth,
         inter_bandwidth=_gbs(figures.inter_node_bandwidth_gbs) or (inter.bus_bandwidth if inter else 0.0),
         intra_latency=intra.latency,
         inter_latency=inter.latency if inter is not None else intra.latency,
-        host_bandwidth=_gbs(figures.host_bandwidth_gbs) or catalog.host_link(chip.host_link).bandwidth,
-        host_memory_bandwidth=catalog.HOST.memory_bandwidth,
-        nvme_bandwidth=catalog.HOST.nvme_bandwidth,
+        intra_hop=intra.hop_latency,
+        inter_hop=inter.hop_latency if inter is not None else intra.hop_latency,
+        contention=catalog.CLUSTER.contention,
+        dispersion=catalog.CLUSTER.dispersion,
     )
-    return Machine(hardware, chip.memory, chip.key, tuple(notes))
 
 
 def _gbs(value: float | None) -> float:
@@ -187,15 +219,15 @@ def cpu_hardware(
     scatter_bus_bandwidth: float = 0.0,
 ) -> Hardware:
     """The step-time figures of CPU ranks, measured (``metrics.calibrate.measure_host`` on every rank at once):
-    gloo's all-reduce computes on the cores that train, so nothing overlaps (``overlap=False``), and the "device"
-    memory is the host's.
+    gloo's collectives compute on the cores that train, so nothing overlaps (``overlap=False``), and the "device"
+    memory is the host's. The matmul rate is the model width's, so GEMMs run at it without a size term.
 
     Args:
         matmul_flops: One rank's matmul FLOP/s in the compute dtype.
         memory_bandwidth: One rank's memory bandwidth, bytes/s, measured while the others measure theirs.
         bus_bandwidth: gloo's all-reduce bus bandwidth between the ranks, bytes/s (0 alone).
         latency: Seconds of a small all-reduce.
-        compute_efficiency: The fraction of ``matmul_flops`` a training loop's model FLOPs reach on CPU ranks.
+        compute_efficiency: The fraction of the roofline a training loop reaches on CPU ranks.
         gather_bus_bandwidth: gloo's all-gather bus bandwidth, bytes/s (0: as the all-reduce's).
         scatter_bus_bandwidth: gloo's reduce-scatter bus bandwidth, bytes/s (0: as the all-reduce's).
     """
@@ -203,19 +235,11 @@ def cpu_hardware(
         share / bus_bandwidth if share and bus_bandwidth else 1.0
         for share in (gather_bus_bandwidth, scatter_bus_bandwidth)
     ]
-    return Hardware(
-        name="CPU ranks (measured)",
-        peak_flops=matmul_flops,
-        compute_efficiency=compute_efficiency,
-        memory_bandwidth=memory_bandwidth,
-        intra_bandwidth=bus_bandwidth or memory_bandwidth,
-        inter_bandwidth=bus_bandwidth or memory_bandwidth,
-        intra_latency=latency,
-        inter_latency=latency,
-        host_bandwidth=memory_bandwidth,
-        host_memory_bandwidth=memory_bandwidth,
-        nvme_bandwidth=memory_bandwidth,
-        overlap=False,
-        gather_share=shares[0],
-        scatter_share=shares[1],
-    )
+    bus = bus_bandwidth or memory_bandwidth
+    kernels = Kernels(peak_flops=matmul_flops, memory_bandwidth=memory_bandwidth, efficiency=compute_efficiency)
+    network = Network(bus, bus, latency, latency, gather_share=shares[0], scatter_share=shares[1], overlap=False)
+    host = HostFigures(memory_bandwidth, memory_bandwidth, memory_bandwidth, catalog.HOST.zero3_fetch)
+    return Hardware("CPU ranks (measured)", kernels, network, host)
+
+
+__all__ = ["DEFAULT_FABRIC", "DEFAULT_GPU", "Figures", "Machine", "cpu_hardware", "machine", "machine_of"]

@@ -1,28 +1,18 @@
-"""``gym plan --config run.yaml``: the planner's settings of the run a ``gym fit`` YAML launches (pure data, no
-Lightning: the YAML is read as plain data, ``class_path`` / ``init_args`` followed, registered names looked up in
-``gym_lightning.vocabulary``).
+"""``gym plan --config``: the settings of the run a ``gym fit`` YAML launches, by the run description's flat names
+(pure data, no Lightning: the YAML is read as plain data, ``class_path`` / ``init_args`` followed, registered names
+looked up in ``gym_lightning.vocabulary``). What is read (docs/planner.md, "Planning the run you will launch"):
 
-====================================================  =========================================================
-The run's YAML                                        The planner's setting (``plan(...)`` / ``gym plan`` flag)
-====================================================  =========================================================
-``model.model``, ``model.config_overrides``           ``model``, ``config_overrides``
-``trainer.strategy`` (a name, or ``class_path`` +     ``strategy`` (reported on a line of its own), and its
-``init_args``; ``gym_auto``: none, the plan picks)    ``sequence_parallel_size``; FSDP's ``activation_checkpointing``;
-                                                      ``gradient_compression``
-``trainer.precision``                                 ``precision`` (``16-mixed`` as ``bf16-mixed``: same bytes)
-``trainer.devices``, ``trainer.num_nodes``            ``gpus_per_node``, ``nodes``
-``trainer.accumulate_grad_batches``                   ``accumulate_grad_batches`` (step time)
-``trainer.accelerator``                               ``accelerator`` (``cpu``, else ``gpu``)
-``data.batch_size``, ``data.max_seq_length``          ``micro_batch_size``, ``seq_length``
-``model.lora`` (``r``, ``target_modules``,           ``lora_r``, ``lora_targets`` (``none`` when only
-``target_parameters``)                                ``target_parameters`` is set), ``lora_target_parameters``
-``model.quantization`` (``quant_type``,               ``quantization`` (``fp4`` as ``nf4``: same bytes);
-``skip_modules``)                                     ``quantization_skip_modules`` (its expert weights)
-``model.gradient_checkpointing``                      ``activation_checkpointing``
-``model.attn_implementation``, ``model.optim``        ``attention``, ``optimizer``
-``model.mlp_tile_tokens``, ``model.loss_chunking``,   the same
-``model.loss_chunk_tokens``
-====================================================  =========================================================
+* ``model``: ``model``, ``config_overrides``, ``lora`` (``r``, ``target_modules``, ``target_parameters``),
+  ``quantization`` (``quant_type``, ``skip_modules``), ``gradient_checkpointing``, ``attn_implementation``,
+  ``optim``, ``mlp_tile_tokens``, ``loss_chunking``, ``loss_chunk_tokens``, ``objective`` (the stage),
+  ``compile`` / ``fused_ops`` (the kernel path);
+* ``data``: ``batch_size`` and ``max_seq_length`` (micro-batch and sequence);
+* ``trainer``: ``precision``, ``devices``, ``num_nodes``, ``accumulate_grad_batches``, ``accelerator``, and
+  ``strategy``: a registered name, or a class with its ``init_args`` (FSDP's ``sharding`` and ``cpu_offload``,
+  ZeRO's ``stage``, offload, ``bucket_size``, ``leaf_decoder_layers`` and the DeepSpeed JSON of ``config``: its
+  stage, offload devices, buckets, persistence thresholds and sub-group, :data:`JSON_KNOBS`; gym_ddp's
+  ``gradient_compression`` and ``powersgd_rank``; every strategy's ``sequence_parallel_size``); ``gym_auto``:
+  none, the plan picks.
 
 A setting the YAML leaves out is the one the run gets (the module's and the data module's defaults); one the
 planner cannot model is left out with a note; a value it cannot read is a problem, all of them in one error.
@@ -37,7 +27,9 @@ from pathlib import Path
 from typing import Any
 
 from gym_lightning.errors import GymUserError
-from gym_lightning.planner.estimate import Strategy, planner_strategy
+from gym_lightning.planner.spec import STAGES
+from gym_lightning.planner.spec_flags import field_default
+from gym_lightning.planner.strategies import Strategy, planner_strategy
 from gym_lightning.vocabulary import (
     AUTO_STRATEGY,
     STRATEGY_NAMES,
@@ -66,11 +58,24 @@ MEMORY_ARGS: dict[str, tuple[str, ...]] = {
     "zero": ("stage", "offload_optimizer", "offload_parameters"),
 }
 FIXED_STAGES: dict[str, int] = {"ZeRO1Strategy": 1, "ZeRO2Strategy": 2, "ZeRO3Strategy": 3}
-# Strategy arguments that do not change the memory the planner models (no note when set).
+# Strategy arguments the planner reads into the spec's knobs (strategy argument -> leaf).
+KNOB_ARGS: dict[str, str] = {
+    "bucket_size": "bucket_size",
+    "leaf_decoder_layers": "zero3_leaf_layers",
+    "powersgd_rank": "powersgd_rank",
+    "gradient_compression": "gradient_compression",
+    "sequence_parallel_size": "sequence_parallel_size",
+}
+# A DeepSpeed JSON's zero_optimization keys the planner reads (key -> leaf); "auto" values are gym's rule's.
+JSON_KNOBS: dict[str, str] = {
+    "reduce_bucket_size": "bucket_size",
+    "stage3_param_persistence_threshold": "zero3_param_persistence_threshold",
+    "stage3_model_persistence_threshold": "zero3_model_persistence_threshold",
+    "sub_group_size": "sub_group_size",
+}
+# Strategy arguments that do not change what the planner models (no note when set).
 NO_MEMORY_ARGS = frozenset(
     [
-        "gradient_compression",
-        "powersgd_rank",
         "powersgd_start_iter",
         "static_graph",
         "find_unused_parameters",
@@ -85,8 +90,8 @@ NO_MEMORY_ARGS = frozenset(
         "nvme_path",
         "config",
         "layer_classes",
-        "sequence_parallel_size",
         "activation_checkpointing",
+        *KNOB_ARGS,
     ]
 )
 # Module settings that do not change memory (no note when set); any other unmapped one gets a note.
@@ -179,10 +184,29 @@ def _model_settings(model: Mapping[str, Any], run: RunSettings) -> None:
         if key in model:
             s[key] = model[key]
     s["mlp_tile_tokens"] = model.get("mlp_tile_tokens") or 0
+    _stage_and_kernels(model, run)
     mapped = {"model", "config_overrides", "gradient_checkpointing", "attn_implementation", "optim", "lora"}
-    mapped |= {"quantization", "loss_chunking", "loss_chunk_tokens", "mlp_tile_tokens"}
+    mapped |= {"quantization", "loss_chunking", "loss_chunk_tokens", "mlp_tile_tokens", "objective", "compile"}
+    mapped |= {"fused_ops"}
     if ignored := sorted(set(model) - mapped - NO_MEMORY_MODEL_KEYS):
         run.notes.append(f"not planned: model.{', model.'.join(ignored)} (the planner does not model them)")
+
+
+def _stage_and_kernels(model: Mapping[str, Any], run: RunSettings) -> None:
+    """``model.objective`` as the stage (a name, ``{name: ...}`` or a class with ``init_args``), and the kernel path
+    ``model.compile`` / ``model.fused_ops`` pick (the module's rule: fused ops follow compile unless given)."""
+    objective = model.get("objective") or "sft"
+    if isinstance(objective, Mapping):
+        objective = objective.get("name") or str(objective.get("class_path", "")).rsplit(".", 1)[-1].lower()
+    if objective not in STAGES:
+        run.problems.append(f"model.objective {objective!r} is not planned: give one of {', '.join(STAGES)}")
+    run.settings["stage"] = objective
+    fused = model.get("fused_ops")
+    liger = isinstance(fused, Mapping) and fused.get("kernels") == "liger"
+    if liger:
+        run.settings["kernels"] = "liger"
+    elif model.get("compile") or fused is True or isinstance(fused, Mapping):
+        run.settings["kernels"] = "compiled"
 
 
 def _lora_settings(lora: Any, run: RunSettings) -> None:
@@ -263,7 +287,8 @@ def _trainer_settings(trainer: Mapping[str, Any], run: RunSettings) -> None:
     elif str(devices) not in ("auto", "-1"):
         run.problems.append(f"trainer.devices must be a count, a list of devices or auto, got {devices!r}")
     else:
-        run.notes.append(f"trainer.devices {devices}: planned for --gpus_per_node (8 unless given)")
+        default = field_default("gpus_per_node")
+        run.notes.append(f"trainer.devices {devices}: planned for --gpus_per_node ({default} unless given)")
     run.settings["nodes"] = nodes
     run.settings["accumulate_grad_batches"] = trainer.get("accumulate_grad_batches", 1)
     if str(trainer.get("accelerator", "auto")) == "cpu":
@@ -293,12 +318,11 @@ def _strategy_settings(strategy: Any, run: RunSettings) -> None:
     if stage := FIXED_STAGES.get(class_path.rsplit(".", 1)[-1]):
         init_args["stage"] = stage
     run.settings["strategy"] = _class_strategy(family, init_args, run)
-    if "sequence_parallel_size" in init_args:
-        run.settings["sequence_parallel_size"] = init_args["sequence_parallel_size"]
+    run.settings.update({leaf: init_args[arg] for arg, leaf in KNOB_ARGS.items() if arg in init_args})
+    if family == "zero" and init_args.get("config") is not None:
+        run.settings.update(_json_knobs(init_args["config"], run))
     if init_args.get("activation_checkpointing"):
         run.settings["activation_checkpointing"] = True
-    if "gradient_compression" in init_args:
-        run.settings["gradient_compression"] = init_args["gradient_compression"]
     if ignored := sorted(set(init_args) - set(MEMORY_ARGS[family]) - NO_MEMORY_ARGS):
         run.notes.append(f"not planned: trainer.strategy.init_args {', '.join(ignored)} (not in the planner's model)")
 
@@ -312,9 +336,6 @@ def _class_strategy(family: StrategyClass, init_args: dict[str, Any], run: RunSe
     if problems:
         run.problems += problems
         return None
-    if memory.get("sharding") == "hybrid":
-        run.notes.append("trainer.strategy sharding hybrid planned as full (exact on one node)")
-        memory["sharding"] = "full"
     strategy = planner_strategy("run", "", family, memory)
     return replace(strategy, label=strategy.trainer_strategy)
 
@@ -332,6 +353,23 @@ def _zero_json_layout(config: Any, run: RunSettings) -> dict[str, Any]:
     except (OSError, ValueError, KeyError, AttributeError, TypeError):
         run.problems.append(f"trainer.strategy needs init_args.stage, or a DeepSpeed JSON config with one: {config!r}")
         return {}
+
+
+def _json_knobs(config: Any, run: RunSettings) -> dict[str, Any]:
+    """The spec's knobs a DeepSpeed JSON states (``JSON_KNOBS``; ``auto`` is gym's rule, left to it); a
+    ``leaf_module`` of the user's own replaces gym's decoder-layer leaves (``strategy.mark_decoder_leaf_modules``)."""
+    try:
+        data = config if isinstance(config, Mapping) else json.loads(Path(str(config)).read_text())
+        zero = dict(data.get("zero_optimization") or {})
+    except (OSError, ValueError, AttributeError, TypeError):
+        return {}  # an unreadable JSON is named by _zero_json_layout when its stage is needed
+    knobs = {leaf: zero[key] for key, leaf in JSON_KNOBS.items() if key in zero and zero[key] != "auto"}
+    if "leaf_module" in zero:
+        knobs["zero3_leaf_layers"] = False
+    for leaf, value in knobs.items():
+        if leaf != "zero3_leaf_layers" and (isinstance(value, bool) or not isinstance(value, (int, float))):
+            run.problems.append(f"the DeepSpeed JSON's {leaf} must be a number of elements, got {value!r}")
+    return {k: int(v) if isinstance(v, float) else v for k, v in knobs.items()}
 
 
 def _layout_problems(memory: Mapping[str, Any]) -> list[str]:

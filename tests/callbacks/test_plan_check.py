@@ -17,15 +17,20 @@ from torch.utils.data import DataLoader
 from gym_lightning import CausalLMModule
 from gym_lightning.callbacks import ThroughputCallback
 from gym_lightning.callbacks.plan_check import (
+    PHASES,
+    TermTimer,
     Unavailable,
     planner_strategy_of,
+    predicted_phases,
     prediction,
     run_hardware,
     run_setup,
+    term_check,
 )
 from gym_lightning.callbacks.throughput_monitor import _summary_table
 from gym_lightning.lora import LoRAArgs
 from gym_lightning.metrics import hardware as catalog
+from gym_lightning.planner.timing import StepTime
 from gym_lightning.strategies import GymDDPStrategy, GymFSDPStrategy, ZeRO1Strategy, ZeROStrategy
 
 H100_NAME = "NVIDIA H100 80GB HBM3"
@@ -34,19 +39,19 @@ H100_NAME = "NVIDIA H100 80GB HBM3"
 # ---------------------------------------------------------------------------------------------- strategies
 def test_each_gym_strategy_maps_to_its_planner_row() -> None:
     ddp = planner_strategy_of(GymDDPStrategy(gradient_compression="bf16"))
-    assert (ddp.framework, ddp.stage, ddp.ddp) == ("torch", 0, True)
+    assert (ddp.family, ddp.ddp) == ("replicated", True)
     fsdp = planner_strategy_of(GymFSDPStrategy(sharding="grad_op", cpu_offload=True))
-    assert (fsdp.stage, fsdp.keep_gathered, fsdp.offload_optimizer, fsdp.offload_parameters) == (3, True, "cpu", "cpu")
-    hybrid = planner_strategy_of(GymFSDPStrategy(sharding="hybrid"))
-    assert (hybrid.hybrid, hybrid.offload_optimizer, hybrid.keep_gathered) == (True, "none", False)
-    assert planner_strategy_of(GymFSDPStrategy(sharding="none")).stage == 0
-    zero3 = planner_strategy_of(ZeROStrategy(stage=3, offload_optimizer="cpu", offload_parameters="cpu"))
-    assert (zero3.framework, zero3.stage, zero3.offload_optimizer, zero3.offload_parameters) == (
-        "deepspeed",
-        3,
+    assert (fsdp.family, fsdp.keep_gathered, fsdp.offload_optimizer, fsdp.offload_parameters) == (
+        "fsdp",
+        True,
         "cpu",
         "cpu",
     )
+    hybrid = planner_strategy_of(GymFSDPStrategy(sharding="hybrid"))
+    assert (hybrid.hybrid, hybrid.offload_optimizer, hybrid.keep_gathered) == (True, "none", False)
+    assert planner_strategy_of(GymFSDPStrategy(sharding="none")).family == "replicated"
+    zero3 = planner_strategy_of(ZeROStrategy(stage=3, offload_optimizer="cpu", offload_parameters="cpu"))
+    assert (zero3.family, zero3.stage, zero3.offload_optimizer, zero3.offload_parameters) == ("zero", 3, "cpu", "cpu")
     assert planner_strategy_of(ZeRO1Strategy()).stage == 1
     # A user's DeepSpeed JSON replaces the arguments: its stage and offload are what ran.
     config = {"zero_optimization": {"stage": 2, "offload_optimizer": {"device": "cpu"}}}
@@ -54,10 +59,21 @@ def test_each_gym_strategy_maps_to_its_planner_row() -> None:
     assert (from_json.stage, from_json.offload_optimizer, from_json.offload_parameters) == (2, "cpu", "none")
 
 
+def test_a_deepspeed_config_s_knobs_reach_the_live_run_s_spec() -> None:
+    from gym_lightning.callbacks.plan_check import _knobs
+
+    zero = {"stage": 3, "reduce_bucket_size": 1e7, "stage3_param_persistence_threshold": 500, "sub_group_size": "auto"}
+    knobs = _knobs(ZeROStrategy(config={"zero_optimization": zero}))
+    assert (knobs["bucket_size"], knobs["zero3_param_persistence_threshold"]) == (10_000_000, 500)
+    assert "sub_group_size" not in knobs and knobs["zero3_leaf_layers"] is True  # auto: gym's rule; gym's leaves
+    assert _knobs(ZeROStrategy(stage=3, leaf_decoder_layers=False))["zero3_leaf_layers"] is False
+    assert _knobs(GymDDPStrategy(gradient_compression="powersgd", powersgd_rank=4))["powersgd_rank"] == 4
+
+
 def test_lightning_single_device_and_ddp_are_ddp_and_others_none() -> None:
     for strategy in (SingleDeviceStrategy(torch.device("cpu")), DDPStrategy()):
         found = planner_strategy_of(strategy)
-        assert (found.stage, found.framework, found.trainer_strategy) == (0, "torch", type(strategy).__name__)
+        assert (found.family, found.trainer_strategy) == ("replicated", type(strategy).__name__)
     assert planner_strategy_of(ModelParallelStrategy()) is None
 
 
@@ -132,7 +148,9 @@ def test_cuda_device_name_gives_the_catalog_gpu(monkeypatch: pytest.MonkeyPatch)
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: H100_NAME)
     chip = catalog.gpu("h100-sxm")
     hardware, _ = run_hardware(_cuda_trainer(), "bf16-mixed", 2048)
-    assert hardware.peak_flops == chip.dense_peak["bf16"] and hardware.memory_bandwidth == chip.memory_bandwidth
+    family = catalog.KERNELS[chip.kernels]
+    assert hardware.peak_flops == chip.dense_peak["bf16"]
+    assert hardware.memory_bandwidth == pytest.approx(chip.memory_bandwidth * family.memory_efficiency)
     assert run_hardware(_cuda_trainer(), "32-true", 2048)[0].peak_flops == chip.dense_peak["fp32"]
     counts = {"steps": 10, "samples": 40, "tokens": 40 * 512}
     plan = prediction(_cuda_trainer(), TinyLM(), counts, steps_per_second=5.0, tokens_per_second=10_240.0)
@@ -166,6 +184,24 @@ _SUMMARY = {
 }
 
 
+def test_phases_put_each_term_where_the_timer_measures_it() -> None:
+    step = StepTime(compute=3.0, recompute=0.3, communication=1.0, exposed_communication=0.3, sequence_parallel=0.0,
+                    optimizer=0.2, offload=0.1, hooks=0.3, contention=0.06, dispersion=0.04)  # fmt: skip
+    phases = predicted_phases(step)
+    passes = 3.0 + 0.3 + 0.3 + 0.3 + 0.06 + 0.04
+    assert phases == pytest.approx({"data": 0.0, "forward": passes / 3, "backward": 2 * passes / 3, "optimizer": 0.3})
+    assert sum(phases.values()) == pytest.approx(step.total)
+
+    class Timer:  # what a TermTimer measured: a data loader that took a second a step
+        def phase_seconds(self) -> dict[str, float]:
+            return {"data": 1.0, "forward": passes / 3, "backward": 2 * passes / 3, "optimizer": 0.3}
+
+    found = term_check(Timer(), step)  # type: ignore[arg-type]
+    assert found is not None and found["largest_gap"] == "data"
+    assert found["shares"]["data"] == {"measured": pytest.approx(1.0 / (step.total + 1.0)), "predicted": 0.0}
+    assert term_check(None, step) is None
+
+
 def test_predict_must_be_a_bool() -> None:
     with pytest.raises(ValueError, match="predict"):
         ThroughputCallback(predict="yes")  # type: ignore[arg-type]
@@ -186,7 +222,7 @@ def test_cpu_fit_reports_prediction_beside_measurement(tmp_path: Path) -> None:
         accelerator="cpu",
         devices=1,
         max_steps=4,
-        callbacks=[ThroughputCallback(warmup_steps=1, log_every_n_steps=1)],
+        callbacks=[ThroughputCallback(warmup_steps=1, log_every_n_steps=1), TermTimer(warmup_steps=1)],
         default_root_dir=tmp_path,
         logger=pl.loggers.CSVLogger(tmp_path),
         enable_checkpointing=False,
@@ -203,5 +239,11 @@ def test_cpu_fit_reports_prediction_beside_measurement(tmp_path: Path) -> None:
     assert plan["measured_step_seconds"] == pytest.approx(1 / summary["total"]["optimizer_steps_per_sec"])
     assert plan["ratio"] == pytest.approx(plan["measured_step_seconds"] / plan["step_seconds"])
     assert plan["terms"]["total"] == pytest.approx(plan["step_seconds"])
+    # TermTimer's phases: every optimizer step's data, forward, backward and optimizer, beside the model's shares
+    phases = plan["phases"]
+    assert set(phases["seconds"]) == set(PHASES) and phases["seconds"]["backward"] > 0
+    assert sum(v["measured"] for v in phases["shares"].values()) == pytest.approx(1.0)
+    assert sum(v["predicted"] for v in phases["shares"].values()) == pytest.approx(1.0)
+    assert phases["largest_gap"] in PHASES
     text = _summary_table(summary)
     assert "| step time (s) |" in text and "plan check: measured / predicted step time" in text

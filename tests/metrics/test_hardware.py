@@ -199,3 +199,26 @@ def test_cpu_compute_efficiency_must_be_a_fraction(tmp_path: Path, value: object
 def test_packaged_catalog_loads_the_same_tables() -> None:
     again = load_catalog()
     assert again.gpus == hardware.GPUS and again.fabrics == hardware.FABRICS
+
+
+def test_every_gpu_has_a_sourced_kernel_family_and_every_link_a_hop() -> None:
+    for chip in hardware.GPUS.values():
+        family = hardware.KERNELS[chip.kernels]
+        assert 0 < family.gemm_peak <= 1 and 0 < family.attention_peak <= 1 and family.source
+    for found in [*hardware.LINKS.values(), *hardware.FABRICS.values()]:
+        assert found.hop_latency >= 0
+    assert 0 < hardware.CLUSTER.contention < 1 and 0 < hardware.CLUSTER.dispersion < 1
+    assert all(hardware.CLUSTER.sources) and hardware.HOST.zero3_fetch > 0 and hardware.HOST.kernel_launch > 0
+
+
+def test_kernel_family_hop_and_cluster_problems_in_one_message(tmp_path: Path) -> None:
+    data = yaml.safe_load(CATALOG_PATH.read_text())
+    data["gpus"]["h100-sxm"]["kernels"] = "turing"
+    data["kernels"]["hopper"]["gemm_peak"] = 1.5
+    data["links"]["nvlink4"]["hop_latency_us"] = -2
+    data["cluster"]["dispersion"] = "high"
+    with pytest.raises(GymUserError) as raised:
+        load_catalog(_write(tmp_path, data))
+    message = str(raised.value)
+    assert "gpus.h100-sxm.kernels is 'turing'" in message and "kernels.hopper.gemm_peak is 1.5" in message
+    assert "links.nvlink4.hop_latency_us is -2" in message and "cluster.dispersion is 'high'" in message

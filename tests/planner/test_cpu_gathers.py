@@ -8,16 +8,19 @@ from dataclasses import replace
 
 import pytest
 
+from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner import BUNDLED, Setup
-from gym_lightning.planner.estimate import (
-    STRATEGY_BY_KEY,
-    buffer_bytes,
-    fsdp_root_params,
-    layer_bytes,
-    unit_bytes,
-)
+from gym_lightning.planner.estimate import STRATEGY_BY_KEY, buffer_bytes, layer_bytes, unit_bytes
+from gym_lightning.planner.families.fsdp import fsdp_units
 
 QLORA = Setup(lora_r=16, quantization="nf4", lora_target_parameters=("all-experts",), accelerator="cpu")
+
+
+def fsdp_root_params(shape: ModelShape) -> int:
+    """The root unit's elements in gym_fsdp's "root" layout: the embedding and, untied, the LM head."""
+    root = fsdp_units(shape, Setup(), 2, layout="root")[0]
+    assert root.name == "root" and root.kept
+    return root.elements
 
 
 def test_fsdp_root_unit_holds_an_untied_lm_head_beside_the_embedding() -> None:

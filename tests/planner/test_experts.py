@@ -20,6 +20,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.lora import EXPERTS_SHORTHAND
 from gym_lightning.models.shapes import ModelShape, shape_from_config
 from gym_lightning.planner import BUNDLED, Setup, plan
+from gym_lightning.planner.compute import matmul_params
 from gym_lightning.planner.estimate import (
     NF4_CHUNK_BYTES,
     STRATEGY_BY_KEY,
@@ -39,7 +40,6 @@ from gym_lightning.planner.experts import (
 from gym_lightning.planner.experts import (
     EXPERTS_SHORTHAND as PLANNER_SHORTHAND,
 )
-from gym_lightning.planner.timing import matmul_params
 from gym_lightning.quant import experts as nf4_experts
 from gym_lightning.quant.config import QuantizationArgs
 
@@ -132,7 +132,7 @@ def test_qwen3_30b_experts_in_nf4_by_hand() -> None:
     # q_proj 2048 -> 4096 (8.4M) is larger than one expert's gate_up (3.1M)
     assert quant.largest_linear == 2048 * 4096
     assert dequant_bytes(QWEN3_30B, setup) == 2 * 2048 * 4096 + 12 * 2048 * 4096 / 64 + NF4_CHUNK_BYTES
-    skipped = Setup(lora_r=16, quantization="nf4", skip_expert_weights=skipped_expert_weights(["lm_head", "experts"]))
+    skipped = Setup(lora_r=16, quantization="nf4", quantization_skip_modules=("lm_head", "experts"))
     assert quantized_base(QWEN3_30B, skipped).expert_weights == 0
     assert skipped_expert_weights(["experts.down_proj"]) == ("down_proj",)
     assert skipped_expert_weights(["lm_head", "mlp.gate"]) == ()
@@ -187,11 +187,14 @@ def test_the_documented_verdicts() -> None:
 
 def test_the_flag_takes_names_commas_and_the_shorthand(capsys: pytest.CaptureFixture[str]) -> None:
     base = ["--model", "qwen3-30b-a3b", "--lora_r", "8"]
-    assert plan_arguments([*base, "--lora_target_parameters", "all-experts"])["lora_target_parameters"] == [
-        "all-experts"
-    ]
-    names = plan_arguments([*base, "--lora_target_parameters", "experts.gate_up_proj,experts.down_proj"])
-    assert names["lora_target_parameters"] == PEFT_NAMES
+
+    def planned(*flags: str) -> tuple[str, ...]:
+        args = plan_arguments([*base, "--lora_target_parameters", *flags])
+        args.pop("json")
+        return plan(**args).setup.lora_target_parameters
+
+    assert planned("all-experts") == ("all-experts",)
+    assert planned("experts.gate_up_proj,experts.down_proj") == tuple(PEFT_NAMES)
     main(["plan", *base, "--lora_target_parameters", *PEFT_NAMES, "--lora_targets", "none", "--json"])
     report = json.loads(capsys.readouterr().out)
     assert report["setup"]["lora_target_parameters"] == PEFT_NAMES
@@ -208,7 +211,11 @@ def test_bad_values_are_one_error_listing_each() -> None:
     with pytest.raises(GymUserError, match="nothing to train"):
         plan("qwen3-30b-a3b", lora_r=8, lora_targets="none")
     with pytest.raises(GymUserError, match="must be a list of names"):
-        plan("qwen3-30b-a3b", lora_r=8, lora_target_parameters="all-experts")  # type: ignore[arg-type]
+        plan("qwen3-30b-a3b", lora_r=8, lora_target_parameters=[5])  # type: ignore[list-item]
+    # One name alone is a list of it, as in a run's YAML.
+    assert plan("qwen3-30b-a3b", lora_r=8, lora_target_parameters="all-experts").setup.lora_target_parameters == (
+        "all-experts",
+    )
 
 
 def _yaml(tmp_path: Path, lora: Any, quantization: Any = None) -> str:

@@ -96,9 +96,10 @@ def test_what_cannot_be_planned_is_a_note(tmp_path: Path, capsys: pytest.Capture
     model = {"model": "llama-3-8b", "torch_dtype": "bfloat16", "optim": "rmsprop", "lr": 1e-4}
     path = _write(tmp_path, {"trainer": {"devices": "auto", "strategy": strategy}, "model": model})
     report, err = _plan_json(capsys, "--config", path)
-    assert "model.torch_dtype" in err and "bucket_size" in err and "rmsprop planned as sgd" in err
+    assert "model.torch_dtype" in err and "rmsprop planned as sgd" in err
     assert "trainer.devices auto" in err and "model.lr" not in err  # no memory: no note
     assert report["setup"]["optimizer"] == "sgd" and report["setup"]["gpus_per_node"] == 8
+    assert "bucket_size" not in err and report["setup"]["bucket_size"] == 10  # the strategy's knob, planned
 
 
 def test_bad_values_are_one_line_listing_each(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -130,3 +131,42 @@ def test_the_defaults_are_the_run_s() -> None:
     assert LoRAArgs().r == MODULE_DEFAULTS["lora_r"]
     data = inspect.signature(CausalLMDataModule).parameters
     assert {key: data[key].default for key in DATA_DEFAULTS} == DATA_DEFAULTS
+
+
+def test_a_deepspeed_json_s_values_reach_the_plan(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    json_config = {
+        "zero_optimization": {
+            "stage": 3,
+            "reduce_bucket_size": 5e7,
+            "stage3_param_persistence_threshold": 1000,
+            "stage3_model_persistence_threshold": "auto",  # gym's rule's: left to it
+            "sub_group_size": 100_000_000,
+            "offload_optimizer": {"device": "cpu"},
+            "leaf_module": {"classes": ["LlamaDecoderLayer"]},
+        }
+    }
+    strategy = {"class_path": "gym_lightning.strategies.ZeROStrategy", "init_args": {"config": json_config}}
+    model = {"model": "llama-3-8b", "objective": "pt", "compile": True}
+    path = _write(tmp_path, {"trainer": {"devices": 8, "strategy": strategy}, "model": model})
+    run = run_settings(yaml.safe_load(Path(path).read_text()))
+    assert (run.settings["bucket_size"], run.settings["zero3_param_persistence_threshold"]) == (50_000_000, 1000)
+    assert run.settings["sub_group_size"] == 100_000_000 and "zero3_model_persistence_threshold" not in run.settings
+    assert run.settings["zero3_leaf_layers"] is False  # the user's leaf_module replaces gym's decoder leaves
+    assert (run.settings["stage"], run.settings["kernels"]) == ("pt", "compiled")
+    assert run.settings["strategy"].offload_optimizer == "cpu" and not run.notes
+    report, _ = _plan_json(capsys, "--config", path)
+    assert report["setup"]["bucket_size"] == 50_000_000 and report["selected"] == "zero3_offload_optimizer"
+    larger = {"zero_optimization": {**json_config["zero_optimization"], "reduce_bucket_size": 5e8}}
+    bigger_strategy = {**strategy, "init_args": {"config": larger}}
+    bigger = _write(tmp_path, {"trainer": {"devices": 8, "strategy": bigger_strategy}, "model": model})
+    again, _ = _plan_json(capsys, "--config", bigger)
+
+    def buffers(plan: dict[str, Any]) -> int:
+        return next(s["bytes"]["buffers"] for s in plan["strategies"] if s["key"] == "zero3")
+
+    assert buffers(again) - buffers(report) == 4 * (5e8 - 5e7)  # the bucket, in fp32 (the YAML trains 32-true)
+
+
+def test_an_objective_the_planner_lacks_is_a_problem(tmp_path: Path) -> None:
+    with pytest.raises(GymUserError, match=r"model\.objective 'ppo' is not planned: give one of sft, pt"):
+        run_settings({"model": {"objective": "ppo"}})
