@@ -144,3 +144,22 @@ def test_the_grouping_runs_on_fake_cuda_tensors_up_to_its_one_read() -> None:
             routed.group_by_expert(index, 8)
     frames = [entry for entry in raised.traceback if entry.name == "group_by_expert"]
     assert frames and ".tolist()" in str(frames[-1].statement)
+
+
+def test_the_speed_benchmark_times_both_forwards_and_counts_their_syncs() -> None:
+    """``benchmarks/routed_forward_speed.py`` at its tiny size: both forwards timed, their syncs counted, their
+    outputs and gradients equal (bf16, the same products in the same order), the table rendered."""
+    import importlib.util
+    import sys
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[2] / "benchmarks" / "routed_forward_speed.py"
+    spec = importlib.util.spec_from_file_location("bench_routed_forward_speed", path)
+    bench = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = bench
+    spec.loader.exec_module(bench)
+    result = bench.measure("tiny", 16, repeats=1)
+    assert result["grouped"]["syncs"] == {"read: tolist": 1}, result["grouped"]["syncs"]
+    assert result["per-expert"]["syncs"]["shape: nonzero"] > 1 and max(result["max_abs_diff"].values()) == 0
+    table = bench.render({"tiny/16": result})
+    assert table.startswith(bench.SECTION) and "| tiny | 16 |" in table
