@@ -627,7 +627,9 @@ def set_dynamo_ddp_mode(mode: str) -> None:
 def dynamo_ddp_mode() -> str:
     """dynamo's DDP mode now (``torch._dynamo.config.optimize_ddp``; ``True``/``False`` are its old spellings)."""
     mode = torch._dynamo.config.optimize_ddp
-    return {True: "ddp_optimizer", False: "no_optimization"}.get(mode, mode) if isinstance(mode, bool) else mode
+    if isinstance(mode, bool):
+        return "ddp_optimizer" if mode else "no_optimization"
+    return mode
 
 
 __all__ += ["DYNAMO_DDP_MODES", "dynamo_ddp_mode", "set_dynamo_ddp_mode"]

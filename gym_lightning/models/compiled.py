@@ -146,8 +146,8 @@ def compile_layers(model: nn.Module, args: CompileArgs) -> int:
     # recompute (a graph break that left the layer eager: 0 graphs, measured). The variable is reset when the call
     # returns, so not replaying it is exact; likewise transformers' output recorders should record once per step.
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
-    # Process-wide too, as the flag above (dynamo reads it when it compiles a frame inside a DDP forward; setting it
-    # around each call instead cost 10-50 us per layer call): one graph per layer unless asked (``ddp_buckets``).
+    # Process-wide too, as the flag above: dynamo reads it when it compiles a frame inside a DDP forward (set around
+    # each layer call instead, it would cost a config write per call). One graph per layer unless asked.
     set_dynamo_ddp_mode("ddp_optimizer" if args.ddp_buckets else "no_optimization")
     for layer in layers:
         eager = layer.forward
