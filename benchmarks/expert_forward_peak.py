@@ -14,8 +14,9 @@ labels = the inputs + backward, bf16 weights, no autocast) on 1 x T random token
   all E experts (``_LoraFactorsProxy``, one ``baddbmm`` into a new ``[E, out, in]`` tensor) and runs transformers'
   experts forward on it (``grouped_mm`` here); the parametrised weight is kept for the backward, which also makes
   its gradient, another ``[E, out, in]`` tensor;
-- ``gym``: the same model after ``models.experts.install_routed_experts``: for each expert the tokens are routed to,
-  a view of its weight and its low-rank path ``s * (x @ A_e.T) @ B_e.T``; nothing of expert size is made.
+- ``gym``: the same model after ``models.experts.install_routed_experts``: the (token, slot) pairs grouped by expert
+  on the device, then for each expert the tokens are routed to, a view of its weight and its low-rank path
+  ``s * (x @ A_e.T) @ B_e.T``; nothing of expert size is made.
 
 Each (layer, tokens, variant) runs in its own fresh process. A thread reads the RSS (``VmRSS``, through
 ``gym_lightning.metrics.memory.host_rss_bytes``) every millisecond; the peak is above the RSS just before the step, once
@@ -300,13 +301,15 @@ def render(results: dict[str, Any], steps: int) -> str:
         )
     lines += [
         "",
-        "Step times are CPU times on this machine's 2 cores, with nothing else running for the table's run (with "
-        "other jobs beside it, one step, moe-400m T=512 gym, took 0.1 s in one run and 8.6 s in another); a GPU's "
-        "are owed. gym's measured peak is above its routed-activation estimate, which leaves out the attention's "
-        "activations and the fp32 adapter gradients; the remainder is not broken down further. gym selects each "
-        "step's experts' factors with one index (their gradient is one scatter); the first version indexed them "
-        "expert by expert, which zero-filled a whole-factor gradient per expert (121 `fill_` and 128 `add_` in a "
-        "torch profile of a moe-400m step) and measured 219 / 93 MiB (moe-400m, T=512) and 1,874 / 427 MiB "
+        "Step times are CPU times on this machine's 2 cores and move with whatever else runs there (one step, "
+        "moe-400m T=512 gym, took 0.1 s in one run and 8.6 s in another): the peaks are the figures; a GPU's times "
+        "are owed (`benchmarks/routed_forward_speed.py` times the routed forward alone, side by side). gym's "
+        "measured peak is above its routed-activation estimate, which leaves out the attention's activations and "
+        "the fp32 adapter gradients; the remainder is not broken down further. gym groups the routed (token, slot) "
+        "pairs by expert on the device (one host read per layer), gathers the tokens once and takes each expert's "
+        "factors from one `unbind` (their gradient is one stack); the first version indexed the factors expert by "
+        "expert, which zero-filled a whole-factor gradient per expert (121 `fill_` and 128 `add_` in a torch "
+        "profile of a moe-400m step) and measured 219 / 93 MiB (moe-400m, T=512) and 1,874 / 427 MiB "
         "(Qwen3-30B-A3B, T=512) peft / gym.",
     ]
     return "\n".join(lines) + "\n"

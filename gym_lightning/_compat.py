@@ -607,3 +607,29 @@ __all__ = [
     "zero3_trace_compares_with_ne",
     "zero_optimizer_lacks_memory_attributes",
 ]
+
+
+# ------------------------------------------------------------------------------------------ torch dynamo (DDP)
+# dynamo's handling of a frame compiled inside a DistributedDataParallel forward (torch/_dynamo/config.py
+# ``optimize_ddp``): split at DDP's bucket boundaries (``ddp_optimizer``, the default) or not (``no_optimization``).
+DYNAMO_DDP_MODES: tuple[str, ...] = ("ddp_optimizer", "no_optimization")
+
+
+def set_dynamo_ddp_mode(mode: str) -> None:
+    """Frames dynamo compiles from now on use DDP mode ``mode`` (one of :data:`DYNAMO_DDP_MODES`): the private,
+    process-wide setting ``torch._dynamo.config.optimize_ddp``, read when a frame is converted
+    (torch/_dynamo/convert_frame.py)."""
+    if mode not in DYNAMO_DDP_MODES:
+        raise ValueError(f"dynamo DDP mode must be one of {DYNAMO_DDP_MODES}, got {mode!r}")
+    torch._dynamo.config.optimize_ddp = mode
+
+
+def dynamo_ddp_mode() -> str:
+    """dynamo's DDP mode now (``torch._dynamo.config.optimize_ddp``; ``True``/``False`` are its old spellings)."""
+    mode = torch._dynamo.config.optimize_ddp
+    if isinstance(mode, bool):
+        return "ddp_optimizer" if mode else "no_optimization"
+    return mode
+
+
+__all__ += ["DYNAMO_DDP_MODES", "dynamo_ddp_mode", "set_dynamo_ddp_mode"]

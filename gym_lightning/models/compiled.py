@@ -16,6 +16,12 @@ Why the instance's ``forward`` and not ``module.compile()`` / ``torch.compile(mo
   stops at dynamo's cache limit (8: the 9th and later layers ran eagerly in the measurement above), the bound
   method's forward gave one graph for 12 layers.
 
+Under DDP each compiled layer stays one graph (``CompileArgs.ddp_buckets``): dynamo's DDP optimizer, torch's default
+inside a ``DistributedDataParallel`` forward, would split it at DDP's gradient-bucket boundaries, a design for
+whole-model graphs, whose gradients would otherwise all come ready at the end of the backward. A compiled layer is
+already the unit of that overlap: its gradients come ready when its backward ends and DDP reduces them during the
+next layer's backward (docs/benchmarks.md, "gym_ddp + compile").
+
 Sequence lengths vary from batch to batch (the data module pads each batch to its longest row), so layers are
 compiled with dynamic shapes from the first call (``dynamic=True``): one graph, no recompilation per length.
 Calls with a KV cache (generation) run the eager forward: a cache is Python state dynamo guards on per layer.
@@ -29,6 +35,8 @@ from typing import Any
 
 import torch
 from torch import nn
+
+from gym_lightning._compat import set_dynamo_ddp_mode
 
 COMPILE_MODES: tuple[str | None, ...] = (
     None,
@@ -52,12 +60,17 @@ class CompileArgs:
         dynamic: Compile for symbolic sequence lengths from the first call (``True``, one graph for every length),
             or let dynamo decide (``None``: static first, then dynamic after one recompilation).
         fullgraph: Require each layer to compile as one graph (an error on a graph break) instead of splitting it.
+        ddp_buckets: Under DDP, let dynamo's DDP optimizer split each layer into one graph per DDP gradient bucket
+            (``torch._dynamo.config.optimize_ddp = "ddp_optimizer"``, torch's default: a bucket's all-reduce may
+            start before the layer's whole backward ends). ``False`` (default): one graph per layer, whose gradients
+            are reduced during the next layer's backward (the module docstring).
     """
 
     backend: str = "inductor"
     mode: str | None = None
     dynamic: bool | None = True
     fullgraph: bool = False
+    ddp_buckets: bool = False
 
     @classmethod
     def from_value(cls, value: bool | dict[str, Any] | CompileArgs | None) -> CompileArgs | None:
@@ -133,6 +146,9 @@ def compile_layers(model: nn.Module, args: CompileArgs) -> int:
     # recompute (a graph break that left the layer eager: 0 graphs, measured). The variable is reset when the call
     # returns, so not replaying it is exact; likewise transformers' output recorders should record once per step.
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
+    # Process-wide too, as the flag above: dynamo reads it when it compiles a frame inside a DDP forward (set around
+    # each layer call instead, it would cost a config write per call). One graph per layer unless asked.
+    set_dynamo_ddp_mode("ddp_optimizer" if args.ddp_buckets else "no_optimization")
     for layer in layers:
         eager = layer.forward
         compiled = torch.compile(

@@ -10,14 +10,18 @@ cannot do for 4-bit codes at all, and it refuses dropout (a merged delta has no 
 Here the experts' forward is gym's (:func:`route_experts`): for each expert the batch routes to, and only those, the
 expert's weight (a view of the fused tensor, or the NF4 codes of that one expert dequantised,
 ``quant.experts.dequantize_expert``) is applied to its tokens, and the adapter is the low-rank path
-``scaling * (dropout(x) @ A_e.T) @ B_e.T``, as peft's ``lora.Linear`` computes it. peft still owns the adapter
-tensors and their names, so checkpoints, ``PeftModel.save_pretrained``'s file format and ``merge_and_unload`` are
-peft's. The routing, the gate and the weighting are the experts module's own (``_apply_gate``, ``act_fn``, the
-transformers ``use_experts_implementation`` attributes), so one forward serves every family that uses them.
+``scaling * (dropout(x) @ A_e.T) @ B_e.T``, as peft's ``lora.Linear`` computes it. The (token, slot) pairs are
+sorted by expert on the device and the group bounds read once: one host sync per MoE layer and pass
+(:func:`group_by_expert`; a grouped GEMM would need none, but it takes bf16 only, and NF4 experts must be known on
+the host to be dequantised one by one). peft still owns the adapter tensors and their names, so checkpoints,
+``PeftModel.save_pretrained``'s file format and ``merge_and_unload`` are peft's. The routing, the gate and the
+weighting are the experts module's own (``_apply_gate``, ``act_fn``, the transformers ``use_experts_implementation``
+attributes), so one forward serves every family that uses them.
 """
 
 from __future__ import annotations
 
+import itertools
 import types
 from dataclasses import dataclass
 from typing import Any
@@ -49,14 +53,14 @@ class ExpertAdapter:
     b: torch.Tensor
     scaling: float
 
-    def routed(self, hit: list[int], num_experts: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
-        """``(A_e [r, in], B_e [out, r])`` of each expert in ``hit``, selected with one index and unbound: autograd
-        then writes the factors' gradient with one scatter per step. Indexing ``a.view(E, r, in)[e]`` per expert
-        gave each expert a zero-filled gradient of the whole ``[r E, in]`` factor to sum (E^2 work: 121 fill_ and
-        128 add_ in one moe-400m step, torch profile)."""
-        index = torch.tensor(hit, device=self.a.device)
-        a = self.a.view(num_experts, -1, self.a.shape[-1]).index_select(0, index).unbind(0)
-        b = self.b.view(self.b.shape[0], -1, num_experts).index_select(2, index).unbind(2)
+    def per_expert(self, num_experts: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """``(A_e [r, in], B_e [out, r])`` of every expert: views made by one ``unbind`` per factor, with no index
+        (an index of the routed experts would be host data copied to the device). Autograd then writes each
+        factor's gradient once: ``unbind``'s backward stacks the routed experts' gradients beside broadcast zeros
+        for the rest. Indexing ``a.view(E, r, in)[e]`` per expert gave each expert a zero-filled gradient of the
+        whole ``[r E, in]`` factor to sum (E^2 work)."""
+        a = self.a.view(num_experts, -1, self.a.shape[-1]).unbind(0)
+        b = self.b.view(self.b.shape[0], -1, num_experts).unbind(2)
         return list(zip(a, b, strict=True))
 
     def delta(
@@ -187,6 +191,44 @@ def adapters_of(slot: nn.Module) -> dict[str, list[ExpertAdapter]]:
     return found
 
 
+@dataclass(frozen=True)
+class ExpertGroups:
+    """The (token, slot) pairs a batch routes to the experts, grouped by expert (ascending) on the device.
+
+    Args:
+        tokens: ``[n]`` the token of each routed pair, expert by expert; within an expert by slot, then token.
+        slots: ``[n]`` the pair's top-k slot (its column of ``top_k_index`` and ``top_k_weights``).
+        counts: The pairs of each of the E experts, on the host: the one value the forward reads from the device.
+    """
+
+    tokens: torch.Tensor
+    slots: torch.Tensor
+    counts: list[int]
+
+    @property
+    def hit(self) -> list[int]:
+        """The experts that receive a pair, ascending."""
+        return [e for e, count in enumerate(self.counts) if count]
+
+
+def group_by_expert(top_k_index: torch.Tensor, num_experts: int) -> ExpertGroups:
+    """``top_k_index`` ``[T, k]``'s pairs sorted by expert with device ops alone (a stable sort, then each expert's
+    first pair by ``searchsorted``; no ``nonzero``, no ``bincount``, whose CUDA kernel reads the largest index), and
+    the E + 1 group bounds read once (one ``tolist``: the forward's only host sync, which its per-expert loop
+    needs; transformers' ``grouped_mm`` fallback pays the same one read). An index >= E, expert parallelism's
+    sentinel, sorts after every expert and is no pair. The pairs are listed slot-major (pair ``s * T + t``), the
+    order ``torch.where`` gave on the one-hot ``[E, k, T]`` mask of transformers' eager forward, so each expert's
+    rows and the output's sums come in the order they always did."""
+    num_tokens = top_k_index.shape[0]
+    with torch.no_grad():
+        experts_of_pairs, order = torch.sort(top_k_index.t().reshape(-1), stable=True)
+        starts = torch.arange(num_experts + 1, device=experts_of_pairs.device, dtype=experts_of_pairs.dtype)
+        bounds = torch.searchsorted(experts_of_pairs, starts).tolist()
+    order = order[bounds[0] : bounds[-1]]
+    counts = [end - start for start, end in itertools.pairwise(bounds)]
+    return ExpertGroups(order % num_tokens, order // num_tokens, counts)
+
+
 def route_experts(
     experts: nn.Module,
     hidden_states: torch.Tensor,
@@ -197,28 +239,25 @@ def route_experts(
 ) -> torch.Tensor:
     """transformers' eager experts forward (``[T, h]`` tokens, ``[T, k]`` expert indices and weights), with each
     routed expert's weight from :func:`expert_matmul` and its adapters' low-rank path added: only the experts the
-    tokens were sent to are touched."""
+    tokens were sent to are touched. The pairs are grouped on the device (:func:`group_by_expert`, one host read
+    per call); the tokens and routing weights are gathered once and split by expert (one gather each, whose
+    backward is one scatter, where a gather per expert made a whole ``[T, h]`` gradient per expert)."""
     adapters = adapters or {}
     out = torch.zeros_like(hidden_states)
     num_experts = experts.num_experts
-    with torch.no_grad():
-        # [E, k, T]: which (slot, token) pairs each expert receives (an index >= E, expert parallelism's sentinel, is
-        # no expert here)
-        mask = nn.functional.one_hot(top_k_index, num_classes=num_experts + 1).permute(2, 1, 0)[:num_experts]
-        hit = torch.greater(mask.sum(dim=(-1, -2)), 0).nonzero().flatten().tolist()
-    if not hit:
+    groups = group_by_expert(top_k_index, num_experts)
+    if not groups.hit:
         return out
-    factors = {name: [(a, a.routed(hit, num_experts)) for a in found] for name, found in adapters.items()}
-    for j, e in enumerate(hit):
-        top_k_pos, token_idx = torch.where(mask[e])
-        x = hidden_states[token_idx]
-        gate_up = _project(
-            experts, "gate_up_proj", e, x, [(a, f[j]) for a, f in factors.get("gate_up_proj", [])], dropout
-        )
+    tokens = groups.tokens.split(groups.counts)
+    inputs = hidden_states[groups.tokens].split(groups.counts)
+    weights = top_k_weights[groups.tokens, groups.slots].split(groups.counts)
+    factors = {name: [(a, a.per_expert(num_experts)) for a in found] for name, found in adapters.items()}
+    for e in groups.hit:
+        routed = {name: [(a, f[e]) for a, f in found] for name, found in factors.items()}
+        gate_up = _project(experts, "gate_up_proj", e, inputs[e], routed.get("gate_up_proj", []), dropout)
         h = experts._apply_gate(gate_up) if getattr(experts, "has_gate", True) else experts.act_fn(gate_up)
-        y = _project(experts, "down_proj", e, h, [(a, f[j]) for a, f in factors.get("down_proj", [])], dropout)
-        y = y * top_k_weights[token_idx, top_k_pos, None]
-        out.index_add_(0, token_idx, y.to(out.dtype))
+        y = _project(experts, "down_proj", e, h, routed.get("down_proj", []), dropout)
+        out.index_add_(0, tokens[e], (y * weights[e][:, None]).to(out.dtype))
     return out
 
 
@@ -275,11 +314,13 @@ class _NF4ExpertMatmul(torch.autograd.Function):
 __all__ = [
     "EXPERT_WEIGHTS",
     "ExpertAdapter",
+    "ExpertGroups",
     "adapters_of",
     "base_experts",
     "expert_matmul",
     "expert_targets",
     "experts_slots",
+    "group_by_expert",
     "install_routed_experts",
     "route_experts",
 ]

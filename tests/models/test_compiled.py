@@ -185,3 +185,40 @@ def test_the_chunked_loss_reads_the_decoders_output_and_never_a_models_own() -> 
     with decoder_output(module.model.model) as captured:  # get_decoder() of a decoder is the model itself
         module.model.model(input_ids=ids)
     assert not captured.hooked and captured.value is None
+
+
+@pytest.fixture
+def restores_dynamo_ddp_mode() -> Any:
+    from gym_lightning._compat import dynamo_ddp_mode, set_dynamo_ddp_mode
+
+    before = dynamo_ddp_mode()
+    yield
+    set_dynamo_ddp_mode(before)
+
+
+def test_dynamo_ddp_setting_exists_and_takes_both_modes(restores_dynamo_ddp_mode: None) -> None:
+    """``_compat``'s private dynamo setting: ``torch._dynamo.config.optimize_ddp`` with the modes gym sets."""
+    from gym_lightning._compat import DYNAMO_DDP_MODES, dynamo_ddp_mode, set_dynamo_ddp_mode
+
+    assert hasattr(torch._dynamo.config, "optimize_ddp")
+    for mode in DYNAMO_DDP_MODES:
+        set_dynamo_ddp_mode(mode)
+        assert torch._dynamo.config.optimize_ddp == mode and dynamo_ddp_mode() == mode
+    with pytest.raises(ValueError, match="python_reducer"):
+        set_dynamo_ddp_mode("python_reducer")
+
+
+@pytest.mark.parametrize(("buckets", "mode"), [(False, "no_optimization"), (True, "ddp_optimizer")])
+def test_compiled_layers_are_one_graph_under_ddp_unless_asked(
+    buckets: bool, mode: str, restores_dynamo_ddp_mode: None
+) -> None:
+    """``compile.ddp_buckets`` picks dynamo's DDP mode (tests/strategies/test_compiled_strategies.py counts the
+    graphs per layer it gives at world size 2)."""
+    from transformers import AutoModelForCausalLM
+
+    from gym_lightning._compat import dynamo_ddp_mode
+    from gym_lightning.models.presets import preset_config
+
+    model = AutoModelForCausalLM.from_config(preset_config("tiny-llama"))
+    assert compile_layers(model, CompileArgs.from_value({"ddp_buckets": buckets})) == 2
+    assert dynamo_ddp_mode() == mode
