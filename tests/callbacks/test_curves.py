@@ -46,6 +46,7 @@ def test_fit_writes_a_png_with_one_point_per_optimizer_step(tmp_path: Path) -> N
     # linear schedule, 2 warm-up steps of 5: the lr each step ran at rises, then falls
     assert curves.lr[0] < curves.lr[1] and curves.lr[1] > curves.lr[-1] > 0
     assert curves.val_steps == [2, 4]  # the sanity check is not recorded
+    assert curves.metrics == {} and curves.val_metrics == {}  # an SFT run logs no preference metric
 
 
 def test_step_loss_is_the_mean_of_its_micro_batches() -> None:
