@@ -52,3 +52,13 @@ def test_committed_notebooks_carry_no_outputs() -> None:
         for cell in notebook.cells:
             if cell.cell_type == "code":
                 assert not cell.outputs and cell.execution_count is None, f"{path.name} has outputs: clear them"
+
+
+def test_a_margin_that_did_not_grow_fails_the_notebook_s_check() -> None:
+    printed = "train rewards/margins: first 0.0000 -> last 1.2000\nheld-out rewards/margins: first 0.9 -> last 0.8\n"
+    cell = nbformat.v4.new_code_cell(outputs=[nbformat.v4.new_output("stream", name="stdout", text=printed)])
+    with pytest.raises(AssertionError, match="held-out"):
+        check_claims("04_sft_then_dpo.ipynb", nbformat.v4.new_notebook(cells=[cell]))
+    grown = printed.replace("last 0.8", "last 1.5")
+    cell.outputs[0].text = grown
+    check_claims("04_sft_then_dpo.ipynb", nbformat.v4.new_notebook(cells=[cell]))
