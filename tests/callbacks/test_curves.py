@@ -71,16 +71,21 @@ def test_plot_without_validation_and_bad_flush_interval(tmp_path: Path) -> None:
 def test_step_metrics_stay_on_the_device_until_the_flush_that_copies_everything_once() -> None:
     recorder = CurveRecorder(flush_every=100)
     counter = HostSyncCounter(counting=True)
+    device = torch.device("cpu")  # the census takes a torch.device argument for the compute device (a GPU's)
     with counting_host_syncs(counter):
         for step in (1, 2, 3):
-            recorder.add_micro_batch(torch.tensor(float(step)))
+            recorder.add_micro_batch(torch.tensor(float(step), device=device))
             recorder.end_step(step, lr=0.1)
             if step != 2:  # a logging step: the loggers' values of this step
-                metrics = {"rewards/margins": torch.tensor(0.5 * step), "rewards/accuracies": torch.tensor(1.0)}
+                metrics = {
+                    "rewards/margins": torch.tensor(0.5 * step, device=device),
+                    "rewards/accuracies": torch.tensor(1.0, device=device),
+                }
                 recorder.add_metrics(step, metrics)
-        assert counter.events == []  # nothing read on the host before the flush
+        assert [event for event in counter.events if event.kind != "host->device"] == []
         recorder.flush()
-    assert [event.op for event in counter.events] == ["tolist"]  # one copy for the losses and the metrics
+    reads = [event.op for event in counter.events if event.kind != "host->device"]
+    assert reads == ["Tensor.tolist"]  # one copy for the losses and the metrics
     assert recorder.curves.loss == [1.0, 2.0, 3.0]
     assert recorder.curves.metrics == {
         "rewards/margins": Series(steps=[1, 3], values=[0.5, 1.5]),

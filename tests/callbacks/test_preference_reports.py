@@ -63,7 +63,7 @@ def test_host_values_reads_every_key_with_one_copy() -> None:
     with counting_host_syncs(counter):
         values = host_values(metrics, ["train/loss", "rewards/margins", "rewards/accuracies"])
     assert values == pytest.approx({"train/loss": 0.7, "rewards/margins": 0.25})  # a key not logged is left out
-    assert [event.op for event in counter.events] == ["tolist"]  # one sync on CUDA, not one .item() per key
+    assert [event.op for event in counter.events] == ["Tensor.tolist"]  # one sync on CUDA, not one .item() per key
 
 
 STEPS, LOG_EVERY, VAL_EVERY = 6, 3, 3
