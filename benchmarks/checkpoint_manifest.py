@@ -1,10 +1,10 @@
 """What the checkpoint manifest costs at 250M parameters: hashing on save and checking on load, beside the write.
 
-    python benchmarks/checkpoint_manifest.py                        # gym_ddp, gym_fsdp, zero3; ~15 min on 2 cores
-    python benchmarks/checkpoint_manifest.py --strategies gym_fsdp --repeats 5
-    python benchmarks/checkpoint_manifest.py --write-docs           # also replaces the section in docs/benchmarks.md
+    python -m benchmarks.checkpoint_manifest                        # gym_ddp, gym_fsdp, zero3; ~15 min on 2 cores
+    python -m benchmarks.checkpoint_manifest --strategies gym_fsdp --repeats 5
+    python -m benchmarks.checkpoint_manifest --write-docs           # also replaces the section in docs/benchmarks.md
 
-Trains the 250M Llama folder of ``benchmarks/scale.py`` (built once under ``--workdir``) for one optimizer step
+Trains the 250M Llama folder of ``benchmarks.common.models`` (built once under ``--workdir``) for one optimizer step
 through the real CLI on 2 CPU ranks (``bf16-mixed``: fp32 master weights and AdamW state, a 3.3 GB checkpoint),
 then, at the end of training, ``ManifestCost`` saves the checkpoint ``--repeats`` times and times, on every rank,
 the three parts of a ``StepCheckpoint`` save and of a resume's check, side by side in one process:
@@ -42,14 +42,10 @@ from typing import Any
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.docs import replace_section
+from benchmarks.common.models import ensure_folder
+from benchmarks.common.paths import DOCS, REPO_ROOT
 
-from docs_section import replace_section  # benchmarks/ is not a package
-from scale import ensure_folder
-
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-DOCS = REPO_ROOT / "docs" / "benchmarks.md"
 SECTION = "## Checkpoint manifests: hashing on save and checking on load at 250M"
 STRATEGIES = ("gym_ddp", "gym_fsdp", "zero3")
 
@@ -153,7 +149,7 @@ def summary(result: dict[str, Any]) -> dict[str, float]:
 def render(results: dict[str, Any]) -> str:
     lines = [
         SECTION, "",
-        "`python benchmarks/checkpoint_manifest.py` (2 CPU ranks, the 250M Llama folder of scale.py, bf16-mixed, "
+        "`python -m benchmarks.checkpoint_manifest` (2 CPU ranks, the 250M Llama folder of scale.py, bf16-mixed, "
         "fp32 AdamW state). Seconds of the slowest rank, median of the repeats; the files are read back from the "
         "page cache right after the write. Target: hashing small against the write.", "",
         "| strategy | checkpoint | write | hash on save | manifest + flush | check on load | hash / write "

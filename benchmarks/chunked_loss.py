@@ -1,6 +1,6 @@
 """Peak host memory and time of one forward + backward with the full-logits loss vs the chunked loss, ~150k vocabulary.
 
-    python benchmarks/chunked_loss.py [--vocab 151936 --hidden 512 --layers 2 --batch 2 --seq 1024 --chunk 1024]
+    python -m benchmarks.chunked_loss [--vocab 151936 --hidden 512 --layers 2 --batch 2 --seq 1024 --chunk 1024]
 
 Each variant runs in its own process (``ru_maxrss`` is per process): a random-init ``tiny-qwen3`` resized to Qwen3's
 151,936-entry vocabulary (tied embeddings, as Qwen3-0.6B), fp32, one forward + backward of ``batch x seq`` random
@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import resource
 import subprocess
-import sys
 import time
 
-import psutil
 import torch
+
+from benchmarks.common.launch import child_env, python_module
+from benchmarks.common.memory import peak_rss, rss
+from benchmarks.common.paths import REPO_ROOT
 
 
 def measure(chunking: str, args: argparse.Namespace) -> dict[str, float]:
@@ -34,17 +35,17 @@ def measure(chunking: str, args: argparse.Namespace) -> dict[str, float]:
     module.configure_model()
     ids = torch.randint(0, args.vocab, (args.batch, args.seq))
     batch = {"input_ids": ids, "attention_mask": torch.ones_like(ids), "labels": ids}
-    before = psutil.Process().memory_info().rss
+    before = rss()
     start = time.perf_counter()
     loss = module.engine.token_loss(module.model, batch).loss
     loss.backward()
     seconds = time.perf_counter() - start
-    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    peak = peak_rss()
     return {"above_mib": (peak - before) / 2**20, "seconds": seconds, "loss": loss.item()}
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser()
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     defaults = {"vocab": 151_936, "hidden": 512, "layers": 2, "batch": 2, "seq": 1024, "chunk": 1024}
     for name, default in defaults.items():
         parser.add_argument(f"--{name}", type=int, default=default)
@@ -59,7 +60,8 @@ def main() -> None:
     print("| loss | peak RSS above the step's start | forward + backward | summed loss |")
     print("|---|---|---|---|")
     for chunking, label in (("off", "full logits"), ("on", f"chunked ({args.chunk} positions)")):
-        out = subprocess.run([sys.executable, __file__, *flags, "--one", chunking], capture_output=True, text=True)
+        command = python_module(__spec__.name, *flags, "--one", chunking)
+        out = subprocess.run(command, cwd=REPO_ROOT, env=child_env(threads=None), capture_output=True, text=True)
         row = json.loads(out.stdout.strip().splitlines()[-1])
         print(f"| {label} | {row['above_mib']:,.0f} MiB | {row['seconds']:.2f} s | {row['loss']:.4f} |")
 

@@ -1,8 +1,8 @@
 """gym_ddp's compiled layers at world size 2: graphs per decoder layer and step time, for each dynamo DDP mode.
 
-    python benchmarks/compiled_ddp.py                    # Llama layers of hidden 512 / MLP 2,048, 2 CPU ranks
-    python benchmarks/compiled_ddp.py --hidden 128 --intermediate 1024 --steps 4 --backend aot_eager  # quick
-    python benchmarks/compiled_ddp.py --write-docs
+    python -m benchmarks.compiled_ddp                    # Llama layers of hidden 512 / MLP 2,048, 2 CPU ranks
+    python -m benchmarks.compiled_ddp --hidden 128 --intermediate 1024 --steps 4 --backend aot_eager  # quick
+    python -m benchmarks.compiled_ddp --write-docs
 
 A Llama of ``--layers`` decoder layers (fp32) on 2 gloo ranks, each layer's forward compiled by
 ``models.compiled.compile_layers`` (``dynamic=True``, ``--backend``), wrapped in ``DistributedDataParallel`` (25 MiB
@@ -14,7 +14,7 @@ rank, under each of dynamo's DDP modes (``CompileArgs.ddp_buckets``):
 - ``no_optimization`` (gym's default): one graph per layer; its gradients come ready when its backward ends.
 
 (``python_reducer`` modes need compiled autograd, which gym does not turn on.) Graphs per layer = the graphs the
-backend compiled for the layers' one dynamo graph (``tests/helpers/ddp_graphs.py``: the DDP optimizer's buckets);
+backend compiled for the layers' one dynamo graph (``benchmarks.common.ddp_graphs``: the DDP optimizer's buckets);
 step time = the median over the steps after the first (which compiles), of rank 0. The modes run in fresh rank
 pairs, alternately, ``--rounds`` times each: the machine's load falls on both alike.
 """
@@ -23,8 +23,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import statistics
 import subprocess
 import sys
@@ -33,10 +31,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from docs_section import replace_section_before_history  # benchmarks/ is not a package
-from scale import DOCS, REPO_ROOT
+from benchmarks.common.docs import write_section
+from benchmarks.common.launch import child_env, init_gloo, python_module, spawn_gloo
+from benchmarks.common.paths import REPO_ROOT
 
 SECTION = "## gym_ddp + compile: graphs per layer and step time for each dynamo DDP mode"
 MODES = {"ddp_optimizer": True, "no_optimization": False}  # mode -> CompileArgs.ddp_buckets
@@ -44,16 +41,14 @@ MODES = {"ddp_optimizer": True, "no_optimization": False}  # mode -> CompileArgs
 
 def _rank(rank: int, port: int, args: argparse.Namespace, mode: str, out: str) -> None:
     """One rank: build, compile, wrap, train; rank 0 writes its step times and graph counts to ``out``."""
-    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
-    sys.path.insert(0, str(REPO_ROOT / "tests"))
     import torch
     import torch.distributed as dist
-    from helpers.ddp_graphs import graph_counts
     from transformers import AutoModelForCausalLM, LlamaConfig
 
+    from benchmarks.common.ddp_graphs import graph_counts
     from gym_lightning.models.compiled import CompileArgs, compile_layers
 
-    dist.init_process_group("gloo", rank=rank, world_size=2)
+    init_gloo(rank, 2, port)
     torch.set_num_threads(args.threads)
     torch.manual_seed(0)
     shape = {"hidden_size": args.hidden, "intermediate_size": args.intermediate, "num_hidden_layers": args.layers}
@@ -77,22 +72,18 @@ def _rank(rank: int, port: int, args: argparse.Namespace, mode: str, out: str) -
 
 def pair(args: argparse.Namespace, mode: str, out: Path) -> None:
     """Both ranks of one run (``--role pair``), started by ``torch.multiprocessing.spawn``."""
-    import torch.multiprocessing as mp
-
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    mp.spawn(_rank, args=(port, args, mode, str(out)), nprocs=2)
+    spawn_gloo(_rank, 2, (args, mode, str(out)))
 
 
 def run(args: argparse.Namespace, mode: str, out: Path) -> dict[str, Any]:
     """One run of ``mode`` in a fresh process (its ranks' dynamo state their own); ``{"failed": ...}`` if it
     failed or ran past ``--timeout``."""
-    command = [sys.executable, __file__, "--role", "pair", "--modes", mode, "--out", str(out),
-               *(f"--{k}={getattr(args, k)}" for k in ("hidden", "intermediate", "layers", "seq", "steps", "threads",
-                                                      "backend"))]  # fmt: skip
+    settings = [f"--{k}={getattr(args, k)}" for k in ("hidden", "intermediate", "layers", "seq", "steps", "threads")]
+    command = python_module(__spec__.name, "--role", "pair", "--modes", mode, "--out", out, *settings,
+                            f"--backend={args.backend}")  # fmt: skip
     try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=args.timeout, check=False)
+        done = subprocess.run(command, cwd=REPO_ROOT, env=child_env(threads=None), capture_output=True, text=True,
+                              timeout=args.timeout, check=False)  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"failed": f"timeout {args.timeout} s"}
     if done.returncode != 0 or not out.exists():
@@ -105,7 +96,7 @@ def render(results: dict[str, list[dict[str, Any]]], args: argparse.Namespace) -
     layer_mib = 4 * (2 * h * h + 2 * h * 128 + 3 * h * args.intermediate) / 2**20
     lines = [
         SECTION, "",
-        f"`python benchmarks/compiled_ddp.py` (see its docstring): a Llama of {args.layers} decoder layers, hidden "
+        f"`python -m benchmarks.compiled_ddp` (see its docstring): a Llama of {args.layers} decoder layers, hidden "
         f"{args.hidden}, MLP {args.intermediate} ({layer_mib:.0f} MiB of fp32 gradients per layer against DDP's 25 "
         f"MiB buckets), 2 gloo CPU ranks, each layer compiled by `compile_layers` (`{args.backend}`, dynamic), "
         f"1 x {args.seq} tokens per rank, {args.steps} steps, {args.threads} thread(s) per rank; the modes in fresh "
@@ -174,7 +165,7 @@ def main() -> None:
     section = render(results, args)
     print(section)
     if args.write_docs:
-        DOCS.write_text(replace_section_before_history(DOCS.read_text(), SECTION, section))
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":

@@ -10,7 +10,7 @@ after the first batch. Run twice: the first preparation, then the cache hit.
 cache and tokenizes on every rank, so only one pass is timed); use a smaller ``--alpaca`` there and extrapolate.
 
 Full size (the targets: growth < 300 MB per rank, cache hit < 5 s, first preparation < 2 min):
-    python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 200000
+    python -m benchmarks.data_prep --alpaca 1000000 --sharegpt 200000
 
 ``--floor`` measures, instead of a preparation, what any preparation of the alpaca file must spend on this machine
 before gym_lightning's own work: ``datasets.load_dataset`` of the JSONL (wall and CPU seconds, its Arrow cache in a
@@ -18,7 +18,7 @@ fresh folder), and the Rust tokenizer alone (``encode_batch_fast``, one thread) 
 record, in batches of 1,000 records as ``Dataset.map`` hands them over, ``ENCODE_CHUNK`` texts per call as the
 preparation makes them, in CPU seconds. With all the machine's cores tokenizing, a preparation cannot take less than
 the load plus tokenizer CPU / cores:
-    python benchmarks/data_prep.py --alpaca 1000000 --sharegpt 0 --floor --workdir /tmp/dp
+    python -m benchmarks.data_prep --alpaca 1000000 --sharegpt 0 --floor --workdir /tmp/dp
 """
 
 from __future__ import annotations
@@ -33,7 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common.launch import child_env
+from benchmarks.common.paths import REPO_ROOT
+
+ROOT = REPO_ROOT
 WORDS_TEXT = (
     "the of and to in is you that it he was for on are as with his they at be this have from or one had "
     "by word but not what all were we when your can said there use an each which she do how their if "
@@ -46,15 +49,14 @@ WORDS = WORDS_TEXT.split()
 RANK = """
 import json, os, sys, time
 import psutil
-sys.path.insert(0, sys.argv[1])
-from gym_lightning.data.datamodule import CausalLMDataModule
+from gym_lightning.data.datamodule import CausalLMDataModule  # the code under test: first on PYTHONPATH
 process = psutil.Process()
 before, start, cpu_before = process.memory_info().rss, time.perf_counter(), process.cpu_times()
-kwargs = dict(train_files=sys.argv[2], max_seq_length=1024, batch_size=8)
-if sys.argv[3] != "old":
-    kwargs["cache_dir"] = sys.argv[3]
+kwargs = dict(train_files=sys.argv[1], max_seq_length=1024, batch_size=8)
+if sys.argv[2] != "old":
+    kwargs["cache_dir"] = sys.argv[2]
 dm = CausalLMDataModule(**kwargs)
-if sys.argv[3] != "old" and os.environ["LOCAL_RANK"] == "0":
+if sys.argv[2] != "old" and os.environ["LOCAL_RANK"] == "0":
     dm.prepare_data()  # as Lightning: local rank 0 only; the other rank's setup waits on the cache lock
 dm.setup("fit")
 next(iter(dm.train_dataloader()))
@@ -126,13 +128,13 @@ def floor(data: Path, work: Path) -> dict[str, float]:
 
 
 def run_ranks(code_dir: Path, data: Path, cache: str) -> list[dict]:
-    """Start 2 rank processes at once; their JSON lines."""
+    """Start 2 rank processes at once, ``code_dir``'s gym_lightning first on their path; their JSON lines."""
     script = Path(tempfile.mkdtemp()) / "rank.py"
     script.write_text(RANK)
     procs = [
         subprocess.Popen(
-            [sys.executable, str(script), str(code_dir), str(data), cache],
-            env={**os.environ, "LOCAL_RANK": str(rank), "TOKENIZERS_PARALLELISM": "false"},
+            [sys.executable, str(script), str(data), cache],
+            env=child_env(code_dir, threads=None, LOCAL_RANK=str(rank)),
             stdout=subprocess.PIPE,
             text=True,
         )

@@ -1,8 +1,8 @@
 """Peak host memory and time of one MoE training step with LoRA on the experts: gym's routed forward vs peft's.
 
-    python benchmarks/expert_forward_peak.py               # Qwen3-30B-A3B and moe-400m layers at 512 and 2,048 tokens
-    python benchmarks/expert_forward_peak.py --layers moe-400m --tokens 512       # a quick look
-    python benchmarks/expert_forward_peak.py --render-only --write-docs           # table from the saved results
+    python -m benchmarks.expert_forward_peak               # Qwen3-30B-A3B and moe-400m layers at 512 and 2,048 tokens
+    python -m benchmarks.expert_forward_peak --layers moe-400m --tokens 512       # a quick look
+    python -m benchmarks.expert_forward_peak --render-only --write-docs           # table from the saved results
 
 One real-size mixture-of-experts decoder layer (a ``Qwen3MoeConfig`` with ``num_hidden_layers=1`` and a 1,024-token
 vocabulary, so the embedding and the head weigh nothing beside the experts), built in bf16 on the CPU with LoRA r=16
@@ -19,12 +19,13 @@ labels = the inputs + backward, bf16 weights, no autocast) on 1 x T random token
   ``s * (x @ A_e.T) @ B_e.T``; nothing of expert size is made.
 
 Each (layer, tokens, variant) runs in its own fresh process. A thread reads the RSS (``VmRSS``, through
-``gym_lightning.metrics.memory.host_rss_bytes``) every millisecond; the peak is above the RSS just before the step, once
-the garbage is collected and glibc's freed heap is returned (``malloc_trim``); for the first step that is the baseline
-taken once the model is built, adapted, its adapters given random values (lora_B starts at 0) and one 8-token warm-up
-step run (kernels and thread pools loaded). The peak is the largest over ``--steps`` steps, the step time the fastest.
-The two variants' losses and adapter gradients (of the first step) are compared in the parent process: the two forwards
-do the same work in a different order, so they agree to bf16 rounding.
+``gym_lightning.metrics.memory.host_rss_bytes``: ``benchmarks.common.memory.PeakSampler``) every millisecond; the
+peak is above the RSS just before the step, once the garbage is collected and glibc's freed heap is returned
+(``malloc_trim``); for the first step that is the baseline taken once the model is built, adapted, its adapters
+given random values (lora_B starts at 0) and one 8-token warm-up step run (kernels and thread pools loaded). The
+peak is the largest over ``--steps`` steps, the step time the fastest. The two variants' losses and adapter
+gradients (of the first step) are compared in the parent process: the two forwards do the same work in a different
+order, so they agree to bf16 rounding.
 
 Theory: peft's step holds, beyond gym's, the parametrised weight ``W'`` of every adapted expert weight (E x out x in x
 2 bytes, made in forward, kept until its backward runs) and, in backward, the gradient of one of them at a time
@@ -44,21 +45,18 @@ from __future__ import annotations
 import argparse
 import gc
 import json
-import os
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from docs_section import replace_section_before_history  # benchmarks/ is not a package
-from scale import DOCS, MIB, REPO_ROOT, SIZES
-
-from gym_lightning.metrics.memory import host_rss_bytes
+from benchmarks.common.docs import write_section
+from benchmarks.common.launch import child_env, python_module
+from benchmarks.common.memory import PeakSampler, rss
+from benchmarks.common.models import SIZES
+from benchmarks.common.paths import MIB, REPO_ROOT
 
 SECTION = "## MoE expert LoRA: peak of one training step, gym's routed forward vs peft's"
 VARIANTS = ("peft", "gym")
@@ -86,32 +84,6 @@ WARMUP_TOKENS = 8
 # per operation); an error over these means they did not do the same work.
 LOSS_RTOL = 1e-2
 GRAD_RTOL = 5e-2
-
-
-class RssPeak:
-    """Peak RSS (``VmRSS``) of this process (bytes) while open, read every millisecond."""
-
-    def __init__(self) -> None:
-        self.peak = self.read()
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def read() -> int:
-        return host_rss_bytes()
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.001):
-            self.peak = max(self.peak, self.read())
-
-    def __enter__(self) -> RssPeak:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        self.peak = max(self.peak, self.read())
 
 
 def build(layer: str, variant: str) -> Any:
@@ -159,7 +131,7 @@ def _released_rss() -> int:
 
     gc.collect()
     ctypes.CDLL("libc.so.6").malloc_trim(0)
-    return RssPeak.read()
+    return rss()
 
 
 def measure(layer: str, variant: str, tokens: int, steps: int, grads_file: Path) -> dict[str, Any]:
@@ -175,10 +147,10 @@ def measure(layer: str, variant: str, tokens: int, steps: int, grads_file: Path)
     for index in range(steps):
         before = _released_rss()
         start = time.perf_counter()
-        with RssPeak() as sampler:
+        with PeakSampler(interval=0.001) as sampler:
             step_loss, grads = step(model, tokens)
         seconds.append(time.perf_counter() - start)
-        peaks.append(sampler.peak - before)
+        peaks.append(sampler.peak_bytes() - before)
         if index == 0:
             loss = step_loss
             torch.save({"loss": step_loss, "grads": grads}, grads_file)
@@ -192,10 +164,9 @@ def run_child(workdir: Path, layer: str, variant: str, tokens: int, steps: int) 
     """``measure`` in a fresh process (its peak is its own); ``{"failed": exit status, "stderr": tail}`` if it
     failed."""
     out = workdir / f"{layer}-{tokens}-{variant}.json"
-    command = [sys.executable, __file__, "--role", "child", "--layers", layer, "--variants", variant,
-               "--tokens", str(tokens), "--steps", str(steps), "--workdir", str(workdir)]  # fmt: skip
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(REPO_ROOT), os.environ.get("PYTHONPATH")]))}
-    done = subprocess.run(command, env=env, capture_output=True, text=True, check=False)
+    command = python_module(__spec__.name, "--role", "child", "--layers", layer, "--variants", variant,
+                            "--tokens", str(tokens), "--steps", str(steps), "--workdir", workdir)  # fmt: skip
+    done = subprocess.run(command, cwd=REPO_ROOT, env=child_env(threads=None), capture_output=True, text=True)
     if done.returncode != 0 or not out.exists():
         return {"failed": done.returncode, "stderr": done.stderr[-2000:]}
     return json.loads(out.read_text())
@@ -255,7 +226,7 @@ def render(results: dict[str, Any], steps: int) -> str:
     difference beside the theory, and the two variants' agreement."""
     lines = [
         SECTION, "",
-        f"`python benchmarks/expert_forward_peak.py` (see its docstring). One Qwen3-MoE decoder layer "
+        f"`python -m benchmarks.expert_forward_peak` (see its docstring). One Qwen3-MoE decoder layer "
         "(`num_hidden_layers=1`, vocabulary 1,024) in bf16 on the CPU, LoRA r=16 alpha=32 on `all-experts` + the "
         "attention projections (fp32 adapters, random values), one training step (forward + backward, no "
         "autocast) on 1 x T tokens; each variant in a fresh process. peft = peft 0.21's own `ParamWrapper` "
@@ -317,7 +288,7 @@ def render(results: dict[str, Any], steps: int) -> str:
 
 def write_docs(section: str) -> None:
     """Replace this script's section of docs/benchmarks.md (the first time: before the History section)."""
-    DOCS.write_text(replace_section_before_history(DOCS.read_text() if DOCS.exists() else "", SECTION, section))
+    write_section(SECTION, section)
 
 
 def run_all(args: argparse.Namespace, results: dict[str, Any], results_file: Path) -> None:

@@ -1,8 +1,8 @@
 """Peak host memory of the Hugging Face export, live (end of fit, 2 ranks) and from the run's checkpoint.
 
-    python benchmarks/export_peak.py                         # ~270M Llama-shaped model, gym_fsdp and zero3, ~6 min
-    python benchmarks/export_peak.py --strategies zero3 --hidden 512 --layers 4   # a quick look
-    python benchmarks/export_peak.py --write-docs            # also replaces the section in docs/benchmarks.md
+    python -m benchmarks.export_peak                         # ~270M Llama-shaped model, gym_fsdp and zero3, ~6 min
+    python -m benchmarks.export_peak --strategies zero3 --hidden 512 --layers 4   # a quick look
+    python -m benchmarks.export_peak --write-docs            # also replaces the section in docs/benchmarks.md
 
 For each strategy: a random-init Llama-shaped folder saved as sharded bf16 safetensors (what a downloaded checkpoint
 looks like), trained for one optimizer step in fp32 on 2 CPU ranks with a step checkpoint, exported at the end of fit
@@ -18,77 +18,36 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
+import shutil
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.docs import replace_section
+from benchmarks.common.launch import child_env, python_module
+from benchmarks.common.memory import PeakSampler
+from benchmarks.common.models import write_random_folder
+from benchmarks.common.paths import DOCS, MIB, REPO_ROOT
 
-from docs_section import replace_section  # benchmarks/ is not a package
-
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-DOCS = REPO_ROOT / "docs" / "benchmarks.md"
 SECTION = "## Export peak memory"
-MIB = 2**20
+RSS_FIELDS = ("RssAnon", "RssFile")
 
 
-class RssSampler:
-    """Peak ``RssAnon`` and ``RssFile`` of this process while running, from /proc/self/status every 2 ms."""
-
-    def __init__(self) -> None:
-        self.base = self.read()
-        self.peak = dict(self.base)
-        self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-
-    @staticmethod
-    def read() -> dict[str, int]:
-        fields = {}
-        for line in Path("/proc/self/status").read_text().splitlines():
-            key, _, value = line.partition(":")
-            if key in ("RssAnon", "RssFile"):
-                fields[key] = int(value.split()[0]) * 1024
-        return fields
-
-    def _run(self) -> None:
-        while not self._stop.wait(0.002):
-            for key, value in self.read().items():
-                self.peak[key] = max(self.peak[key], value)
-
-    def __enter__(self) -> RssSampler:
-        self._thread.start()
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self._stop.set()
-        self._thread.join()
-        for key, value in self.read().items():
-            self.peak[key] = max(self.peak[key], value)
-
-    def above_base(self) -> dict[str, float]:
-        return {f"{key}_MiB": (self.peak[key] - self.base[key]) / MIB for key in self.base}
+def above_base(sampler: PeakSampler) -> dict[str, float]:
+    """The export's peaks above the process just before it, MiB (``RssAnon_MiB``, ``RssFile_MiB``)."""
+    return {f"{key}_MiB": value / MIB for key, value in sampler.above_base().items()}
 
 
 def make_folder(folder: Path, hidden: int, layers: int, vocab: int) -> dict[str, int]:
     """A random-init Llama-shaped model saved as sharded bf16 safetensors with the shipped tokenizer."""
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    from gym_lightning.tokenizer import load_tokenizer
-
-    config = LlamaConfig(
-        vocab_size=vocab, hidden_size=hidden, intermediate_size=int(hidden * 2.75), num_hidden_layers=layers,
-        num_attention_heads=hidden // 64, num_key_value_heads=hidden // 64, tie_word_embeddings=False,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).to(torch.bfloat16)
-    model.save_pretrained(folder, max_shard_size="200MB")
-    load_tokenizer(None).save_pretrained(folder)
+    fields = {"model_type": "llama", "vocab_size": vocab, "hidden_size": hidden, "num_hidden_layers": layers,
+              "intermediate_size": int(hidden * 2.75), "num_attention_heads": hidden // 64,
+              "num_key_value_heads": hidden // 64, "tie_word_embeddings": False}  # fmt: skip
+    shutil.rmtree(folder, ignore_errors=True)
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    model = write_random_folder(folder, fields, max_shard_size="200MB")
     largest = max(p.numel() for p in model.parameters())
     return {"params": sum(p.numel() for p in model.parameters()), "largest_numel": largest}
 
@@ -106,9 +65,9 @@ def train_and_export(args: argparse.Namespace) -> None:
             export = HFExport(output_dir=str(args.out / "live"), max_shard_size=args.max_shard_size)
             trainer.strategy.barrier()
             start = time.perf_counter()
-            with RssSampler() as sampler:
+            with PeakSampler(RSS_FIELDS) as sampler:
                 export.on_fit_end(trainer, pl_module)
-            result = {"seconds": time.perf_counter() - start, **sampler.above_base()}
+            result = {"seconds": time.perf_counter() - start, **above_base(sampler)}
             (args.out / f"live-rank{trainer.global_rank}.json").write_text(json.dumps(result))
 
     torch.set_num_threads(1)
@@ -131,25 +90,16 @@ def export_checkpoint_measured(args: argparse.Namespace) -> None:
     from gym_lightning.checkpointing.reading import export_checkpoint
 
     start = time.perf_counter()
-    with RssSampler() as sampler:
+    with PeakSampler(RSS_FIELDS) as sampler:
         export_checkpoint(args.out / "ckpt" / "last.ckpt", args.out / "offline", max_shard_size=args.max_shard_size)
-    result = {"seconds": time.perf_counter() - start, **sampler.above_base()}
+    result = {"seconds": time.perf_counter() - start, **above_base(sampler)}
     (args.out / "offline.json").write_text(json.dumps(result))
 
 
 def run_strategy(args: argparse.Namespace, strategy: str, folder: Path) -> dict[str, Any]:
     out = args.workdir / strategy
-    common = [
-        sys.executable,
-        __file__,
-        "--folder",
-        str(folder),
-        "--out",
-        str(out),
-        "--max_shard_size",
-        args.max_shard_size,
-    ]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": str(REPO_ROOT)}
+    common = python_module(__spec__.name, "--folder", folder, "--out", out, "--max_shard_size", args.max_shard_size)
+    env = child_env()
     subprocess.run([*common, "--role", "train", "--strategy", strategy], check=True, env=env, cwd=REPO_ROOT)
     subprocess.run([*common, "--role", "offline"], check=True, env=env, cwd=REPO_ROOT)
     live = [json.loads((out / f"live-rank{rank}.json").read_text()) for rank in (0, 1)]
@@ -166,7 +116,7 @@ def render(results: dict[str, Any], shape: dict[str, Any], args: argparse.Namesp
     lines = [
         SECTION,
         "",
-        f"`python benchmarks/export_peak.py {' '.join(args.argv)}`".replace("  ", " ").replace(" `", "`"),
+        f"`python -m benchmarks.export_peak {' '.join(args.argv)}`".replace("  ", " ").replace(" `", "`"),
         "",
         f"Model: Llama-shaped, {shape['params'] / 1e6:.0f}M parameters (hidden {args.hidden}, {args.layers} layers, "
         f"vocabulary {args.vocab}, untied head), saved as sharded bf16 safetensors; trained 1 step in fp32 on 2 CPU "
@@ -215,7 +165,6 @@ def main() -> None:
     if args.role == "offline":
         return export_checkpoint_measured(args)
     args.argv = [a for a in sys.argv[1:] if a != "--write-docs"]
-    sys.path.insert(0, str(REPO_ROOT))
     folder = args.workdir / "model"
     shape = make_folder(folder, args.hidden, args.layers, args.vocab)
     results = {strategy: run_strategy(args, strategy, folder) for strategy in args.strategies}

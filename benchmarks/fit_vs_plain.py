@@ -11,8 +11,8 @@ bootstrap interval).
 The fit run is configured the way a user would for a speed run: no validation, no checkpointing, no export,
 progress bar refreshed every 50 steps, metrics logged every 50 steps (CSV logger).
 
-    python benchmarks/fit_vs_plain.py            # 5 runs of 120 timed steps per side
-    python benchmarks/fit_vs_plain.py --quick    # 3 runs of 50 timed steps per side
+    python -m benchmarks.fit_vs_plain            # 5 runs of 120 timed steps per side
+    python -m benchmarks.fit_vs_plain --quick    # 3 runs of 50 timed steps per side
 """
 
 from __future__ import annotations
@@ -31,9 +31,9 @@ import lightning.pytorch as pl
 import torch
 from lightning.pytorch.callbacks import TQDMProgressBar
 from lightning.pytorch.loggers import CSVLogger
-from ratios import CONFIDENCE, speed_ratio
 from torch.optim.lr_scheduler import LambdaLR
 
+from benchmarks.common.ratios import CONFIDENCE, speed_ratio
 from gym_lightning import CausalLMDataModule, CausalLMModule
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.loss import summed_cross_entropy

@@ -1,19 +1,19 @@
 """Host syncs per quiet training step of ``gym fit``, every strategy x precision x world size, by owner; writes the
 "Host syncs per quiet step" section of docs/benchmarks.md.
 
-    python benchmarks/host_syncs.py --json /tmp/after.json                     # this tree
+    python -m benchmarks.host_syncs --json /tmp/after.json                     # this tree
     git archive e2e4f84 | tar -x -C /tmp/before                                # an older tree ...
-    python benchmarks/host_syncs.py --tree /tmp/before --json /tmp/before.json # ... measured by the same census
-    python benchmarks/host_syncs.py --render /tmp/after.json --before /tmp/before.json --write-docs
-    python benchmarks/host_syncs.py --static-graph-timing --json /tmp/static.json   # gym_ddp step time, both settings
+    python -m benchmarks.host_syncs --tree /tmp/before --json /tmp/before.json # ... measured by the same census
+    python -m benchmarks.host_syncs --render /tmp/after.json --before /tmp/before.json --write-docs
+    python -m benchmarks.host_syncs --static-graph-timing --json /tmp/static.json   # gym_ddp step time, both settings
 
 Every run is configs/quickstart.yaml (the tiny Llama) as a user changes it on the command line: the strategy, the
 precision, the world size, 12 optimizer steps of batch 4, ``log_every_n_steps=5``, no export. The census
-(tests/helpers/host_syncs.py: a ``TorchDispatchMode`` that sees what stops the host on CUDA, on CPU ranks) counts
+(benchmarks/common/host_syncs.py: a ``TorchDispatchMode`` that sees what stops the host on CUDA, on CPU ranks) counts
 every training batch; a quiet step is one that does not log (loggers, progress bar, ThroughputCallback's reads),
 checkpoint, or come first. The counts are per rank (the larger of the two ranks), averaged over the quiet steps.
-One extra row runs a tiny Qwen3-MoE folder (tests/helpers/families.py) with LoRA on attention and on every expert
-under gym_fsdp. Each world size's runs go through one launch (``tests/helpers/host_sync_worker.py``, under
+One extra row runs a tiny Qwen3-MoE folder (benchmarks/common/models.py) with LoRA on attention and on every expert
+under gym_fsdp. Each world size's runs go through one launch (``benchmarks/workers/host_sync_worker.py``, under
 ``torchrun`` for 2 ranks), one fit after the other.
 
 ``--tree DIR`` measures the gym_lightning in DIR (its configs/ too) with this tree's census, so an older commit is
@@ -25,26 +25,24 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
-import sys
 import tempfile
 import time
 from collections import Counter, defaultdict
 from pathlib import Path
 from typing import Any
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-sys.path.insert(0, str(BENCH_DIR))
-sys.path.insert(1, str(REPO_ROOT / "tests"))
+from benchmarks.common.docs import write_section
+from benchmarks.common.host_syncs import HOST_READ, KINDS
+from benchmarks.common.host_syncs import quiet_steps as quiet
+from benchmarks.common.launch import child_env, python_module, torchrun_command
+from benchmarks.common.models import make_family_folder
+from benchmarks.common.paths import REPO_ROOT
+from benchmarks.common.ratios import speed_ratio
 
-import docs_section  # noqa: E402  (benchmarks/ is not a package)
-
-DOCS = REPO_ROOT / "docs" / "benchmarks.md"
 SECTION = "## Host syncs per quiet step"
-WORKER = REPO_ROOT / "tests" / "helpers" / "host_sync_worker.py"
+WORKER = "benchmarks.workers.host_sync_worker"
 STEPS, LOG_EVERY, THROUGHPUT_WARMUP = 12, 5, 2  # the quickstart's ThroughputCallback warm-up
 PRECISIONS = ("32-true", "bf16-mixed", "16-mixed")
 # name -> (flags, world sizes, precisions)
@@ -77,8 +75,6 @@ SHORT = {"gym_lightning": "gym", "lightning": "L", "transformers": "tf", "deepsp
 
 
 def quiet_steps() -> set[int]:
-    from helpers.host_syncs import quiet_steps as quiet
-
     return quiet(STEPS, LOG_EVERY, None, set(range(THROUGHPUT_WARMUP - 1, STEPS, LOG_EVERY)))
 
 
@@ -120,25 +116,17 @@ def launch(tree: Path, cases: list[dict[str, Any]], world: int, out: Path, censu
     """Run ``cases`` in one launch of ``world`` ranks of the worker, gym_lightning imported from ``tree``."""
     spec = out / f"spec-{world}-{int(time.time() * 1000)}.json"
     spec.write_text(json.dumps({"out": str(out), "cases": cases, "census": census, "keep_going": True}))
-    env = dict(os.environ, OMP_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false", PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = os.pathsep.join([str(tree), str(REPO_ROOT / "tests")])
-    prefix = [sys.executable]
-    if world > 1:
-        from helpers.dist import free_port
-
-        prefix += ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(world)]
-        prefix += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}"]
+    env = child_env(tree)  # the tree's gym_lightning first, then this repository's benchmarks (the census)
+    command = torchrun_command(world, WORKER, spec) if world > 1 else python_module(WORKER, spec)
     log = out / f"launch-{world}.log"
     with log.open("a") as file:
-        proc = subprocess.run([*prefix, str(WORKER), str(spec)], cwd=tree, env=env, stdout=file, stderr=file)
+        proc = subprocess.run(command, cwd=tree, env=env, stdout=file, stderr=file)
     if proc.returncode != 0:
         print(f"launch of {len(cases)} cases at world size {world} exited {proc.returncode}; see {log}")
 
 
 def matrix(tree: Path, out: Path, only: list[str] | None) -> dict[str, Any]:
     """Every case of the matrix, run and read back: ``{case: {"meta": ..., "ranks": [events...]}}``."""
-    from helpers.families import make_family_folder
-
     folder = out / "qwen3-moe"
     if not folder.exists():
         make_family_folder("qwen3_moe", folder)
@@ -197,8 +185,6 @@ def cell(owners: Counter[str] | None) -> str:
 
 
 def owners_of(result: dict[str, Any] | None) -> Counter[str] | None:
-    from helpers.host_syncs import KINDS
-
     if not result or not result["ranks"] or any(r.get("error") for r in result["ranks"]):
         return None
     return per_quiet_step(result["ranks"], KINDS)[0]
@@ -235,20 +221,18 @@ EXPLAINED = {
 def render(after: dict[str, Any], before: dict[str, Any] | None, static: dict[str, Any] | None = None) -> str:
     """The docs section: one row per strategy x precision x world size, before and after, what remains, the
     reducer's host reads and the static graph's step time."""
-    from helpers.host_syncs import HOST_READ, KINDS
-
     lines = [
         SECTION,
         "",
         "Syncs per quiet optimizer step on CPU ranks, counted as CUDA would pay them by the census of "
-        "`tests/helpers/host_syncs.py` (its docstring says how, and what a CPU run cannot show): device reads "
+        "`benchmarks/common/host_syncs.py` (its docstring says how, and what a CPU run cannot show): device reads "
         "(`item`, `bool`, `tolist`...), data-dependent shapes (`nonzero`, masked indexing...), copies of host data "
         "to the device and explicit waits. `gym fit` of configs/quickstart.yaml's tiny Llama, 12 steps of batch 4, "
         "`log_every_n_steps=5`; a quiet step neither logs, checkpoints nor comes first (6 of the 12); per rank, the "
         "larger of two. Owners: gym = gym_lightning, L = Lightning, tf = transformers, ds = DeepSpeed, torch = torch "
         "on its own behalf (autograd engine, optimizers, DDP, FSDP2). 16-mixed is Lightning's `MixedPrecision` "
         "plugin with a CPU `GradScaler` (the Trainer runs the `16-mixed` flag as bf16 on CPU); `-`: refused (below). "
-        "Before: e2e4f84; after: this branch. `python benchmarks/host_syncs.py` (its docstring has the commands).",
+        "Before: e2e4f84; after: this branch. `python -m benchmarks.host_syncs` (its docstring has the commands).",
         "",
         "| strategy | precision | ranks | before | after |",
         "|---|---|---:|---|---|",
@@ -290,7 +274,7 @@ def render_static(static: dict[str, Any]) -> str:
         "",
         "gym_ddp's static graph, on and off, side by side (2 CPU ranks, the tiny Llama at batch 4 x 32, two DDP "
         "models stepping alternately; throughput ratio static / not from paired steps, 95 % bootstrap interval; "
-        "`python benchmarks/host_syncs.py --static-graph-timing`, on a machine other jobs shared). An interval that "
+        "`python -m benchmarks.host_syncs --static-graph-timing`, on a machine other jobs shared). An interval that "
         "holds 1 is no measurable difference: the static graph's per-parameter host reads cost nothing a step shows, "
         "and it saves nothing per step on a graph whose parameters all get gradients; gym_ddp keeps it for the "
         "unused parameters and reentrant checkpointing it supports (`strategies.ddp.resolve_static_graph`).",
@@ -352,16 +336,10 @@ def static_graph_worker(out: Path, steps: int, repeats: int, layers: list[int]) 
 
 def static_graph_timing(out: Path, repeats: int, steps: int, layers: list[int]) -> dict[str, Any]:
     """``static_graph_worker`` on 2 CPU ranks; the paired-step throughput ratio static / not, per model depth."""
-    from helpers.dist import free_port
-    from ratios import speed_ratio
-
     path = out / "static_graph.json"
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONWARNINGS="ignore")
-    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), str(REPO_ROOT / "tests")])
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
-    launch += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", __file__]
-    launch += ["--static-graph-worker", str(path), "--steps", str(steps), "--repeats", str(repeats)]
-    subprocess.run([*launch, "--layers", *map(str, layers)], cwd=REPO_ROOT, env=env, check=True)
+    launch = torchrun_command(2, __spec__.name, "--static-graph-worker", path, "--steps", str(steps))
+    launch += ["--repeats", str(repeats), "--layers", *map(str, layers)]
+    subprocess.run(launch, cwd=REPO_ROOT, env=child_env(), check=True)
     results = json.loads(path.read_text())
     for depth, result in results.items():
         ratio, low, high = speed_ratio(result["true"], result["false"], paired_steps=True)  # static over not
@@ -409,7 +387,7 @@ def main() -> None:
     section = render(results, before, json.loads(args.static.read_text()) if args.static else None)
     print(section)
     if args.write_docs:
-        DOCS.write_text(docs_section.replace_section_before_history(DOCS.read_text(), SECTION, section))
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":

@@ -1,20 +1,20 @@
 """Peak host memory per rank of a training step at long sequences, with and without sequence parallelism, beside the
 planner.
 
-    python benchmarks/long_sequence_peak.py                    # every run below at 4,096 tokens (~15 min, 2 cores)
-    python benchmarks/long_sequence_peak.py --seq 8192 --runs zero3-sp2-tiled
-    python benchmarks/long_sequence_peak.py --render-only --write-docs
+    python -m benchmarks.long_sequence_peak                    # every run below at 4,096 tokens (~15 min, 2 cores)
+    python -m benchmarks.long_sequence_peak --seq 8192 --runs zero3-sp2-tiled
+    python -m benchmarks.long_sequence_peak --render-only --write-docs
 
-A 44M-parameter Llama-shaped folder (``scale.SIZES["long-44m"]``: width 512, 8 layers, 8 query / 4 key-value
-heads, 32,000 tied vocabulary; built once under ``--workdir``) is trained by the real CLI on 2 CPU ranks in fp32
-(``32-true``: bf16 matmuls take a slow path on this AVX2-only CPU, ``scale.py``), one packed row of ``--seq``
-tokens of the bundled data per micro-batch, 2 optimizer steps, with ``scale.PhasePeaks`` recording each rank's peak
-resident memory per phase. Each run is one line of ``RUNS``: the strategy, the sequence-parallel size (1: each rank
-trains its own row of ``--seq`` tokens; 2: the two ranks share one row, ``--seq``/2 tokens each), and whether the
-module checkpoints activations and tiles the MLP (``mlp_tile_tokens`` 512). The table puts the step peak beside
-``gym_lightning.planner.phases.phase_peaks`` with the same settings and the measured baseline (``accelerator="cpu"``:
-every byte is host memory), and the activation share: (step peak - the same strategy's load peak), the part the
-sequence length drives.
+A 44M-parameter Llama-shaped folder (``benchmarks.common.models.SIZES["long-44m"]``: width 512, 8 layers, 8 query /
+4 key-value heads, 32,000 tied vocabulary; built once under ``--workdir``) is trained by the real CLI on 2 CPU ranks
+in fp32 (``32-true``: bf16 matmuls take a slow path on this AVX2-only CPU, ``scale.py``), one packed row of
+``--seq`` tokens of the bundled data per micro-batch, 2 optimizer steps, with ``scale.PhasePeaks`` recording each
+rank's peak resident memory per phase. Each run is one line of ``RUNS``: the strategy, the sequence-parallel size
+(1: each rank trains its own row of ``--seq`` tokens; 2: the two ranks share one row, ``--seq``/2 tokens each), and
+whether the module checkpoints activations and tiles the MLP (``mlp_tile_tokens`` 512). The table puts the step peak
+beside ``gym_lightning.planner.phases.phase_peaks`` with the same settings and the measured baseline
+(``accelerator="cpu"``: every byte is host memory), and the activation share: (step peak - the same strategy's load
+peak), the part the sequence length drives.
 """
 
 from __future__ import annotations
@@ -27,10 +27,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from docs_section import replace_section_before_history  # benchmarks/ is not a package
-from scale import DOCS, MIB, PLANNER_KEYS, ensure_folder, fit_command, folder_of, planner_setup, run_cli
+from benchmarks.common.docs import write_section
+from benchmarks.common.models import ensure_folder, folder_of
+from benchmarks.common.paths import MIB
+from benchmarks.scale import PLANNER_KEYS, fit_command, planner_setup, run_cli
 
 SECTION = "## Long sequences: peak memory per rank with sequence parallelism"
 # ``--probe-packed-mask`` on this machine (MiB; see ``mask_probe``), quoted under the table.
@@ -90,25 +90,25 @@ def mask_probe(folder: Path, seq: int, packed: bool) -> float:
     """MiB by which one process's peak RSS grows in a forward + backward of one ``seq``-token row through plain
     transformers (sdpa, fp32): one sequence, or packed documents of 12 tokens (a block-diagonal mask, as
     ``data.collate`` packs). Run in its own process per case (``--probe-packed-mask``)."""
-    import resource
-
     import torch
     from transformers import AutoModelForCausalLM
+
+    from benchmarks.common.memory import peak_rss
 
     torch.set_num_threads(1)
     model = AutoModelForCausalLM.from_pretrained(folder, dtype=torch.float32, attn_implementation="sdpa")
     ids = torch.randint(0, model.config.vocab_size, (1, seq))
     positions = torch.arange(seq) % 12 if packed else torch.arange(seq)
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    before = peak_rss()
     model(input_ids=ids, position_ids=positions[None], labels=ids, use_cache=False).loss.backward()
-    return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before) / 1024
+    return (peak_rss() - before) / 2**20
 
 
 def render(results: dict[str, Any], workdir: Path, steps: int) -> str:
     """The markdown section: one row per run."""
     lines = [
         SECTION, "",
-        f"`python benchmarks/long_sequence_peak.py` (2 CPU ranks, fp32, 1 packed row per micro-batch, {steps} "
+        f"`python -m benchmarks.long_sequence_peak` (2 CPU ranks, fp32, 1 packed row per micro-batch, {steps} "
         f"optimizer steps, the real CLI; see the script's docstring). sp = `sequence_parallel_size`; tiled = "
         f"`gradient_checkpointing: true` + `mlp_tile_tokens: {TILE}`. Peak resident memory per rank in the training "
         "step, MiB (rank 0 / rank 1); activations = step peak - load peak of the same run; planner = "
@@ -177,7 +177,7 @@ def main() -> None:
     section = render(results, args.workdir, args.steps)
     print(section)
     if args.write_docs:
-        DOCS.write_text(replace_section_before_history(DOCS.read_text(), SECTION, section))
+        write_section(SECTION, section)
 
 
 if __name__ == "__main__":

@@ -7,21 +7,16 @@ milliseconds per step and its share of the median step, at both step sizes. A re
 grew. When the strategy comparison ran in the same pass, the table also gives the measured gap to the plain loop
 (wrapper minus peer, guard off) and what the listed lines leave of it (Lightning's loop, hooks and closures).
 
-    python benchmarks/run.py --sections overhead             # alone (~3 min on 2 idle cores)
-    python benchmarks/run.py --sections fsdp zero overhead   # with the gaps to the plain loops
+    python -m benchmarks.run --sections overhead             # alone (~3 min on 2 idle cores)
+    python -m benchmarks.run --sections fsdp zero overhead   # with the gaps to the plain loops
 """
 
 from __future__ import annotations
 
 import statistics
-import sys
-from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "workers"))
-
-from probe import COMPONENTS  # benchmarks/workers/ is not a package
-
+from benchmarks.workers.probe import COMPONENTS
 from gym_lightning.callbacks.reports import markdown_table
 
 # Strategy name in run.py's PAIRS -> gym kind; the order of the tables.

@@ -2,9 +2,9 @@
 validation rows, per-GPU scaling curves from 8 to 512 GPUs, model size on one cluster, the spec's DDP curve and the
 bundled shapes. Pure arithmetic (no torch, seconds): it writes docs/planner.md's "Validation: step time" section.
 
-    python benchmarks/plan_published.py              # print the section
-    python benchmarks/plan_published.py --write      # and replace it in docs/planner.md
-    python benchmarks/plan_published.py --calibrate  # the fabric's hop latency the scaling row fits (hardware.yaml's)
+    python -m benchmarks.plan_published              # print the section
+    python -m benchmarks.plan_published --write      # and replace it in docs/planner.md
+    python -m benchmarks.plan_published --calibrate  # the fabric's hop latency the scaling row fits (hardware.yaml's)
 
 Calibration: one kernel efficiency per (project, GPU), each from the one row marked ``efficiency``; torch.compile's
 share of the eager elementwise bytes from the row marked ``compiled``; the fabric's latency per ring step from the
@@ -18,11 +18,10 @@ import itertools
 import statistics
 import sys
 from dataclasses import replace
-from pathlib import Path
 
-from docs_section import replace_section
-from plan_rows import CLUSTERS, FMS, FOUNDRY, RUNS, SHAPES, TITAN_H100, Run
-
+from benchmarks.common.docs import replace_section
+from benchmarks.common.paths import PLANNER_DOC
+from benchmarks.plan_rows import CLUSTERS, FMS, FOUNDRY, RUNS, SHAPES, TITAN_H100, Run
 from gym_lightning.metrics import hardware as catalog
 from gym_lightning.planner import RunSpec, plan
 from gym_lightning.planner.hardware import Hardware
@@ -61,7 +60,7 @@ DDP_NOTE = [
     "DDP wrapper at 0.86 of the plain loop on one GPU before it removed the bucket copy). On PCIe boxes the model "
     "predicts the spec's curve (L40S: {l40s}); on RTX 4090s (no peer-to-peer) it does not hold.",
 ]
-DOC = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+DOC = PLANNER_DOC
 HEADING = "## Validation: step time"
 BUNDLED_HEADING = "## Worked examples: predicted speed of the bundled shapes"
 
@@ -243,7 +242,7 @@ def bundled_section() -> str:
             cells.append(f"{result.tokens_per_second_per_gpu:,.0f} {shown}" if shown and result else "nothing fits")
         lines.append(f"| {model} | " + " | ".join(cells) + " |")
     intro = (
-        "Written by `python benchmarks/plan_published.py --write`. Full finetune, bf16-mixed, AdamW, micro-batch "
+        "Written by `python -m benchmarks.plan_published --write`. Full finetune, bf16-mixed, AdamW, micro-batch "
         "1 x 4096, activation checkpointing, gym_lightning's own kernel efficiency; nodes of 8 H100 SXM on "
         "InfiniBand NDR 400. Tokens/s per GPU of the recommended strategy (and MFU)."
     )
@@ -259,7 +258,7 @@ def section() -> str:
     parts = [
         HEADING,
         "",
-        "Written by `python benchmarks/plan_published.py --write` (pure arithmetic over `benchmarks/plan_rows.py`). "
+        "Written by `python -m benchmarks.plan_published --write` (pure arithmetic over `benchmarks/plan_rows.py`). "
         "Sources: llm-foundry's benchmark tables (" + FOUNDRY_URL + ': "H100 80GB BF16 (Large Scale)", "H100 80GB '
         'BF16", "A100 80GB ...", "A100 40GB ..."); torchtitan\'s ' + TITAN_URL + " (Tables 1 and 3) and "
         "docs/performance.md (Llama 3 and Llama 2 on 64 A100); IBM and Meta's fms-fsdp numbers, " + FMS_URL + " "

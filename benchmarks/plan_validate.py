@@ -1,7 +1,7 @@
 """Calibrate the planner's step-time model on this CPU, then validate it against measured 2-rank CPU runs over gloo.
 
-    python benchmarks/plan_validate.py --out /tmp/plan_validate.md           # ~10 min on a 2-core CPU
-    python benchmarks/plan_validate.py --sizes 10m --batches 1x256 --strategies gym_ddp   # a smoke run
+    python -m benchmarks.plan_validate --out /tmp/plan_validate.md           # ~10 min on a 2-core CPU
+    python -m benchmarks.plan_validate --sizes 10m --batches 1x256 --strategies gym_ddp   # a smoke run
 
 1. **Calibration** (this process, one thread: each of the 2 ranks gets one core of this 2-core machine): the matmul
    FLOP/s of each model's width (``metrics.calibrate.matmul_flops``, fp32) and a plain PyTorch loop (forward, summed
@@ -40,8 +40,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
+from benchmarks.common.docs import replace_section
+from benchmarks.common.paths import PLANNER_DOC, REPO_ROOT
+
 MIB = 2**20
 # Llama decoders on the shipped 512-token vocabulary (tiny-llama's, so the embedding is < 1 % of the model):
 # layer parameters ~ 4h^2 (attention, 1 key/value head per query head) + 3hi (SwiGLU, i = 3h) = 13h^2.
@@ -539,7 +540,7 @@ def _hook_lines(figures: dict[str, Any]) -> list[str]:
     ]
 
 
-DOC = Path(__file__).resolve().parents[1] / "docs" / "planner.md"
+DOC = PLANNER_DOC
 HEADING = "## Validation: step time on 2 CPU ranks over gloo"
 
 
@@ -570,12 +571,8 @@ def main() -> None:
     if args.out:
         args.out.write_text(report)
     if args.write:
-        # Imported here: run as a script, benchmarks/ is on the path; gym fit imports this module as
-        # benchmarks.plan_validate for its StepTimer, where docs_section is not importable.
-        from docs_section import replace_section
-
         day = time.strftime("%Y-%m-%d")
-        section = f"{HEADING}\n\nWritten by `python benchmarks/plan_validate.py --write` ({day}).\n\n"
+        section = f"{HEADING}\n\nWritten by `python -m benchmarks.plan_validate --write` ({day}).\n\n"
         DOC.write_text(replace_section(DOC.read_text(), HEADING, section + report))
 
 

@@ -1,10 +1,10 @@
 """Peak host memory per rank in each phase of a QLoRA run (4-bit NF4 base + LoRA) at 250M and 1B, and a 0.4B MoE.
 
-    python benchmarks/qlora_peak.py                    # 250M and 1B, gym_fsdp and zero3, QLoRA + full-precision LoRA
-    python benchmarks/qlora_peak.py --sizes moe-400m   # QLoRA on a mixture of experts' experts (its own section)
-    python benchmarks/qlora_peak.py --sizes 250m --strategies gym_fsdp --no-lora
-    python benchmarks/qlora_peak.py --render-only --write-docs
-    python benchmarks/qlora_peak.py --diagnose --no-lora --sizes 1b   # what is resident at the peaks (not tabled)
+    python -m benchmarks.qlora_peak                    # 250M and 1B, gym_fsdp and zero3, QLoRA + full-precision LoRA
+    python -m benchmarks.qlora_peak --sizes moe-400m   # QLoRA on a mixture of experts' experts (its own section)
+    python -m benchmarks.qlora_peak --sizes 250m --strategies gym_fsdp --no-lora
+    python -m benchmarks.qlora_peak --render-only --write-docs
+    python -m benchmarks.qlora_peak --diagnose --no-lora --sizes 1b   # what is resident at the peaks (not tabled)
 
 The same real-CLI runs as ``benchmarks/scale.py`` (2 CPU ranks, ``bf16-mixed``, 1 x ``--seq`` packed tokens, a few
 optimizer steps, a checkpoint save and the HF export, per-phase peak RSS per rank from its ``PhasePeaks`` callback,
@@ -36,27 +36,16 @@ import json
 import os
 import sys
 import tempfile
-import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-
-from docs_section import replace_section_before_history  # benchmarks/ is not a package
-from scale import (
-    DOCS,
-    MIB,
-    PHASES,
-    PLANNER_KEYS,
-    SIZES,
-    PhasePeaks,
-    ensure_folder,
-    fit_command,
-    folder_of,
-    planner_setup,
-    run_cli,
-)
+from benchmarks.common.docs import write_section
+from benchmarks.common.memory import RSS
+from benchmarks.common.memory import rss as current_rss
+from benchmarks.common.models import SIZES, ensure_folder, folder_of
+from benchmarks.common.paths import MIB
+from benchmarks.scale import PHASES, PLANNER_KEYS, PhasePeaks, fit_command, planner_setup, run_cli
 
 SECTION = "## QLoRA: peak memory per phase at 250M and 1B"
 SECTION_MOE = "## QLoRA on MoE experts: peak memory per phase at moe-400m"
@@ -188,21 +177,20 @@ class ResidentAtPeak(CodeLoadedPeaks):
         self._split_peak = {"load": 0.0, "step": 0.0}
         super().__init__(out, checkpoint)
 
-    def _sample(self) -> None:
-        while True:
-            rss, phase = self._rss(), self._phase
-            if phase in self._split_peak and rss > self._split_peak[phase] + MIB:
-                self._split_peak[phase] = rss
-                self.diagnosis[f"{phase}_peak_split"] = _status()
-                self.diagnosis[f"{phase}_peak_stack"] = _main_stack()
-                if phase == "step":
-                    self.diagnosis["step_peak_gathered"] = _gathered(self._module)
-            self._peak = max(self._peak, rss)
-            time.sleep(0.002)
+    def _observe(self, readings: dict[str, int]) -> None:
+        rss, phase = readings[RSS], self._phase
+        if phase in self._split_peak and rss > self._split_peak[phase] + MIB:
+            self._split_peak[phase] = rss
+            self.diagnosis[f"{phase}_peak_split"] = _status()
+            self.diagnosis[f"{phase}_peak_stack"] = _main_stack()
+            if phase == "step":
+                self.diagnosis["step_peak_gathered"] = _gathered(self._module)
 
     def _mark(self, hook: str) -> None:
-        """One ``step_timeline`` entry: the hook, the RSS now and the step phase's peak so far (MiB)."""
-        self.diagnosis["step_timeline"].append([hook, round(self._rss() / MIB), round(self._peak / MIB)])
+        """One ``step_timeline`` entry: the hook, the RSS now and the phase's peak so far (MiB)."""
+        self.diagnosis["step_timeline"].append(
+            [hook, round(current_rss() / MIB), round(self._meter.peak_bytes() / MIB)]
+        )
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         self.diagnosis["baseline_split"], self.diagnosis["baseline_mapped"] = _status(), _mapped()
@@ -375,7 +363,7 @@ def _intro(steps: int, seq: int, moe: bool) -> list[str]:
         moe: The mixture-of-experts section (expert adapters, NF4 experts, per-rank planner ratios).
     """
     lora = {**LORA, "target_parameters": EXPERT_TARGETS} if moe else LORA
-    command = "python benchmarks/qlora_peak.py" + (" --sizes moe-400m" if moe else "")
+    command = "python -m benchmarks.qlora_peak" + (" --sizes moe-400m" if moe else "")
     nf4 = "the decoder linears' and the fused expert weights' NF4 tensors" if moe else "NF4 tensors"
     rest = "embeddings, LM head, norms, routers" if moe else "tied embedding/LM head, norms"
     experts = ', `lora_target_parameters=("all-experts",)`' if moe else ""
@@ -513,7 +501,7 @@ def write_docs(heading: str, section: str) -> None:
         heading: The section's first line (:data:`SECTION` or :data:`SECTION_MOE`).
         section: Its new text (:func:`render`).
     """
-    DOCS.write_text(replace_section_before_history(DOCS.read_text() if DOCS.exists() else "", heading, section))
+    write_section(heading, section)
 
 
 if __name__ == "__main__":

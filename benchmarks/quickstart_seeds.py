@@ -1,8 +1,8 @@
 """Quickstart reliability: train configs/quickstart.yaml once per seed and report held-out exact match per seed.
 
-    python benchmarks/quickstart_seeds.py                    # seeds 0-4, prints a markdown table
-    python benchmarks/quickstart_seeds.py --write-docs       # also replaces docs/benchmarks.md's quickstart section
-    python benchmarks/quickstart_seeds.py --seeds 1 42 -- --model.lr 0.002   # flags after -- go to every run
+    python -m benchmarks.quickstart_seeds                    # seeds 0-4, prints a markdown table
+    python -m benchmarks.quickstart_seeds --write-docs       # also replaces docs/benchmarks.md's quickstart section
+    python -m benchmarks.quickstart_seeds --seeds 1 42 -- --model.lr 0.002   # flags after -- go to every run
 
 Each seed sets both ``seed_everything`` (model initialisation) and ``data.seed`` (shuffling order). Every run is
 the README's quickstart command with its output folders moved to a temporary directory and an explicit CSV logger,
@@ -23,13 +23,10 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import NamedTuple
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.docs import replace_section as replace_docs_section
+from benchmarks.common.paths import CONFIGS, DOCS, REPO_ROOT
 
-import docs_section  # benchmarks/ is not a package
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
-CONFIG = REPO_ROOT / "configs" / "quickstart.yaml"
-DOCS = REPO_ROOT / "docs" / "benchmarks.md"
+CONFIG = CONFIGS / "quickstart.yaml"
 SECTION = "## Quickstart reliability"
 THRESHOLD = 0.9
 
@@ -111,7 +108,7 @@ def _load() -> str:
 
 def replace_section(document: str, section: str) -> str:
     """``document`` with its quickstart section replaced by ``section`` (appended when it has none)."""
-    return docs_section.replace_section(document, SECTION, section)
+    return replace_docs_section(document, SECTION, section)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -133,7 +130,7 @@ def main(argv: list[str] | None = None) -> None:
             print(
                 f"seed {last.seed}: exact match {last.exact_match:.3f} in {last.wall_s:.1f} s ({last.cpu_s:.1f} CPU s)"
             )
-    shown = " ".join(["python benchmarks/quickstart_seeds.py", *own, *(["--", *extra] if extra else [])])
+    shown = " ".join(["python -m benchmarks.quickstart_seeds", *own, *(["--", *extra] if extra else [])])
     section = markdown(results, shown.replace(" --write-docs", ""))
     print(section)
     if args.write_docs:

@@ -1,14 +1,14 @@
 """gym_lightning against what users would pick instead, side by side in one run, as ratios; writes docs/benchmarks.md.
 
-    python benchmarks/run.py --quick      # the short pass (~6 min on 2 idle cores, ~8 at load 7); docs/benchmarks.md
-    python benchmarks/run.py              # the full pass (about 55 minutes): more repeats, steps and model sizes
-    python benchmarks/run.py --sections zero fsdp --out /tmp/b.md   # a subset (this script's other sections of
+    python -m benchmarks.run --quick      # the short pass (~6 min on 2 idle cores, ~8 at load 7); docs/benchmarks.md
+    python -m benchmarks.run              # the full pass (about 55 minutes): more repeats, steps and model sizes
+    python -m benchmarks.run --sections zero fsdp --out /tmp/b.md   # a subset (this script's other sections of
                                                                      # an existing --out are kept as they were)
 
 The verdict runs: three separate full passes of the same code on a quiet machine, each to its own file,
 then compare the verdict column (✅ / ❌ / ≈) of sections 1 and 2-3 across the three:
 
-    for i in 1 2 3; do python benchmarks/run.py --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
+    for i in 1 2 3; do python -m benchmarks.run --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
 
 Sections (each wrapper/peer comparison runs both sides in one run, stepping alternately; scaling runs interleave):
 
@@ -27,7 +27,8 @@ bootstrap interval; the verdict is read from the interval
 (``verdict``: ✅ lower bound >= target, ❌ upper bound < target, ≈ undecided), not from the median alone.
 
 2-rank jobs run benchmarks/workers/dist_bench.py under torchrun on a free port with ``OMP_NUM_THREADS=1``. The GPU
-section is rendered from ``--gpu-results`` (written by benchmarks/gpu.sh) when that file exists.
+section is rendered from ``--gpu-results`` (written by benchmarks/gpu.sh; ``benchmarks.gpu_results``) when the
+folder holds results.
 """
 
 from __future__ import annotations
@@ -37,7 +38,6 @@ import json
 import os
 import platform
 import shlex
-import socket
 import statistics
 import subprocess
 import sys
@@ -47,20 +47,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from docs_section import replace_section
-from ratios import BOOTSTRAP_SAMPLES, CONFIDENCE, speed_ratio, verdict
-
+from benchmarks.common.docs import replace_section
+from benchmarks.common.launch import child_env, torchrun_command
+from benchmarks.common.paths import DOCS, REPO_ROOT
+from benchmarks.common.ratios import BOOTSTRAP_SAMPLES, CONFIDENCE, speed_ratio, verdict
+from benchmarks.gpu_results import DEFAULT_DIR as GPU_RESULTS_DIR
+from benchmarks.gpu_results import gpu_section
 from gym_lightning.callbacks.reports import markdown_table
-
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-sys.path.insert(0, str(BENCH_DIR))
 
 SECTIONS = ("fit", "zero", "fsdp", "ddp", "memory", "overhead")
 TARGET = 0.95  # wrapper / peer at the small step (where a fixed per-step cost weighs most)
 LARGE_TARGET = 0.97  # wrapper / peer at the 4x larger step
 DDP_TARGET = 0.9
-DEFAULT_GPU_RESULTS = BENCH_DIR / "results" / "gpu" / "results.json"
+DEFAULT_GPU_RESULTS = GPU_RESULTS_DIR / "results.json"
 
 
 @dataclass(frozen=True)
@@ -215,8 +214,8 @@ def fit_pair(
     stepping both sides alternately, see fit_vs_plain.InterleavedSteps), and the non-padding tokens of the
     timed steps."""
     import lightning.pytorch as pl
-    from fit_vs_plain import make_datamodule, paired_run, timed_tokens
 
+    from benchmarks.fit_vs_plain import make_datamodule, paired_run, timed_tokens
     from gym_lightning.models.loading import build_causal_lm
 
     args = argparse.Namespace(dataset="addition", batch_size=batch, seed=42, model="tiny-llama")
@@ -270,22 +269,13 @@ def fit_section(settings: Settings) -> str:
 
 
 # ---------------------------------------------------------------------------------------------------- 2-4. torchrun
-def free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
-
 def torchrun(spec: dict[str, Any], workdir: Path, timeout: float) -> list[dict[str, Any]]:
     """Run benchmarks/workers/dist_bench.py on 2 ranks; rank 0's results, one dict per run."""
     workdir.mkdir(parents=True, exist_ok=True)
     (workdir / "results.jsonl").unlink(missing_ok=True)  # the worker appends: a kept folder may hold a former job's
     (workdir / "spec.json").write_text(json.dumps({**spec, "out": str(workdir)}))
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2"]
-    cmd += ["--master_addr", "127.0.0.1", "--master_port", str(free_port())]
-    cmd += [str(BENCH_DIR / "workers" / "dist_bench.py"), str(workdir / "spec.json")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONWARNINGS": "ignore"}
-    done = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout, check=False)
+    cmd = torchrun_command(2, "benchmarks.workers.dist_bench", workdir / "spec.json")
+    done = subprocess.run(cmd, env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True, timeout=timeout)
     if done.returncode != 0:
         raise RuntimeError(f"torchrun job failed ({done.returncode}):\n{done.stdout[-3000:]}\n{done.stderr[-6000:]}")
     return [json.loads(line) for line in (workdir / "results.jsonl").read_text().splitlines()]
@@ -417,7 +407,7 @@ def strategy_sections(settings: Settings, names: list[str], workdir: Path, gaps:
 
 def overhead_section(settings: Settings, workdir: Path, gaps: dict[str, float]) -> str:
     """benchmarks/overhead.py's per-strategy tables from one probed run per strategy and step size."""
-    import overhead
+    from benchmarks import overhead
 
     seq = settings.strategy_batch[1]
     base = {"seq_len": seq, "warmup": settings.strategy_warmup, "overrides": settings.strategy_model}
@@ -555,8 +545,7 @@ def predicted(name: str) -> Any:
 
 
 def memory_section(settings: Settings, workdir: Path) -> str:
-    import strategies_table as st
-
+    from benchmarks import strategies_table as st
     from gym_lightning.callbacks.reports import format_bytes
 
     results = {}
@@ -586,246 +575,14 @@ def memory_section(settings: Settings, workdir: Path) -> str:
     )
 
 
-# ---------------------------------------------------------------------------------------------------- GPU
-def gpu_section(path: Path) -> str:
-    """The device check from benchmarks/gpu.sh's results, or a plain statement that it has not been run.
-
-    ``path`` is its results.json. A part it lacks (a run killed before writing it, or a later call of the other
-    part: ``gpu.sh --part checks`` and ``--part bench`` are two device calls) is read from the JSON lines beside it
-    (checks.jsonl, bench.jsonl), merged the way gpu.sh's last step merges them."""
-    checks, bench = path.with_name("checks.jsonl"), path.with_name("bench.jsonl")
-    if not (path.is_file() or checks.is_file() or bench.is_file()):
-        return GPU_NOT_RUN.format(folder=_shown(path.parent))
-    data = json.loads(path.read_text()) if path.is_file() else {"meta": {"note": "partial: no results.json"}}
-    gpu_bench = _gpu_bench()
-    if not data.get("checks") and checks.is_file():
-        data["checks"] = gpu_bench.read_records(checks)
-    if not data.get("runs") and bench.is_file():
-        data["runs"] = gpu_bench.merge_runs(gpu_bench.read_records(bench))
-    return render_gpu(data)
-
-
-GPU_NOT_RUN = (
-    "**Not run yet.** No GPU has been available to this project so far. `benchmarks/gpu.sh` is prepared for one "
-    "H200, in two parts sized to a device call each. `--part checks` (under 4 minutes): correctness of every "
-    "strategy on CUDA (bf16-mixed training against fp32, FSDP CPU offload, validation metrics, the HF export, equal "
-    "initial weights, the chunked loss, QLoRA, DDP compression hooks), then `gym fit` of every shipped config that "
-    "runs on one GPU (ddp, fsdp, zero1, zero2, zero3, zero3_offload, and qlora on a local random-weight folder) "
-    "with one device and a few steps, each export reloaded with transformers. `--part bench` (under 5 minutes): "
-    "the Qwen3-1.7B shape (random weights, fp32 parameters, bf16 autocast, SDPA, fused AdamW, micro-batch 4 x "
-    "2048): a plain PyTorch loop, `gym_ddp` and `gym_fsdp` three times interleaved (ratio medians and min-max), "
-    "the fast path (`CausalLMModule(compile=True)` under gym_fsdp and gym_ddp, the plain loop with the same "
-    "per-layer compile, Liger kernels where liger-kernel imports) with its cold compile time and a second "
-    "process's warm-cache one, `zero3` beside Lightning's `DeepSpeedStrategy(stage=3)`, ZeRO-1/2 when time allows. "
-    "It writes `{folder}/`; re-run `python benchmarks/run.py --sections gpu` (or the full command) to render it "
-    "here. Targets (issue 47): gym_ddp and gym_fsdp >= 0.98 of the plain loop; zero3 >= 0.75 of it and >= 1.5 x "
-    "Lightning's DeepSpeedStrategy, peak within 5 % of the planner; zero1/zero2 >= 0.95; compile=True >= 1.30 x "
-    "the plain loop with no higher peak, cold compile <= 60 s, warm <= a third of it."
-)
-
-
-def _gpu_bench() -> Any:
-    """benchmarks/workers/gpu_bench.py as a module (it imports nothing heavy at module level)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_bench", BENCH_DIR / "workers" / "gpu_bench.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def _shown(path: Path) -> str:
-    return str(path.relative_to(REPO_ROOT)) if path.is_relative_to(REPO_ROOT) else str(path)
-
-
-def render_gpu(data: dict[str, Any]) -> str:
-    """The checks table, then the benchmark table (``{"meta": {...}, "checks": [...], "runs": {name: {...}}}``)."""
-    facts = ", ".join(f"{k}: {v}" for k, v in data.get("meta", {}).items())
-    parts = [facts]
-    if data.get("checks"):
-        rows = [
-            [c["check"], _verdict(c.get("ok")), f"{c.get('seconds', 0):.1f}", _summary_cell(c)] for c in data["checks"]
-        ]
-        parts.append(markdown_table(["check", "ok", "s", "figures"], rows))
-    if data.get("runs"):
-        parts.append(render_gpu_runs(data["runs"]))
-    return "\n\n".join(parts)
-
-
-def render_gpu_runs(runs: dict[str, Any]) -> str:
-    """Markdown table of benchmarks/workers/gpu_bench.py's merged runs: medians over rounds with min-max, the ratios
-    to the plain eager loop (paired round by round) and to the Lightning peer, each beside issue 47's bar where it
-    has one (✅ the whole min-max range meets it, ❌ none of it does, ≈ undecided), and the compile times."""
-    bench = _gpu_bench()
-    rows = []
-    for name, run in runs.items():
-        if "error" in run or "skipped" in run:
-            why = ("failed: " + run["error"]) if "error" in run else ("skipped: " + run["skipped"])
-            rows.append([name, why[:160].replace("|", "/"), *[""] * 9])
-        else:
-            rows.append(_gpu_run_row(name, run, bench))
-    header = ["run", "rounds", "tokens/s: median (min-max)", "÷ plain loop: median (min-max)", "MFU"]
-    header += ["peak CUDA memory (max allocated)", "peak ÷ plain", "planner's peak (measured ÷ predicted)"]
-    header += ["compile s (first step - steady)", "÷ Lightning's peer (tokens/s; peak)"]
-    header += ["planner's tokens/s (measured ÷ predicted)"]
-    return markdown_table(header, rows)
-
-
-def _gpu_run_row(name: str, run: dict[str, Any], bench: Any) -> list[str]:
-    """One measured run's cells (``bench``: gpu_bench.py, whose constants hold the bars)."""
-    rounds = run.get("rounds") or [run["tokens_per_sec"]]
-    speed = f"{run['tokens_per_sec']:,.0f}"
-    if len(rounds) > 1:
-        speed += f" ({min(rounds):,.0f}-{max(rounds):,.0f})"
-    return [
-        name,
-        str(len(rounds)),
-        speed,
-        _vs_plain_cell(run.get("vs_plain"), bench.TARGETS_VS_PLAIN.get(name)),
-        "n/a" if run.get("mfu") is None else f"{100 * run['mfu']:.1f}%",
-        f"{run['peak_memory_bytes'] / 2**30:.1f} GiB",
-        _at_most((run.get("vs_plain") or {}).get("peak"), bench.PEAK_VS_PLAIN_MAX.get(name)),
-        _planner_cell(run, bench.PLANNER_TOLERANCE.get(name)),
-        _compile_cell(name, run, bench),
-        _peer_cell(run.get("vs_peer"), bench.TARGETS_VS_PEER.get(name)),
-        _speed_cell(run),
-    ]
-
-
-def _speed_cell(run: dict[str, Any]) -> str:
-    """The step-time model's tokens/s for the run (planner.timing) and measured ÷ predicted, within 15 % or not
-    (issue 48's validation bar for one-GPU rows; compiled rows are predicted as eager ones, so they show the gain)."""
-    predicted = run.get("predicted_tokens_per_sec")
-    if not predicted:
-        return ""
-    share = run["tokens_per_sec"] / predicted
-    return f"{predicted:,.0f} ({run.get('predicted_on')}), {share:.3f}{' ✅' if abs(share - 1) <= 0.15 else ' ❌'}"
-
-
-def _bar(low: float, high: float, target: float | None, at_least: bool = True) -> str:
-    """`` ✅`` when all of [low, high] meets ``target`` (>= it, or <= it with ``at_least=False``), `` ❌`` when none
-    does, `` ≈`` between; nothing without a target."""
-    if target is None:
-        return ""
-    if not at_least:
-        low, high, target = -high, -low, -target
-    return " ✅" if low >= target else " ❌" if high < target else " ≈"
-
-
-def _vs_plain_cell(ratio: dict[str, Any] | None, target: float | None) -> str:
-    if not ratio:
-        return ""
-    spread = f" ({ratio['min']:.3f}-{ratio['max']:.3f})" if ratio.get("n", 1) > 1 else ""
-    bar = f" (>= {target}){_bar(ratio['min'], ratio['max'], target)}" if target else ""
-    return f"**{ratio['median']:.3f}**{spread}{bar}"
-
-
-def _at_most(value: float | None, bound: float | None) -> str:
-    if value is None:
-        return ""
-    return f"{value:.3f}" + (f" (<= {bound}){_bar(value, value, bound, at_least=False)}" if bound else "")
-
-
-def _planner_cell(run: dict[str, Any], tolerance: float | None) -> str:
-    predicted = run.get("predicted_peak_bytes")
-    if not predicted:
-        return ""
-    share = run["peak_memory_bytes"] / predicted
-    bar = ""
-    if tolerance is not None:
-        bar = f" (within {tolerance:.0%}){' ✅' if abs(share - 1) <= tolerance else ' ❌'}"
-    return f"{predicted / 2**30:.1f} GiB ({run.get('planner_strategy')}), {share:.3f}{bar}"
-
-
-def _compile_cell(name: str, run: dict[str, Any], bench: Any) -> str:
-    """The compiled runs' compile seconds with their bars (cold: at most 60 s; warm: at most a third of cold)."""
-    seconds = run.get("compile_seconds")
-    if seconds is None or name not in bench.COMPILED:
-        return ""
-    cell = f"{seconds:.1f}" + _at_most_seconds(seconds, bench.COLD_COMPILE_MAX_S.get(name))
-    if (share := run.get("compile_vs_cold")) is not None:
-        limit = bench.WARM_COMPILE_MAX_SHARE
-        cell += f", {share:.2f} of cold (<= {limit:.2f}){_bar(share, share, limit, at_least=False)}"
-    if name in bench.COLD_COMPILE and run.get("inductor_cache_files_at_start") == 0:
-        cell += " (the cache was empty: a cold compile)"  # its cold run was skipped or failed
-    return cell
-
-
-def _at_most_seconds(seconds: float, bound: float | None) -> str:
-    return f" (<= {bound:.0f} s){_bar(seconds, seconds, bound, at_least=False)}" if bound else ""
-
-
-def _peer_cell(ratio: dict[str, Any] | None, target: float | None) -> str:
-    if not ratio or ratio.get("tokens_per_sec") is None:
-        return ""
-    speed = ratio["tokens_per_sec"]
-    bar = f" (>= {target}){_bar(speed, speed, target)}" if target else ""
-    peak = f"; peak {ratio['peak']:.3f}" if ratio.get("peak") else ""
-    return f"{ratio['peer']}: {speed:.3f}{bar}{peak}"
-
-
-def _verdict(ok: bool | None) -> str:
-    return {True: "✅", False: "❌"}.get(ok, "skipped")
-
-
-def _summary_cell(record: dict[str, Any]) -> str:
-    try:
-        return check_summary(record)
-    except (KeyError, TypeError, ValueError, AttributeError):  # a record of an unforeseen shape still shows
-        return json.dumps(record.get("figures", {}))[:200].replace("|", "/")
-
-
-def check_summary(record: dict[str, Any]) -> str:
-    """A short cell from one gpu_check.py record: its error, else the figures that decided it."""
-    if record.get("detail") or record.get("skipped"):
-        return str(record.get("detail") or record["skipped"])[:200].replace("|", "/").replace("\n", " ")
-    f, name = record.get("figures", {}), record["check"]
-    cells = [f"{f['global_step']} steps"] if "global_step" in f else []
-    if "vs_reference" in f:
-        cells.append(f"losses vs reference: max rel. diff {f['vs_reference'].get('max_rel_diff', 'n/a'):.2g}")
-    if "cuda_syncs_per_micro_batch" in f:
-        cells.append(f"{f['cuda_syncs_per_micro_batch']} CUDA syncs / micro-batch")
-    for key in ("host_placement", "registered_hooks"):
-        if key in f:
-            cells.append(f"{key.replace('_', ' ')}: {f[key]}")
-    if name.startswith("export/"):
-        cells.append(
-            f"max abs. logit diff {f['max_abs_diff']:.2g} ({f['module_logits_dtype']} module), training moved "
-            f"logits by {f['moved_by_training']:.2g}"
-        )
-    if name == "val_metrics":
-        before = max(r["before_vs_reference"]["max_rel_diff"] for r in f.values() if isinstance(r, dict))
-        after = max(r["after_vs_reference"]["max_rel_diff"] for r in f.values() if isinstance(r, dict))
-        cells.append(f"val/loss max rel. diff to fp32: {before:.2g} before training, {after:.2g} after")
-    if name == "init_weights":
-        cells.append(", ".join(f"{k}: {v['n_differing']} tensors differ" for k, v in f.items() if "n_differing" in v))
-    if name == "chunked_loss":
-        cells.append(f"loss diff {f['loss'].get('max_abs_diff')}, grad diff {f['grads'].get('max_abs_diff')}")
-    if name.startswith("gym_fit/"):
-        cells.append(gym_fit_summary(f))
-    if name == "op_builds":
-        cells.append("ops loaded: " + (", ".join(o["op"] for o in f.get("loaded", [])) or "none"))
-    return "; ".join(cells).replace("|", "/")
-
-
-def gym_fit_summary(figures: dict[str, Any]) -> str:
-    """A ``gym_fit/<config>`` record: the expected refusal, or what ran and how its export reloaded."""
-    if figures.get("expected_refusal"):
-        return f"refused as expected: {figures['expected_refusal']}"[:200]
-    export = figures.get("export", {})
-    logits = "finite logits" if export.get("finite_logits") else "NON-FINITE logits"
-    loads = "loads" if export.get("loads") else f"load problems {export.get('load_problems')}"
-    return f"{figures.get('strategy')}, {figures.get('precision')}; export ({export.get('dtype')}) {loads}, {logits}"
-
-
 # ---------------------------------------------------------------------------------------------------- document
 def document(report: Report, kept: dict[str, str] | None = None) -> str:
     """The markdown of this pass; ``kept`` (title -> body, ``previous_own_sections``) fills the sections of this
     script that the pass did not run, as an earlier pass wrote them, in their usual place."""
     s, kept, parts = report.sections, kept or {}, ["# Benchmarks", ""]
     parts.append(
-        "Generated by `benchmarks/run.py`; do not edit by hand. Every comparison runs gym_lightning and the peer "
-        "side by side in one run, stepping alternately; figures are medians with (min-max) over repeats, ratios "
+        "Generated by `python -m benchmarks.run`; do not edit by hand. Every comparison runs gym_lightning and the "
+        "peer side by side in one run, stepping alternately; figures are medians with (min-max) over repeats, ratios "
         f"are gym_lightning / peer (targets: >= {TARGET} for the wrappers at the small step, >= {LARGE_TARGET} at "
         f"the larger one, DDP efficiency >= {DDP_TARGET})."
     )
@@ -908,14 +665,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--quick", action="store_true", help="the short pass (~6 min on 2 idle cores)")
     parser.add_argument("--sections", nargs="+", default=list(SECTIONS), choices=[*SECTIONS, "gpu"])
     parser.add_argument("--repeats", type=int, help="interleaved repeats per comparison (default: 3 quick, 5 full)")
-    parser.add_argument("--out", type=Path, default=REPO_ROOT / "docs" / "benchmarks.md", help="markdown to write")
+    parser.add_argument("--out", type=Path, default=DOCS, help="markdown to write")
     parser.add_argument("--gpu-results", type=Path, default=DEFAULT_GPU_RESULTS, help="benchmarks/gpu.sh output")
     parser.add_argument("--keep", type=Path, help="keep the 2-rank jobs' per-step timings (results.jsonl) here")
     args = parser.parse_args(argv)
     settings = QUICK if args.quick else FULL
     if args.repeats is not None:
         settings = Settings(**{**settings.__dict__, "repeats": args.repeats, "fit_repeats": args.repeats})
-    report = Report(settings, ["python", "benchmarks/run.py", *(argv if argv is not None else sys.argv[1:])])
+    report = Report(settings, ["python", "-m", "benchmarks.run", *(argv if argv is not None else sys.argv[1:])])
     report.load_before = os.getloadavg()
     start = time.perf_counter()
     run_sections(report, args.sections, args.gpu_results, args.keep)

@@ -1,11 +1,11 @@
 """Peak host memory per rank in each phase (load, training step, checkpoint save, export) at real model sizes.
 
-    python benchmarks/scale.py                         # 250M and 1B, every strategy that fits, ~1 h on 2 cores
-    python benchmarks/scale.py --sizes 250m --strategies gym_fsdp zero3
-    python benchmarks/scale.py --write-docs            # also replaces the section in docs/benchmarks.md
+    python -m benchmarks.scale                         # 250M and 1B, every strategy that fits, ~1 h on 2 cores
+    python -m benchmarks.scale --sizes 250m --strategies gym_fsdp zero3
+    python -m benchmarks.scale --write-docs            # also replaces the section in docs/benchmarks.md
 
-Builds (once, cached under ``--workdir``/models) random-init Llama-shaped folders of about 250M and 1B parameters
-and a 0.4B Qwen3-MoE (``--sizes moe-400m``),
+Builds (once, cached under ``--workdir``/models; ``benchmarks.common.models``) random-init Llama-shaped folders of
+about 250M and 1B parameters and a 0.4B Qwen3-MoE (``--sizes moe-400m``),
 saved as sharded bf16 safetensors (``max_shard_size="500MB"``, the shipped tokenizer), like a downloaded checkpoint.
 For each size and strategy it runs the real CLI on 2 CPU ranks (``python -m gym_lightning fit --config
 configs/quickstart.yaml --trainer.devices 2 --trainer.strategy S --model.model FOLDER``, ``bf16-mixed``, packed rows
@@ -22,47 +22,22 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
 import tempfile
-import threading
 from pathlib import Path
 from typing import Any
 
 import lightning.pytorch as pl
 from lightning.pytorch.callbacks import Callback
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchmarks.common.docs import replace_section
+from benchmarks.common.memory import PeakSampler, rss
+from benchmarks.common.models import SIZES, ensure_folder, folder_of
+from benchmarks.common.paths import DOCS, MIB, REPO_ROOT
 
-from docs_section import replace_section  # benchmarks/ is not a package
-
-BENCH_DIR = Path(__file__).resolve().parent
-REPO_ROOT = BENCH_DIR.parent
-DOCS = REPO_ROOT / "docs" / "benchmarks.md"
 SECTION = "## Peak memory per phase at 250M and 1B parameters"
-MIB = 2**20
-GIB = 2**30
-# Llama shapes (tied embeddings, 32,000 vocabulary). 1B: TinyLlama's width with 20 layers (GQA 32/4 heads): 0.95B.
-# moe-400m: a Qwen3-MoE (Qwen3-30B-A3B's structure: every layer sparse, 8 of 128 experts) scaled down to 16 experts,
-# top-2, 8 layers: 0.40B parameters, saved as transformers saves it (one tensor per expert), loaded into fused expert
-# tensors.
-SIZES: dict[str, dict[str, Any]] = {
-    "250m": {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 16,
-             "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000, "tie_word_embeddings": True},
-    "1b": {"model_type": "llama", "hidden_size": 2048, "intermediate_size": 5632, "num_hidden_layers": 20,
-           "num_attention_heads": 32, "num_key_value_heads": 4, "vocab_size": 32000, "tie_word_embeddings": True},
-    "moe-400m": {"model_type": "qwen3_moe", "hidden_size": 1024, "intermediate_size": 3072, "num_hidden_layers": 8,
-                 "num_attention_heads": 16, "num_key_value_heads": 4, "head_dim": 64, "num_experts": 16,
-                 "num_experts_per_tok": 2, "moe_intermediate_size": 768, "vocab_size": 32000,
-                 "tie_word_embeddings": False},
-    # long_sequence_peak.py: narrow enough that a 4,096-token fp32 step runs in about a minute on 2 CPU ranks, wide
-    # enough (8 query / 4 key-value heads) to split over 2 ranks.
-    "long-44m": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
-                 "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000,
-                 "tie_word_embeddings": True, "max_position_embeddings": 32768},
-}  # fmt: skip
 STRATEGIES = {
     "250m": ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3"],
     "1b": ["gym_fsdp", "zero3"],
@@ -72,49 +47,14 @@ STRATEGIES = {
 PHASES = ("load", "step", "save", "export")
 
 
-def build_folder(folder: Path, size: str) -> None:
-    """A random-init model of ``SIZES[size]`` saved as 500 MB bf16 safetensors shards (own process: it holds it)."""
-    import torch
-    from transformers import AutoConfig, AutoModelForCausalLM
-
-    from gym_lightning.tokenizer import load_tokenizer
-
-    torch.manual_seed(0)
-    # from_config builds on the meta device and materialises the parameters already in bf16 (no fp32 copy).
-    fields = dict(SIZES[size])
-    model = AutoModelForCausalLM.from_config(
-        AutoConfig.for_model(fields.pop("model_type"), **fields), dtype=torch.bfloat16
-    )
-    partial = folder.with_name(folder.name + ".partial")
-    shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, max_shard_size="500MB")
-    load_tokenizer(None).save_pretrained(partial)
-    partial.rename(folder)
-    print(f"wrote {folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
-
-
-def folder_of(workdir: Path, size: str) -> Path:
-    """Where the model folder of ``size`` is kept (``llama-250m``, ``qwen3_moe-moe-400m``)."""
-    return workdir / "models" / f"{SIZES[size]['model_type']}-{size}"
-
-
-def ensure_folder(workdir: Path, size: str) -> Path:
-    folder = folder_of(workdir, size)
-    if not (folder / "config.json").exists():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, __file__, "--role", "build", "--sizes", size, "--workdir", str(workdir)]
-        subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(REPO_ROOT)})
-    return folder
-
-
 class PhasePeaks(Callback):
     """Each rank's peak resident memory in each phase, written to ``<out>/rank<r>.json`` (MiB).
 
     Phases: ``load`` (``setup`` before ``configure_model`` -> ``on_fit_start``, i.e. build, load, shard, optimizer),
     ``step`` (-> the end of the last training step), ``save`` (``trainer.save_checkpoint`` into ``checkpoint``, what
     ``ModelCheckpoint`` calls, at ``on_train_end``) and ``export`` (this callback's ``on_fit_end``, which runs before
-    the CLI's ``HFExport``, -> ``teardown``). A thread samples ``VmRSS`` every 2 ms; a phase's peak is also exact
-    when ``ru_maxrss`` grew during it (then the peak of the process so far was reached in that phase).
+    the CLI's ``HFExport``, -> ``teardown``). ``benchmarks.common.memory.PeakSampler``: a thread samples the RSS every
+    2 ms; a phase's peak is also exact when the process's peak RSS grew during it (then reached in that phase).
 
     Args:
         out: Folder for the per-rank JSON files.
@@ -125,39 +65,23 @@ class PhasePeaks(Callback):
         self.out, self.checkpoint = Path(out), checkpoint
         self.rows: dict[str, Any] = {}
         self._phase: str | None = None
-        self._peak = 0
-        self._maxrss_at_start = 0
-        threading.Thread(target=self._sample, daemon=True).start()
+        self._meter = PeakSampler(observer=self._observe).start()
 
-    @staticmethod
-    def _rss() -> int:
-        for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1]) * 1024
-        return 0
-
-    @staticmethod
-    def _maxrss() -> int:
-        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-
-    def _sample(self) -> None:
-        while True:
-            self._peak = max(self._peak, self._rss())
-            threading.Event().wait(0.002)
+    def _observe(self, readings: dict[str, int]) -> None:
+        """Every sample of the RSS (on the sampling thread): nothing here; a diagnostic subclass looks at what is
+        resident at a peak."""
 
     def _begin(self, phase: str) -> None:
-        self._phase, self._peak, self._maxrss_at_start = phase, self._rss(), self._maxrss()
+        self._phase = phase
+        self._meter.restart()
 
     def _end(self, trainer: pl.Trainer) -> None:
-        maxrss, peak = self._maxrss(), max(self._peak, self._rss())
-        if maxrss > self._maxrss_at_start:
-            peak = max(peak, maxrss)
-        self.rows[self._phase] = {"peak": peak / MIB, "end": self._rss() / MIB}
+        self.rows[self._phase] = {"peak": self._meter.peak_bytes() / MIB, "end": rss() / MIB}
         self.out.mkdir(parents=True, exist_ok=True)
         (self.out / f"rank{trainer.global_rank}.json").write_text(json.dumps(self.rows))
 
     def setup(self, trainer: pl.Trainer, pl_module: pl.LightningModule, stage: str) -> None:
-        self.rows["baseline"] = self._rss() / MIB
+        self.rows["baseline"] = rss() / MIB
         self._begin("load")
 
     def on_fit_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
@@ -172,7 +96,7 @@ class PhasePeaks(Callback):
             status = Path("/proc/self/status").read_text().splitlines()
             self.rows["before_trim"] = [line for line in status if line.startswith(("RssAnon", "RssFile"))]
             ctypes.CDLL("libc.so.6").malloc_trim(0)
-            self.rows["after_malloc_trim"] = self._rss() / MIB
+            self.rows["after_malloc_trim"] = rss() / MIB
         trainer.strategy.barrier()
         self._begin("save")
         trainer.save_checkpoint(self.checkpoint)
@@ -270,7 +194,7 @@ def render(results: dict[str, Any], workdir: Path) -> str:
 
     lines = [
         SECTION, "",
-        "`python benchmarks/scale.py` (2 CPU ranks, `bf16-mixed`, 1 x 4 packed tokens, 2 optimizer steps, the real "
+        "`python -m benchmarks.scale` (2 CPU ranks, `bf16-mixed`, 1 x 4 packed tokens, 2 optimizer steps, the real "
         "CLI; see the script's docstring). Peak resident memory per rank in each phase, MiB (rank 0 / rank 1); "
         "planner = `gym_lightning.planner.phase_peaks` with the measured baseline; theory = baseline + model states "
         "per rank + one decoder layer (fp32) + one checkpoint file (+ activations and one logits chunk in the step).",
@@ -320,10 +244,7 @@ def main() -> None:
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gym-scale")
     parser.add_argument("--render-only", action="store_true", help="rebuild the table from earlier results")
     parser.add_argument("--write-docs", action="store_true")
-    parser.add_argument("--role", choices=["driver", "build"], default="driver", help=argparse.SUPPRESS)
     args = parser.parse_args()
-    if args.role == "build":
-        return build_folder(folder_of(args.workdir, args.sizes[0]), args.sizes[0])
     results_file = args.workdir / "results.json"
     results = json.loads(results_file.read_text()) if results_file.exists() else {}
     for size in [] if args.render_only else args.sizes:

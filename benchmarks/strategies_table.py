@@ -1,6 +1,6 @@
 """Run every strategy on 2 CPU ranks and print ONE markdown table: throughput and per-rank memory, with ratios to DDP.
 
-    python benchmarks/strategies_table.py [--steps 12] [--warmup 2] [--strategies gym_ddp zero3 ...]
+    python -m benchmarks.strategies_table [--steps 12] [--warmup 2] [--strategies gym_ddp zero3 ...]
 
 Each strategy trains the ``tiny-llama`` preset on the bundled ``addition`` data set for a few steps in its own
 2-process job (Lightning's launcher, gloo, a free port, 1 thread per rank), with ``ThroughputCallback`` and
@@ -14,13 +14,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import socket
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
 from typing import Any
+
+from benchmarks.common.launch import child_env, free_port, python_module
+from benchmarks.common.paths import REPO_ROOT
 
 STRATEGIES: tuple[str, ...] = ("gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3", "zero3_persist0")
 LABELS = {"zero3_persist0": "zero3 (persist 0)"}
@@ -74,13 +75,11 @@ def run_one(strategy: str, out_dir: str, steps: int, warmup: int) -> None:
 
 
 def launch(strategy: str, out_dir: Path, steps: int, warmup: int) -> tuple[dict[str, Any], dict[str, Any]]:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
-    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, __file__, "--run", strategy, "--out", str(out_dir), "--steps", str(steps)]
-    cmd += ["--warmup", str(warmup)]
-    done = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=900, check=False)
+    env = child_env(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(free_port()))
+    cmd = python_module(
+        __spec__.name, "--run", strategy, "--out", out_dir, "--steps", str(steps), "--warmup", str(warmup)
+    )
+    done = subprocess.run(cmd, env=env, cwd=REPO_ROOT, capture_output=True, text=True, timeout=900, check=False)
     if done.returncode != 0:
         raise RuntimeError(f"{strategy} failed ({done.returncode}):\n{done.stderr[-4000:]}")
     return json.loads((out_dir / "throughput.json").read_text()), json.loads((out_dir / "memory.json").read_text())

@@ -1,11 +1,11 @@
 """Side by side: the ratio cells of several ``run.py`` passes of the same code (the verdict runs: three full passes).
 
-    for i in 1 2 3; do python benchmarks/run.py --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
-    python benchmarks/verdicts.py /tmp/verdict1.md /tmp/verdict2.md /tmp/verdict3.md --write-docs
+    for i in 1 2 3; do python -m benchmarks.run --sections fit zero fsdp overhead --out /tmp/verdict$i.md; done
+    python -m benchmarks.verdicts /tmp/verdict1.md /tmp/verdict2.md /tmp/verdict3.md --write-docs
 
 Reads every table row of sections 1 and 2-3 that carries a ratio cell (``**ratio** [low, high] verdict``, written
 by ``run.ratio_cell``) and prints one row per comparison: each run's ratio, interval and verdict, and whether all
-runs agree. ``--write-docs`` puts the table into docs/benchmarks.md as its own section (``docs_section``).
+runs agree. ``--write-docs`` puts the table into docs/benchmarks.md as its own section (``benchmarks.common.docs``).
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ import argparse
 import re
 from pathlib import Path
 
-from docs_section import replace_section
-from run import TITLES, previous_own_sections
-
+from benchmarks.common.docs import replace_section
+from benchmarks.common.paths import DOCS
+from benchmarks.run import TITLES, previous_own_sections
 from gym_lightning.callbacks.reports import markdown_table
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
 HEADING = "## Verdict runs: the same code, three passes"
 CELL = re.compile(r"\*\*(?P<ratio>[\d.]+)\*\* \[(?P<low>[\d.]+), (?P<high>[\d.]+)\] (?P<verdict>✅|❌|≈)")
 SECTIONS = ("fit", "strategies")  # run.py's sections with ratio verdicts
@@ -66,8 +65,7 @@ def main() -> None:
     print(table)
     if args.write_docs:
         section = f"{HEADING}\n\n{args.note}\n\n{table}\n" if args.note else f"{HEADING}\n\n{table}\n"
-        docs = REPO_ROOT / "docs" / "benchmarks.md"
-        docs.write_text(replace_section(docs.read_text(), HEADING, section))
+        DOCS.write_text(replace_section(DOCS.read_text(), HEADING, section))
 
 
 if __name__ == "__main__":

@@ -1,7 +1,7 @@
 """Host-side cost of ZeRO-3's settings on 2 CPU ranks: DeepSpeed's old settings vs each setting of
 ``strategies.zero.rule`` alone vs the whole rule.
 
-    python benchmarks/zero3_rule.py [--layers 12 --hidden 64 --seq 32 --batch 2 --steps 6]
+    python -m benchmarks.zero3_rule [--layers 12 --hidden 64 --seq 32 --batch 2 --steps 6]
 
 A tiny random Llama (many small layers, so host work dominates) trains ``--steps`` AdamW steps under DeepSpeed's
 engine (gloo, 1 thread per rank, fp32) on the same random tokens per variant. Per step (mean over the steps after
@@ -16,7 +16,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 from pathlib import Path
@@ -24,9 +23,8 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-import torch.multiprocessing as mp
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from benchmarks.common.launch import spawn_gloo
 
 # The settings before the rule: gym_lightning's layer-sized limits, DeepSpeed's persistence (1e5 elements per tensor,
 # no total budget), no leaf modules.
@@ -133,7 +131,7 @@ def _run_variant(args: argparse.Namespace, settings: dict[str, Any], leaf: bool)
     }
 
 
-def _worker(rank: int, args: argparse.Namespace, port: int, out: str) -> None:
+def _worker(rank: int, port: int, args: argparse.Namespace, out: str) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), RANK=str(rank), WORLD_SIZE="2")
     os.environ.update(LOCAL_RANK=str(rank), LOCAL_WORLD_SIZE="2")
     torch.set_num_threads(1)
@@ -173,11 +171,9 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--steps", type=int, default=6)
     args = parser.parse_args()
-    from tests.helpers.dist import free_port
-
     with tempfile.TemporaryDirectory() as folder:
         out = str(Path(folder) / "results.json")
-        mp.spawn(_worker, args=(args, free_port(), out), nprocs=2, join=True)
+        spawn_gloo(_worker, 2, (args, out))
         results = json.loads(Path(out).read_text())
     print(f"2 CPU ranks (gloo), Llama {args.layers} x hidden {args.hidden}, batch {args.batch} x {args.seq}, fp32")
     print(_table(results))

@@ -1,13 +1,15 @@
-"""The benchmark entry points load, answer --help, and turn (fake) figures into the documented markdown.
+"""The benchmarks are a package that runs: every module answers ``--help`` (or imports, where it is a library), every
+command the docs cite names one, and the figures turn into the documented markdown (fake figures here).
 
-No timing is asserted here: benchmarks/run.py measures, these tests only keep its plumbing from rotting.
+No timing is asserted here: the benchmarks measure, these tests only keep their plumbing from rotting.
 """
 
 from __future__ import annotations
 
-import importlib.util
+import importlib
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -16,66 +18,100 @@ from typing import Any
 
 import pytest
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
-BENCH = REPO_ROOT / "benchmarks"
+from benchmarks.common.launch import child_env
+from benchmarks.common.paths import BENCH_DIR as BENCH
+from benchmarks.common.paths import REPO_ROOT
 
 
-def _load(path: Path) -> ModuleType:
-    if str(BENCH) not in sys.path:  # as `python benchmarks/x.py` has it: the scripts import their siblings
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location(f"bench_{path.stem}", path)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+def _load(name: str) -> ModuleType:
+    return importlib.import_module(f"benchmarks.{name}")
 
 
 @pytest.fixture(scope="module")
 def run_py() -> ModuleType:
-    return _load(BENCH / "run.py")
+    return _load("run")
 
 
 @pytest.fixture(scope="module")
 def gpu_bench() -> ModuleType:
-    return _load(BENCH / "workers" / "gpu_bench.py")
+    return _load("workers.gpu_bench")
 
 
-ENTRY_POINTS = [
-    "run.py",
-    "workers/gpu_bench.py",
-    "workers/gpu_check.py",
-    "fit_vs_plain.py",
-    "strategies_table.py",
-    "chunked_loss.py",
-    "optimizer_transients.py",
-    "zero3_phases.py",
-    "export_peak.py",
-    "load_peak.py",
-    "scale.py",
-    "verdicts.py",
-    "data_prep.py",
-    "checkpoint_manifest.py",
-    "qlora_libs.py",
-    "qlora_peak.py",
-    "expert_forward_peak.py",
-    "host_syncs.py",
-]
+@pytest.fixture(scope="module")
+def gpu_results() -> ModuleType:
+    return _load("gpu_results")
+
+
+def _modules() -> dict[str, bool]:
+    """Every module of the package, ``benchmarks.x`` -> whether it runs as a command (``if __name__ ==
+    "__main__"``); found on disk, so that a benchmark another branch adds is checked too."""
+    found = {}
+    for path in sorted(BENCH.rglob("*.py")):
+        parts = path.relative_to(REPO_ROOT).with_suffix("").parts
+        if parts[-1] != "__init__" and "results" not in parts:
+            found[".".join(parts)] = 'if __name__ == "__main__":' in path.read_text()
+    return found
+
+
+MODULES = _modules()
+ENTRY_POINTS = [name for name, runs in MODULES.items() if runs]
+LIBRARIES = [name for name, runs in MODULES.items() if not runs]
+# The benchmarks the docs cite, and those other branches added, by name: discovery must not have lost them.
+NAMED = ["run", "scale", "host_syncs", "routed_forward_speed", "compiled_ddp", "zero3_rule", "expert_forward_peak"]
+NAMED += ["plan_published", "plan_validate", "workers.gpu_bench", "gpu_results", "quickstart_seeds", "verdicts"]
+DOCS = [REPO_ROOT / "docs" / "benchmarks.md", REPO_ROOT / "docs" / "planner.md", REPO_ROOT / "README.md"]
+DOCS.append(BENCH / "README.md")
 
 
 @pytest.fixture(scope="module")
 def helps() -> dict[str, Any]:
-    """``python benchmarks/SCRIPT --help`` of every entry point, each in its own process (``helpers.forked``)."""
+    """``python -m MODULE --help`` of every entry point and ``python -m MODULE`` of every library (an import), each
+    in its own process (``helpers.forked``: the shared imports paid once)."""
     from helpers.forked import run_forked
 
-    results = run_forked([[str(BENCH / script), "--help"] for script in ENTRY_POINTS])
-    return dict(zip(ENTRY_POINTS, results, strict=True))
+    commands = [["-m", name, "--help"] for name in ENTRY_POINTS] + [["-m", name] for name in LIBRARIES]
+    results = run_forked(commands, timeout=600)
+    return dict(zip(ENTRY_POINTS + LIBRARIES, results, strict=True))
 
 
-@pytest.mark.parametrize("script", ENTRY_POINTS)
-def test_entry_point_help(script: str, helps: dict[str, Any]) -> None:
-    done = helps[script]
+def test_the_named_benchmarks_are_found() -> None:
+    assert {f"benchmarks.{name}" for name in NAMED} <= set(ENTRY_POINTS) and "benchmarks.plan_rows" in LIBRARIES
+
+
+@pytest.mark.parametrize("module", ENTRY_POINTS)
+def test_entry_point_help(module: str, helps: dict[str, Any]) -> None:
+    done = helps[module]
     assert done.returncode == 0, done.stderr[-2000:]
     assert "usage:" in done.stdout
+
+
+@pytest.mark.parametrize("module", LIBRARIES)
+def test_library_module_imports(module: str, helps: dict[str, Any]) -> None:
+    done = helps[module]
+    assert done.returncode == 0 and not done.stdout, done.stdout[-1000:] + done.stderr[-2000:]
+
+
+def test_no_benchmark_edits_sys_path_or_imports_the_tests() -> None:
+    """``python -m benchmarks.x`` from the repository root is how a benchmark runs (benchmarks/README.md): no
+    ``sys.path`` edits, and nothing imported from ``tests`` (the tests import from here)."""
+    offenders = []
+    for path in BENCH.rglob("*.py"):
+        text = path.read_text()
+        if re.search(r"sys\.path\.(insert|append)|^\s*(from|import) (tests|helpers)\b", text, re.MULTILINE):
+            offenders.append(str(path.relative_to(REPO_ROOT)))
+    assert not offenders
+
+
+def test_every_command_the_docs_cite_runs() -> None:
+    """Each ``python -m benchmarks.X`` in the docs names an entry point; the old ``python benchmarks/X.py`` form
+    (which needs the repository on the path) is gone from them."""
+    cited, old = set(), []
+    for doc in DOCS:
+        text = doc.read_text()
+        cited |= set(re.findall(r"python -m (benchmarks(?:\.[a-z_0-9]+)+)\b", text))
+        old += [f"{doc.name}: {m}" for m in re.findall(r"python benchmarks/\S+\.py", text)]
+    assert cited and not cited - set(ENTRY_POINTS), cited - set(ENTRY_POINTS)
+    assert not old
 
 
 def test_gpu_script_parses() -> None:
@@ -112,9 +148,10 @@ def test_gpu_script_bench_part_over_budget(tmp_path: Path) -> None:
     results = json.loads((out / "gpu" / "results.json").read_text())
     assert results["meta"]["parts"] == "bench"
     assert [c["check"] for c in results["checks"]] == ["train/gym_ddp"]  # the earlier checks part's, kept
-    groups = _load(BENCH / "workers" / "gpu_bench.py").SMOKE_GROUPS
+    groups = _load("workers.gpu_bench").SMOKE_GROUPS
     assert set(results["runs"]) == {name for group in ("rounds", "warm") for name in groups[group][1]}
     assert all(run["skipped"].startswith("time budget") for run in results["runs"].values())
+    assert [r.get("skipped", "")[:11] for r in results["routed"]] == ["time budget"]  # the routed group's record
 
 
 def test_lightning_deepspeed_is_told_the_micro_batch(gpu_bench: ModuleType) -> None:
@@ -127,7 +164,8 @@ def test_lightning_deepspeed_is_told_the_micro_batch(gpu_bench: ModuleType) -> N
 
 def test_baselines_train_on_the_gym_runs_tokens(gpu_bench: ModuleType) -> None:
     import torch
-    from dist_bench import make_batches
+
+    from benchmarks.workers.dist_bench import make_batches
 
     args = SimpleNamespace(batch_size=2, seq_len=16, steps=3, warmup=1)
     ours = gpu_bench.token_ids(args, vocab=512)
@@ -137,7 +175,7 @@ def test_baselines_train_on_the_gym_runs_tokens(gpu_bench: ModuleType) -> None:
 
 
 def test_dist_worker_imports() -> None:
-    worker = _load(BENCH / "workers" / "dist_bench.py")
+    worker = _load("workers.dist_bench")
     assert set(worker.KINDS) >= {"gym_zero", "ds_engine", "gym_fsdp", "fsdp2", "ddp", "ddp_nosync", "single"}
 
 
@@ -197,7 +235,7 @@ def test_fit_and_plain_step_alternately_on_the_same_batches(tmp_path: Path) -> N
     their fingerprint names (a plain loop fed other batches raises)."""
     from gym_lightning.models.loading import build_causal_lm
 
-    fit_vs_plain = _load(BENCH / "fit_vs_plain.py")
+    fit_vs_plain = _load("fit_vs_plain")
 
     args = fit_vs_plain.argparse.Namespace(dataset="addition", batch_size=8, seed=0)
     init, dm = build_causal_lm("tiny-llama"), fit_vs_plain.make_datamodule(args)
@@ -225,24 +263,34 @@ def test_strategy_runs_pair_each_wrapper_with_its_peer_in_one_run(run_py: Module
 
 
 def test_document_with_fake_numbers(run_py: ModuleType, tmp_path: Path) -> None:
-    report = run_py.Report(run_py.QUICK, ["python", "benchmarks/run.py", "--quick"])
+    report = run_py.Report(run_py.QUICK, ["python", "-m", "benchmarks.run", "--quick"])
     rows = [["zero3", "a", "b", run_py.ratio_cell([[1 / 0.97] * 4], [[1.0] * 4])]]
     report.sections["strategies"] = run_py.markdown_table(["comparison", "gym", "peer", "ratio"], rows)
     report.sections["gpu"] = run_py.gpu_section(tmp_path / "missing.json")
     text = run_py.document(report)
-    assert "## Machine" in text and "Load average" in text and "`python benchmarks/run.py --quick`" in text
+    assert "## Machine" in text and "Load average" in text and "`python -m benchmarks.run --quick`" in text
     assert "| zero3 | a | b | **0.970** [0.970, 0.970] ✅ |" in text
     assert "**Not run yet.**" in text
 
 
 def _fake_gpu_results(gpu_bench: ModuleType, folder: Path) -> None:
-    """checks.jsonl and bench.jsonl as benchmarks/gpu.sh's workers append them (one failure of each kind): two
-    interleaved rounds of plain / gym_fsdp, a cold and a warm compile, zero3 beside Lightning's DeepSpeed."""
+    """checks.jsonl, bench.jsonl and routed.jsonl as benchmarks/gpu.sh's parts append them (one failure of each
+    kind): two interleaved rounds of plain / gym_fsdp, a cold and a warm compile, zero3 beside Lightning's
+    DeepSpeed, two host-sync cells, the routed forward at one size."""
     for record in (
         {"check": "train/gym_fsdp", "ok": True, "seconds": 3.2, "figures": {"global_step": 4, "losses": [3.4]}},
         {"check": "init_weights", "ok": False, "seconds": 5.0, "detail": "RuntimeError: boom | here"},
-    ):
+        {"check": "host_syncs/zero3/bf16-mixed", "ok": True, "seconds": 2.0, "figures": {
+            "per_quiet_step": 3.0, "by_owner": {"deepspeed": 1.0, "gym_lightning": 1.0, "transformers": 1.0},
+            "quiet_steps": [2, 3], "counted_by": "the census", "gym_lightning_allowed": 1}},
+        {"check": "host_syncs/zero3/16-mixed", "ok": None, "seconds": 0.0, "skipped": "CUDA only"},
+    ):  # fmt: skip
         gpu_bench.append_record(folder / "checks.jsonl", record)
+    routed = {"routed_experts": 8, "ratio": 2.0, "ratio_min": 2.5, "max_abs_diff": {"out": 0.0}, "device": "cuda"}
+    routed |= {
+        v: {"median_s": s, "min_s": s, "syncs": {"read: tolist": 1}} for v, s in (("per-expert", 0.2), ("grouped", 0.1))
+    }
+    gpu_bench.append_record(folder / "routed.jsonl", {"key": "tiny/64", "ok": True, **routed})
     fake = [  # name, round, tokens/s, MFU, peak GiB, compile s
         ("plain", 1, 1000.0, 0.40, 50, 2.0),
         ("gym_fsdp", 1, 990.0, 0.39, 40, 2.5),
@@ -264,11 +312,9 @@ def _fake_gpu_results(gpu_bench: ModuleType, folder: Path) -> None:
         stream.write('{"strategy": "gym_zero2')  # the line a kill cut off: skipped when read
 
 
-def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path: Path) -> None:
+def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, gpu_results: ModuleType, tmp_path: Path) -> None:
     _fake_gpu_results(gpu_bench, tmp_path)
-    payload = gpu_bench.collect(
-        tmp_path / "checks.jsonl", tmp_path / "bench.jsonl", tmp_path / "results.json", {"seq_len": 2048}
-    )
+    payload = gpu_results.collect(tmp_path, {"seq_len": 2048})
     assert payload["failed"] == ["init_weights", "bench/gym_zero1"]
     runs = payload["runs"]
     assert list(runs) == [name for name in gpu_bench.STRATEGIES if name in runs]  # the table's order
@@ -290,32 +336,39 @@ def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, tmp_path:
     assert "| 50.0 GiB (fsdp_full), 0.960 (within 5%) ✅ |" in text  # zero3's peak beside the planner's
     assert "| lightning_deepspeed: 1.600 (>= 1.5) ✅; peak 0.800 |" in text
     assert "| gym_zero1 | failed: OOM |" in text and "| gym_fsdp_liger | skipped: no liger |" in text
+    # the host syncs per quiet step, strategy x precision (also host_syncs.md beside results.json), and the routed
+    # forward's table on the device
+    assert "| zero3 | **3** (ds 1 · gym 1 · tf 1) | - | skipped |" in text
+    assert "| zero3 | **3**" in (tmp_path / "host_syncs.md").read_text()
+    assert "| tiny | 64 | 8 | read: tolist 1 | read: tolist 1 | 0.200 | 0.100 | 2.00 |" in text and "on cuda" in text
     # a warm-cache run that found the cache empty (its cold run skipped) says it compiled cold
     cold_warm = {"compile_seconds": 50.0, "inductor_cache_files_at_start": 0}
-    assert run_py._compile_cell("gym_fsdp_compiled_warm", cold_warm, gpu_bench).endswith("a cold compile)")
+    assert gpu_results._compile_cell("gym_fsdp_compiled_warm", cold_warm, gpu_bench).endswith("a cold compile)")
     # A run killed before its results.json: the JSON lines beside it are rendered, marked partial.
     (tmp_path / "results.json").unlink()
     partial = run_py.gpu_section(tmp_path / "results.json")
     assert "partial" in partial and "| init_weights | ❌ |" in partial and "| gym_fsdp | 2 | 1,065" in partial
     # `gpu.sh --part bench` in a second device call: its results.json has no checks; the first call's are beside it.
-    payload = gpu_bench.collect(tmp_path / "none.jsonl", tmp_path / "bench.jsonl", tmp_path / "results.json", {})
+    (tmp_path / "checks.jsonl").rename(tmp_path / "checks.first-call")
+    payload = gpu_results.collect(tmp_path, {})
     assert payload["checks"] == [] and payload["runs"]["gym_fsdp"]["tokens_per_sec"]
+    (tmp_path / "checks.first-call").rename(tmp_path / "checks.jsonl")
     both = run_py.gpu_section(tmp_path / "results.json")
     assert "| init_weights | ❌ |" in both and "| gym_fsdp | 2 | 1,065" in both
 
 
-def test_gpu_bench_pairs_each_round_with_the_plain_round_run_beside_it(gpu_bench: ModuleType) -> None:
+def test_gpu_bench_pairs_each_round_with_the_plain_round_run_beside_it(gpu_results: ModuleType) -> None:
     """Interleaved rounds: the ratio of each round to the plain loop's round of the same number, not of the medians
     (a round that ran slow on both sides is one ordinary ratio); a round plain lacks is set against its median."""
     records = [
         {"strategy": name, "round": r, "ok": True, "tokens_per_sec": tps, "peak_memory_bytes": 1}
         for name, r, tps in [("plain", 1, 100.0), ("gym_ddp", 1, 99.0), ("plain", 2, 200.0), ("gym_ddp", 2, 190.0)]
     ]
-    ratio = gpu_bench.merge_runs(records)["gym_ddp"]["vs_plain"]
+    ratio = gpu_results.merge_runs(records)["gym_ddp"]["vs_plain"]
     assert (ratio["median"], ratio["min"], ratio["max"]) == pytest.approx((0.97, 0.95, 0.99))
     assert ratio["n"] == ratio["paired_rounds"] == 2  # the medians' ratio would say 144.5 / 150 = 0.963
     records.append({"strategy": "gym_ddp", "round": 3, "ok": True, "tokens_per_sec": 165.0, "peak_memory_bytes": 1})
-    ratio = gpu_bench.merge_runs(records)["gym_ddp"]["vs_plain"]
+    ratio = gpu_results.merge_runs(records)["gym_ddp"]["vs_plain"]
     assert ratio["max"] == pytest.approx(165 / 150) and ratio["paired_rounds"] == 2  # round 3: the median
 
 
@@ -324,12 +377,12 @@ def test_gpu_bench_groups_fit_the_issue_criteria(gpu_bench: ModuleType) -> None:
     before the process that compiles warm (whose first run it is), zero3 next to Lightning's DeepSpeed, Liger last
     in its process (its RoPE patch is process-wide); the smoke: one compiled run that runs on CPU."""
     groups = {line.split()[0]: line.split()[2:] for line in gpu_bench.group_lines(smoke=False, only=None)}
-    assert list(groups) == ["rounds", "warm"]
+    assert list(groups) == ["rounds", "routed", "warm"] and groups["routed"] == [gpu_bench.ROUTED]
     assert groups["rounds"][:9] == ["plain", "gym_ddp", "gym_fsdp"] * 3
     assert groups["rounds"][-1] == "gym_fsdp_compiled" and groups["warm"][0] == "gym_fsdp_compiled_warm"
     warm = groups["warm"]
     assert warm.index("lightning_deepspeed") == warm.index("gym_zero3") + 1 and warm[-1] == "gym_fsdp_liger"
-    default = {name for runs in groups.values() for name in runs}
+    default = {name for runs in groups.values() for name in runs} - {gpu_bench.ROUTED}
     assert not default & {"hf_trainer", "lightning_fsdp"}  # issue 47's rows: BENCH_GROUPS=issue
     assert default | {"hf_trainer", "lightning_fsdp"} == set(gpu_bench.STRATEGIES)
     smoke = [name for line in gpu_bench.group_lines(smoke=True, only=None) for name in line.split()[2:]]
@@ -399,7 +452,7 @@ def test_memoised_draw_hands_out_the_same_values_on_new_parameters(monkeypatch: 
 
     from gym_lightning.models import loading, plan
 
-    common = _load(BENCH / "workers" / "gpu_common.py")
+    common = _load("workers.gpu_common")
     monkeypatch.setattr(plan, "draw_on_cpu", plan.draw_on_cpu)  # restored after the test
     monkeypatch.setattr(loading, "draw_on_cpu", loading.draw_on_cpu)
     original = plan.draw_on_cpu
@@ -435,9 +488,10 @@ def test_memoised_draw_hands_out_the_same_values_on_new_parameters(monkeypatch: 
 
 def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
     _fake_gpu_results(gpu_bench, tmp_path)
-    args = ["collect", "--checks", str(tmp_path / "checks.jsonl"), "--bench", str(tmp_path / "bench.jsonl")]
     done = subprocess.run(
-        [sys.executable, str(BENCH / "workers" / "gpu_bench.py"), *args, "--out", str(tmp_path / "results.json")],
+        [sys.executable, "-m", "benchmarks.gpu_results", "collect", "--dir", str(tmp_path)],
+        cwd=REPO_ROOT,
+        env=child_env(),
         capture_output=True,
         text=True,
         timeout=120,
@@ -450,20 +504,26 @@ def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
 @pytest.mark.slow
 def test_gpu_script_cpu_smoke_layout(tmp_path: Path) -> None:
     """benchmarks/gpu.sh --cpu-smoke (both parts) passes and hands back what the device tool returns: at most 8
-    files (gpu.sh keeps to 5) in $OUT/gpu/, plain names, nothing deeper; every check recorded (the gym fit of each
-    shipped config among them), every run measured but Lightning's CUDA-only peers, which are skipped."""
+    files (gpu.sh keeps to 7) in $OUT/gpu/, plain names, nothing deeper; every test of tests/gpu recorded, passed or
+    skipped with why (what needs CUDA), the gym fit of each shipped config and the host-sync cells among them; every
+    run measured but Lightning's CUDA-only peers, which are skipped; the routed forward at its tiny size."""
     out, wheels = tmp_path / "out", tmp_path / "no_wheels"
     env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GYM_WHEELS": str(wheels)}
     env["GPU_WORK_DIR"] = str(tmp_path / "work")
     done = _gpu_sh(["--cpu-smoke"], env)
     assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
     files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    names = ["env.txt", "checks.jsonl", "bench.jsonl", "log.txt", "results.json"]
+    names = ["env.txt", "checks.jsonl", "bench.jsonl", "routed.jsonl", "log.txt", "results.json", "host_syncs.md"]
     assert files == sorted(f"gpu/{name}" for name in names)
     results = json.loads((out / "gpu" / "results.json").read_text())
-    check_names = _load(BENCH / "workers" / "gpu_check.py").check_names()
-    assert [c["check"] for c in results["checks"]] == check_names
-    assert {f"gym_fit/{name}" for name in ("ddp", "fsdp", "zero1", "zero2", "zero3", "qlora")} <= set(check_names)
+    checks = {c["check"]: c for c in results["checks"]}
+    assert all(c["ok"] or (c["ok"] is None and c["skipped"]) for c in checks.values()), results["checks"]
+    expected = {f"gym_fit/{name}" for name in ("ddp", "fsdp", "zero1", "zero2", "zero3", "qlora")}
+    expected |= {"train/fp32_reference", "train/zero3", "export/gym_fsdp", "val_metrics", "init_weights", "op_builds"}
+    expected |= {"host_syncs/gym_ddp/bf16-mixed", "host_syncs/zero3/bf16-mixed"}
+    assert expected <= {name for name, c in checks.items() if c["ok"]}, sorted(checks)
+    assert checks["host_syncs/zero3/16-mixed"]["ok"] is None and results["host_syncs"]["zero3"]["bf16-mixed"]["ok"]
+    assert [r["key"] for r in results["routed"] if r["ok"]] == ["tiny/64"]
     assert results["failed"] == [] and results["meta"]["parts"] == "checks bench"
     for name, run in results["runs"].items():
         if name.startswith("lightning_") or name == "gym_fsdp_liger":
@@ -480,7 +540,7 @@ def test_gpu_script_cpu_smoke_layout(tmp_path: Path) -> None:
 
 
 def test_planner_prediction_for_every_table_strategy(run_py: ModuleType) -> None:
-    import strategies_table  # importable: run.py puts benchmarks/ on sys.path
+    from benchmarks import strategies_table
 
     for name in strategies_table.STRATEGIES:
         estimate = run_py.predicted(name)
@@ -538,8 +598,7 @@ def test_run_py_replaces_its_sections_in_place_and_keeps_the_rest(run_py: Module
 def test_verdicts_put_the_runs_side_by_side_and_flag_a_disagreement(
     run_py: ModuleType, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.syspath_prepend(str(BENCH))  # verdicts.py imports docs_section as a sibling, as when run as a script
-    verdicts = _load(BENCH / "verdicts.py")
+    verdicts = _load("verdicts")
     cells = [run_py.ratio_cell([[1.0, 1.0]], [[0.9, 1.0]]), run_py.ratio_cell([[1.0, 1.0]], [[1.0, 1.0]])]
     paths = []
     for index, cell in enumerate(cells):
@@ -555,7 +614,7 @@ def test_verdicts_put_the_runs_side_by_side_and_flag_a_disagreement(
 
 
 def test_export_peak_table_flags_a_peak_over_the_bound() -> None:
-    export_peak = _load(BENCH / "export_peak.py")
+    export_peak = _load("export_peak")
     args = type("Args", (), {"max_shard_size": "200MB", "hidden": 8, "layers": 1, "vocab": 16, "argv": []})()
     run = {"seconds": 1.0, "RssAnon_MiB": 100.0, "RssFile_MiB": 0.0}
     results = {"zero3": {"live": [run, {**run, "RssAnon_MiB": 900.0}], "offline": run, "shards": 1}}
@@ -567,9 +626,10 @@ def test_export_peak_table_flags_a_peak_over_the_bound() -> None:
 def test_expert_forward_peak_runs_both_forwards_and_they_agree(tmp_path: Path) -> None:
     """The tiny layer through the real script: peft's and gym's forward each in its own process, their losses and
     adapter gradients compared, the table rendered, the gradient files removed."""
-    command = [sys.executable, str(BENCH / "expert_forward_peak.py"), "--layers", "tiny", "--tokens", "16",
+    command = [sys.executable, "-m", "benchmarks.expert_forward_peak", "--layers", "tiny", "--tokens", "16",
                "--steps", "1", "--workdir", str(tmp_path)]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, timeout=300, check=False)
+    done = subprocess.run(command, cwd=REPO_ROOT, env=child_env(threads=None), capture_output=True, text=True,
+                          timeout=300, check=False)  # fmt: skip
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads((tmp_path / "results.json").read_text())["tiny/16"]
     assert result["agreement"]["agree"] and result["agreement"]["expert_adapter_grads"] == 4, result["agreement"]
@@ -582,7 +642,7 @@ def test_expert_forward_peak_runs_both_forwards_and_they_agree(tmp_path: Path) -
 def test_expert_forward_peak_flags_forwards_that_disagree(tmp_path: Path) -> None:
     import torch
 
-    bench = _load(BENCH / "expert_forward_peak.py")
+    bench = _load("expert_forward_peak")
     grad = torch.ones(4, 3)
     torch.save({"loss": 2.0, "grads": {"experts.lora_A": grad}}, tmp_path / "tiny-16-peft.pt")
     torch.save({"loss": 2.0, "grads": {"experts.lora_A": grad * 1.2}}, tmp_path / "tiny-16-gym.pt")
@@ -596,7 +656,7 @@ def test_expert_forward_peak_flags_forwards_that_disagree(tmp_path: Path) -> Non
 
 
 def test_overhead_budget_renders_every_line_and_the_gap(run_py: ModuleType) -> None:
-    import overhead  # importable: run.py puts benchmarks/ on sys.path
+    from benchmarks import overhead
 
     probe = {name: [0.001] * 4 for name in overhead.COMPONENTS}
     run = {"name": "ddp", "kind": "gym_ddp", "step_seconds": [0.1] * 4, "probe": probe}
@@ -615,7 +675,7 @@ def test_overhead_budget_renders_every_line_and_the_gap(run_py: ModuleType) -> N
 
 
 def test_overhead_runs_probe_the_gym_side_with_the_guard(run_py: ModuleType) -> None:
-    import overhead
+    from benchmarks import overhead
 
     settings = run_py.Settings(**{**run_py.FULL.__dict__, "repeats": 1})
     kinds = {name: sides[0] for name, sides in run_py.PAIRS.items()}
@@ -627,8 +687,7 @@ def test_overhead_runs_probe_the_gym_side_with_the_guard(run_py: ModuleType) -> 
 
 
 def test_probe_counts_the_guard_reduce_net_of_the_norm_it_contains() -> None:
-    sys.path.insert(0, str(BENCH / "workers"))
-    from probe import COMPONENTS, StepProbe
+    from benchmarks.workers.probe import COMPONENTS, StepProbe
 
     probe = StepProbe(warmup=0)
     # on_before_optimizer_step (timed as guard_reduce) calls nonfinite_flag (timed as guard_norm) inside it
@@ -642,7 +701,7 @@ def test_probe_counts_the_guard_reduce_net_of_the_norm_it_contains() -> None:
 def test_scale_table_puts_measured_peaks_beside_the_planner(tmp_path: Path) -> None:
     import transformers
 
-    scale = _load(BENCH / "scale.py")
+    scale = _load("scale")
     folder = tmp_path / "models" / "llama-250m"
     folder.mkdir(parents=True)
     shape = {"vocab_size": 1000, "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 2}
@@ -662,3 +721,34 @@ def test_scale_table_puts_measured_peaks_beside_the_planner(tmp_path: Path) -> N
     row = next(line for line in table.splitlines() if line.startswith("| 250m | gym_fsdp | load |"))
     assert f"| {planned:,.0f} | 16.7% |" in row  # |measured - planner| / measured = 0.2 / 1.2
     assert "| 1b | zero3 | — | failed (exit 1) |" in table
+
+
+def test_cuda_sync_warnings_are_recorded_per_training_batch_not_printed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``counting_cuda_syncs`` (tests/gpu's census on CUDA): each warning torch's sync debug mode emits inside a
+    counted training batch is one event with its step, owner and site, none is printed, even where warnings are
+    ignored (gpu.sh sets PYTHONWARNINGS=ignore); other warnings pass through; the mode is restored. Torch's warning
+    is emitted by hand here: this CPU build has no sync debug mode."""
+    import warnings
+
+    import torch
+
+    from benchmarks.common import host_syncs
+
+    modes: list[Any] = []
+    monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: 0)
+    monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", modes.append)
+    counter = host_syncs.HostSyncCounter()
+    with warnings.catch_warnings(record=True) as shown:
+        warnings.simplefilter("always")
+        warnings.filterwarnings("ignore", message=".*synchroniz")  # an ignore filter for them, as PYTHONWARNINGS
+        with host_syncs.counting_cuda_syncs(counter):
+            counter.counting, counter.step = True, 3
+            for _ in range(2):
+                warnings.warn(host_syncs.SYNC_WARNING, stacklevel=1)  # as torch's TORCH_WARN reaches Python
+            counter.counting = False
+            warnings.warn(host_syncs.SYNC_WARNING, stacklevel=1)  # between training batches: not counted
+            warnings.warn("another warning", stacklevel=1)
+    assert modes == ["warn", 0]
+    assert [(e.kind, e.step) for e in counter.events] == [(host_syncs.CUDA_SYNC, 3)] * 2
+    assert counter.events[0].chain[-1].startswith("tests/test_benchmarks.py:")  # the site, not warnings.py
+    assert [str(w.message) for w in shown] == ["another warning"]

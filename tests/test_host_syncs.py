@@ -2,7 +2,7 @@
 
 On CUDA the host stops until the GPU has run everything queued before when it reads a device value, sizes a result
 by the data or copies host data to the device; the next step's kernels are then queued late and the GPU idles. The
-census (tests/helpers/host_syncs.py: a ``TorchDispatchMode`` and a ``TorchFunctionMode``, its docstring says why
+census (benchmarks/common/host_syncs.py: a ``TorchDispatchMode`` and a ``TorchFunctionMode``, its docstring says why
 and what a CPU run cannot show) counts them on CPU ranks. The budget on quiet steps (no logging, no checkpoint, not
 the first): none from gym_lightning; the model forward's one is transformers' padding-mask check ("can the causal
 mask be skipped", ``masking_utils``), which a plain loop pays too and which padding-free packed rows (no
@@ -23,8 +23,9 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.dist import REPO_ROOT, free_port, rank_env, run_python
-from helpers.host_syncs import (
+from helpers.dist import free_port, rank_env, run_python
+
+from benchmarks.common.host_syncs import (
     DATA_DEPENDENT,
     HOST_READ,
     HOST_TO_DEVICE,
@@ -35,7 +36,6 @@ from helpers.host_syncs import (
     counting_host_syncs,
     quiet_steps,
 )
-
 from gym_lightning.metrics.throughput import batch_counts
 
 STEPS, LOG_EVERY, WARMUP = 12, 5, 2  # the runs' steps, log interval and ThroughputCallback warm-up
@@ -160,14 +160,14 @@ def _fit_args(name: str, flags: list[str], root: Path) -> list[str]:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[dict[str, Any]]]:
-    """Every case's events per rank, from one torchrun launch of 2 ranks (tests/helpers/host_sync_worker.py: one
+    """Every case's events per rank, from one torchrun launch of 2 ranks (benchmarks/workers/host_sync_worker.py: one
     fit after the other, so that the series pays for one start of two processes)."""
     root = tmp_path_factory.mktemp("host_syncs")
     cases = [{"name": name, "args": _fit_args(name, flags, root)} for name, flags in CASES.items()]
     spec = root / "spec.json"
     spec.write_text(json.dumps({"out": str(root), "cases": cases}))
     launch = ["-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", "2", "--rdzv_backend", "c10d"]
-    launch += ["--rdzv_endpoint", f"127.0.0.1:{free_port()}", str(REPO_ROOT / "tests/helpers/host_sync_worker.py")]
+    launch += ["--rdzv_endpoint", f"127.0.0.1:{free_port()}", "-m", "benchmarks.workers.host_sync_worker"]
     run_python([*launch, str(spec)], timeout=600, env=rank_env())
     return {name: [json.loads((root / f"{name}.{rank}.json").read_text()) for rank in (0, 1)] for name in CASES}
 

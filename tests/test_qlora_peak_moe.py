@@ -4,25 +4,17 @@ their own section (the dense section is left as it is)."""
 
 from __future__ import annotations
 
-import importlib.util
-import sys
 from pathlib import Path
 from types import ModuleType
 
 import pytest
 
-BENCH = Path(__file__).resolve().parents[1] / "benchmarks"
-
 
 @pytest.fixture(scope="module")
 def qlora_peak() -> ModuleType:
-    if str(BENCH) not in sys.path:  # as `python benchmarks/qlora_peak.py` has it: it imports scale.py
-        sys.path.insert(0, str(BENCH))
-    spec = importlib.util.spec_from_file_location("bench_qlora_peak", BENCH / "qlora_peak.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import qlora_peak
+
+    return qlora_peak
 
 
 def test_moe_sizes_adapt_the_experts(qlora_peak: ModuleType) -> None:

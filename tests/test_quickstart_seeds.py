@@ -2,22 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
-import sys
-from pathlib import Path
 from types import ModuleType
-
-REPO_ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load() -> ModuleType:
-    spec = importlib.util.spec_from_file_location(
-        "bench_quickstart_seeds", REPO_ROOT / "benchmarks" / "quickstart_seeds.py"
-    )
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # NamedTuple looks its module up while the class is built
-    spec.loader.exec_module(module)
-    return module
+    from benchmarks import quickstart_seeds
+
+    return quickstart_seeds
 
 
 def test_table_has_a_row_per_seed_and_min_median_max() -> None:

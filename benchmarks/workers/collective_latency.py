@@ -1,6 +1,6 @@
 """Latency of the small blocking collectives a training step may add, on 2 CPU ranks over gloo.
 
-    OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc_per_node 2 benchmarks/workers/collective_latency.py
+    OMP_NUM_THREADS=1 python -m torch.distributed.run --nproc_per_node 2 -m benchmarks.workers.collective_latency
 
 Each sample starts right after a synchronising all-reduce, so it is the collective's own round trip (not the wait for
 a late rank). Lines: Lightning's ``strategy.reduce`` (``barrier()`` then ``all_reduce``, what NonFiniteGuard used to
@@ -10,6 +10,7 @@ broadcast with its host read. Rank 0 prints the median and 90th percentile in ms
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import time
@@ -52,4 +53,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n")[0]).parse_args()  # no options; --help says what it is
     main()

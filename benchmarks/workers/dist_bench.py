@@ -1,6 +1,6 @@
 """2-rank CPU worker for benchmarks/run.py: gym_lightning strategies against the plain loops users would write instead.
 
-Launched by ``torchrun --nproc_per_node 2 --master_port <free port> benchmarks/workers/dist_bench.py spec.json``
+Launched by ``torchrun --nproc_per_node 2 --master_port <free port> -m benchmarks.workers.dist_bench spec.json``
 (``OMP_NUM_THREADS=1``). ``spec.json`` lists runs executed IN ORDER in this one job, so all runs share the process
 group, the warm imports and the same load from other processes. A gym run with a ``"peer"`` kind steps that plain
 loop alternately with its own steps (``fit_vs_plain.InterleavedSteps``): benchmarks/run.py compares each wrapper with
@@ -30,7 +30,6 @@ import copy
 import itertools
 import json
 import os
-import sys
 import time
 import warnings
 from collections.abc import Callable
@@ -43,12 +42,8 @@ import torch
 import torch.distributed as dist
 from torch.utils.data import DataLoader
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # benchmarks/ (fit_vs_plain's StepClock)
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # benchmarks/workers/ (probe.py)
-
-from fit_vs_plain import InterleavedSteps, StepClock
-from probe import StepProbe
-
+from benchmarks.fit_vs_plain import InterleavedSteps, StepClock
+from benchmarks.workers.probe import StepProbe
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.loss import count_target_tokens, summed_cross_entropy
 from gym_lightning.models.loading import build_causal_lm
@@ -320,7 +315,9 @@ def record(run: dict[str, Any], kind: str, measured: dict[str, Any], out: Path) 
 
 
 def main() -> None:
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("spec", type=Path, help="the job's spec.json (written by benchmarks.run)")
+    spec = json.loads(parser.parse_args().spec.read_text())
     out = Path(spec["out"])
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")

@@ -1,12 +1,13 @@
 """The benchmark part of benchmarks/gpu.sh: a Qwen3-1.7B-shaped model, random weights, world size 1, one JSON line
 per run.
 
-    python benchmarks/workers/gpu_bench.py write-config --out DIR            # config-only model folder (no weights)
-    python benchmarks/workers/gpu_bench.py groups [--cpu-smoke] [--only rounds,warm]   # gpu.sh's processes
-    python benchmarks/workers/gpu_bench.py run --strategy gym_fsdp --model DIR --jsonl bench.jsonl [--batch-size 4]
-    python benchmarks/workers/gpu_bench.py run --strategy plain gym_ddp plain gym_ddp ...   # interleaved rounds
-    python benchmarks/workers/gpu_bench.py collect --checks checks.jsonl --bench bench.jsonl --out results.json
-    python benchmarks/workers/gpu_bench.py run --cpu-smoke --strategy gym_zero3 --jsonl /tmp/bench.jsonl  # CPU
+    python -m benchmarks.workers.gpu_bench write-config --out DIR            # config-only model folder (no weights)
+    python -m benchmarks.workers.gpu_bench groups [--cpu-smoke] [--only rounds,warm]   # gpu.sh's processes
+    python -m benchmarks.workers.gpu_bench run --strategy gym_fsdp --model DIR --jsonl bench.jsonl [--batch-size 4]
+    python -m benchmarks.workers.gpu_bench run --strategy plain gym_ddp plain gym_ddp ...   # interleaved rounds
+    python -m benchmarks.workers.gpu_bench run --cpu-smoke --strategy gym_zero3 --jsonl /tmp/bench.jsonl  # CPU
+
+``benchmarks.gpu_results`` merges the records (the ratios over rounds, results.json) and renders them.
 
 Runs (``--strategy``), every one on the same synthetic batches (no padding), fp32 parameters, bf16 autocast, SDPA
 attention, fused torch AdamW at lr 1e-5 with weight decay 0 and a constant schedule, no gradient clipping:
@@ -67,7 +68,6 @@ import importlib
 import json
 import math
 import os
-import statistics
 import sys
 import time
 import traceback
@@ -76,8 +76,8 @@ from functools import partial
 from pathlib import Path
 from typing import Any
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from gpu_common import CPU_ONLY_OPS, append_record, memoise_cpu_draw, one_line, read_records, refuse_jit_builds
+from benchmarks.common.records import append_record, one_line
+from benchmarks.workers.gpu_common import CPU_ONLY_OPS, memoise_cpu_draw, refuse_jit_builds
 
 BASELINES = ("plain", "hf_trainer", "plain_compiled")
 # The fast path's runs: the gym strategy each runs under, and its CausalLMModule arguments.
@@ -118,12 +118,16 @@ LR = 1e-5
 # gpu.sh's processes, in the order it runs them (imports cost 10-20 s a process, the first gym build of a process
 # its CPU draw): (name, seconds kept for the groups after it, runs). "rounds": the wrapper tax, plain / gym_ddp /
 # gym_fsdp interleaved three times, then the cold compile (the bench's first compile, in an empty inductor cache);
-# "warm": the same compile in a second process (the warm-cache criterion), zero3 beside Lightning's
-# DeepSpeedStrategy(stage=3), the other compiled runs, ZeRO-1/2, Liger last (its RoPE patch is process-wide).
-# "issue": the rows issue 47 measured already (transformers.Trainer, Lightning's FSDPStrategy), only on request.
+# "routed": not this script's runs but benchmarks/routed_forward_speed.py on the device (the MoE routed forward's
+# speed, grouped vs per expert: gpu.sh runs it for that group name); "warm": the same compile in a second process
+# (the warm-cache criterion), zero3 beside Lightning's DeepSpeedStrategy(stage=3), the other compiled runs,
+# ZeRO-1/2, Liger last (its RoPE patch is process-wide). "issue": the rows issue 47 measured already
+# (transformers.Trainer, Lightning's FSDPStrategy), only on request.
 ROUNDS = ("plain", "gym_ddp", "gym_fsdp")
+ROUTED = "routed_forward_speed"  # the routed group's one "run"
 GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
-    "rounds": (45, (*ROUNDS * 3, "gym_fsdp_compiled")),  # 45 s: the warm group's first run
+    "rounds": (90, (*ROUNDS * 3, "gym_fsdp_compiled")),  # 90 s: the routed group's 45 and the warm group's first run
+    "routed": (45, (ROUTED,)),  # 45 s: the warm group's first run
     "warm": (
         0,
         (
@@ -139,12 +143,13 @@ GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
     ),
     "issue": (0, ("plain", "hf_trainer", "gym_fsdp", "lightning_fsdp")),
 }
-DEFAULT_GROUPS = ("rounds", "warm")
+DEFAULT_GROUPS = ("rounds", "routed", "warm")
 # --cpu-smoke (CI): two rounds, and one compiled run, gym_fsdp_compiled (its inductor compile of the 2-layer model
 # took 20-59 s cold, 20 s warm, on this project's busy 2 CPU cores; gym_fsdp_compiled_warm is the same run by
 # another name); Lightning's strategies and Liger (Triton) are recorded as skipped on CPU.
 SMOKE_GROUPS: dict[str, tuple[int, tuple[str, ...]]] = {
     "rounds": (0, (*ROUNDS * 2, "gym_fsdp_compiled")),
+    "routed": (0, (ROUTED,)),
     "warm": (0, ("gym_zero3", "lightning_deepspeed", "gym_zero1", "gym_zero2", "gym_fsdp_liger")),
     "issue": GROUPS["issue"],
 }
@@ -255,7 +260,7 @@ def predicted_speed(model_dir: str, key: str, setup: Any) -> dict[str, Any]:
 
 def optimizer_probe() -> Any:
     """A callback noting which optimizer the strategy steps: DeepSpeed wraps the module's torch AdamW in its own
-    (``.optimizer``), where a DeepSpeed optimizer (FusedAdam) would JIT-build an op. Built here so that ``collect``
+    (``.optimizer``), where a DeepSpeed optimizer (FusedAdam) would JIT-build an op. Built here so that ``groups``
     and ``--help`` do not import Lightning."""
     import lightning.pytorch as pl
 
@@ -302,9 +307,8 @@ def bench_trainer(args: argparse.Namespace, strategy: str, callbacks: list[Any])
 
 def run_lightning(args: argparse.Namespace, strategy: str, vocab: int) -> dict[str, Any]:
     """Train ``strategy`` (a gym or Lightning strategy) for warm-up + timed steps; its throughput figures."""
-    from dist_bench import ReadyBatches, make_batches
-    from fit_vs_plain import StepClock
-
+    from benchmarks.fit_vs_plain import StepClock
+    from benchmarks.workers.dist_bench import ReadyBatches, make_batches
     from gym_lightning.callbacks import ThroughputCallback
     from gym_lightning.module import CausalLMModule
     from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR
@@ -637,79 +641,6 @@ def run_recorded(
     return record | {"cpu_draws": dict(draws), "seconds": round(time.perf_counter() - start, 2)}
 
 
-def merge_runs(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """One entry per run that has a record, in ``STRATEGIES`` order: the medians over its successful rounds with
-    their spread, its tokens/s ratio to the plain loop paired round by round (median, min, max), to its Lightning
-    peer and a warm compile's to the cold one; else its last error or skip."""
-    good = {name: _good(records, name) for name in STRATEGIES}
-    merged: dict[str, Any] = {}
-    for name in STRATEGIES:
-        found = [r for r in records if r.get("strategy") == name]
-        if not found:
-            continue
-        if not good[name]:
-            merged[name] = {key: found[-1][key] for key in ("error", "skipped") if key in found[-1]}
-            merged[name] = merged[name] or {"error": "no result"}
-            continue
-        entry = _medians(good[name])
-        if name != "plain" and good["plain"]:
-            entry["vs_plain"] = _paired_ratios(good[name], good["plain"], "tokens_per_sec")
-            entry["vs_plain"]["peak"] = _ratio(entry["peak_memory_bytes"], _medians(good["plain"])["peak_memory_bytes"])
-        if (peer := LIGHTNING_PEERS.get(name)) and good[peer]:
-            theirs = _medians(good[peer])
-            entry["vs_peer"] = {"peer": peer} | {
-                key: _ratio(entry[field], theirs[field])
-                for key, field in (("tokens_per_sec", "tokens_per_sec"), ("peak", "peak_memory_bytes"))
-            }
-        if (cold := COLD_COMPILE.get(name)) and good[cold]:
-            entry["compile_vs_cold"] = _ratio(entry["compile_seconds"], _medians(good[cold])["compile_seconds"])
-        merged[name] = entry
-    return merged
-
-
-def _good(records: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
-    return [r for r in records if r.get("strategy") == name and r.get("ok") and r.get("tokens_per_sec")]
-
-
-def _medians(good: list[dict[str, Any]]) -> dict[str, Any]:
-    """The last successful round's record with ``MEDIAN_KEYS`` replaced by their medians over the rounds;
-    ``rounds``: tokens/s of each round, in order."""
-    entry = dict(good[-1])
-    for key in MEDIAN_KEYS:
-        values = [r[key] for r in good if r.get(key) is not None]
-        entry[key] = statistics.median(values) if values else None
-    entry["rounds"] = [r["tokens_per_sec"] for r in good]
-    return entry
-
-
-def _paired_ratios(ours: list[dict[str, Any]], plain: list[dict[str, Any]], key: str) -> dict[str, Any]:
-    """``ours / plain`` for ``key``: with several rounds (interleaved), each over the plain loop's round of the same
-    number (the one run next to it), over the plain loop's median where it has no such round; one round (a run of
-    its own, later in the bench) over the median. Median, min, max, how many, how many paired."""
-    by_round = {r.get("round"): r[key] for r in plain}
-    median = statistics.median(by_round.values())
-    paired = by_round if len(ours) > 1 else {}
-    ratios = [r[key] / paired.get(r.get("round"), median) for r in ours]
-    figures = {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios), "n": len(ratios)}
-    return figures | {"paired_rounds": sum(r.get("round") in paired for r in ours)}
-
-
-def _ratio(ours: float | None, theirs: float | None) -> float | None:
-    return ours / theirs if ours and theirs else None
-
-
-def collect(checks: Path, bench: Path, out: Path, meta: dict[str, Any]) -> dict[str, Any]:
-    """results.json from the two JSON-lines files: {"meta", "checks": [records], "runs": {strategy: merged}}. A file
-    that does not exist is a part that did not run (``gpu.sh --part``): no checks, or no runs."""
-    bench_records = read_records(bench)
-    runs = merge_runs(bench_records) if bench.is_file() else {}
-    payload = {"meta": meta, "checks": read_records(checks), "runs": runs}
-    payload["failed"] = [r["check"] for r in payload["checks"] if r.get("ok") is False]
-    payload["failed"] += [f"bench/{r['strategy']}" for r in bench_records if r.get("ok") is False]
-    out.write_text(json.dumps(payload, indent=2) + "\n")
-    return payload
-
-
 def group_lines(smoke: bool, only: str | None) -> list[str]:
     """gpu.sh's processes, one line each: name, seconds kept for the later groups, then its runs in order.
     ``only``: group names separated by commas or spaces (default: ``DEFAULT_GROUPS``)."""
@@ -743,11 +674,6 @@ def parse_args() -> argparse.Namespace:
     one.add_argument("--deadline", type=float, help="seconds since the epoch: no run starts that would end later")
     one.add_argument("--min-run", type=float, default=0.0, help="an eager run's expected seconds before one ran")
     one.add_argument("--min-compiled-run", type=float, default=0.0, help="the same for a compiled run")
-    gather = sub.add_parser("collect", help="merge the checks and the runs into one results file")
-    gather.add_argument("--checks", type=Path, required=True, help="gpu_check.py's JSON lines")
-    gather.add_argument("--bench", type=Path, required=True, help="the runs' JSON lines")
-    gather.add_argument("--out", type=Path, required=True)
-    gather.add_argument("--meta", default="{}", help="JSON object of facts to print above the tables")
     args = parser.parse_args()
     if args.command == "run" and args.warmup < 1:
         parser.error(
@@ -764,11 +690,6 @@ def main() -> int:
     if args.command == "groups":
         print("\n".join(group_lines(args.cpu_smoke, args.only)))
         return 0
-    if args.command == "collect":
-        payload = collect(args.checks, args.bench, args.out, json.loads(args.meta))
-        failed = payload["failed"] or "none"
-        print(f"collect: {len(payload['checks'])} checks, {len(payload['runs'])} runs, failed: {failed}")
-        return 1 if payload["failed"] else 0
     args.model = args.model or str(write_config(Path(args.work) / "model_config", smoke=args.cpu_smoke))
     op_loads: list[dict[str, Any]] = []
     draws: dict[str, int] = {}

@@ -10,9 +10,9 @@ from pathlib import Path
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.host_syncs import HostSyncCounter, counting_host_syncs
 from helpers.tiny import TINY
 
+from benchmarks.common.host_syncs import HostSyncCounter, counting_host_syncs
 from gym_lightning import CausalLMDataModule, CausalLMModule, CurvesCallback
 from gym_lightning.callbacks.curves import CurveRecorder, Curves, Series, curves_figure, plot_curves
 from gym_lightning.errors import GymUserError

@@ -14,8 +14,8 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import yaml
-from helpers.host_syncs import HostSyncCounter, count_training_batches, counting_host_syncs
 
+from benchmarks.common.host_syncs import HostSyncCounter, count_training_batches, counting_host_syncs
 from gym_lightning import CausalLMDataModule, CausalLMModule
 from gym_lightning.callbacks import GymProgressBar
 from gym_lightning.callbacks.curves import PREFERENCE_METRICS, Curves, Series

@@ -4,6 +4,7 @@ bf16, split into several safetensors files (with an index), the shipped tokenize
 Every folder has hidden size 64 and 2 layers; the mixtures of experts keep their real structure (router, top-k of
 several experts, shared experts where the family has them, a dense first layer for DeepSeek-V3), so what
 ``from_pretrained`` does to their checkpoints (per-expert tensors fused into 3-D expert tensors) happens here too.
+The folders are made by ``benchmarks.common.models`` (re-exported here); this module adds the tests' runs of them.
 """
 
 from __future__ import annotations
@@ -13,68 +14,17 @@ from typing import Any
 
 import lightning.pytorch as pl
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
+from transformers import AutoModelForCausalLM
 
-from helpers.dist import REPO_ROOT
-
-TOKENIZER = REPO_ROOT / "gym_lightning" / "assets" / "tokenizer"
-COMMON: dict[str, Any] = {
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_hidden_layers": 2,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-    "max_position_embeddings": 256,
-    "tie_word_embeddings": False,
-}
-# What each family needs beyond COMMON to be itself at this size (expert counts, MLA ranks, ...).
-FAMILIES: dict[str, dict[str, Any]] = {
-    "llama": {},
-    "qwen2": {},
-    "qwen3": {},
-    "mistral": {},
-    "phi3": {"pad_token_id": 0},
-    "olmo2": {},
-    "gemma3_text": {"sliding_window": 32, "tie_word_embeddings": True},
-    "qwen3_moe": {"num_experts": 8, "num_experts_per_tok": 2, "moe_intermediate_size": 32},
-    "mixtral": {"num_local_experts": 4, "num_experts_per_tok": 2},
-    "gpt_oss": {"num_local_experts": 4, "num_experts_per_tok": 2, "sliding_window": 32},
-    "deepseek_v3": {
-        "n_routed_experts": 4,
-        "num_experts_per_tok": 2,
-        "n_shared_experts": 1,
-        "moe_intermediate_size": 32,
-        "first_k_dense_replace": 1,
-        "n_group": 1,
-        "topk_group": 1,
-        "q_lora_rank": 32,
-        "kv_lora_rank": 16,
-        "qk_rope_head_dim": 8,
-        "head_dim": 8,  # DeepseekV3Config sets head_dim = qk_rope_head_dim; the rotary embedding is that wide
-        "qk_nope_head_dim": 8,
-        "v_head_dim": 16,
-    },
-}
-# Families without q_proj / v_proj: fused attention (Phi-3), multi-head latent attention (DeepSeek-V3).
-LORA_TARGETS = {"phi3": ["qkv_proj"], "deepseek_v3": ["q_b_proj", "kv_b_proj"]}
-MOE_FAMILIES = ("qwen3_moe", "mixtral", "gpt_oss", "deepseek_v3")
-
-
-def family_config(family: str, **overrides: Any) -> Any:
-    """The tiny config of ``family`` (vocabulary: the shipped tokenizer's)."""
-    vocab = len(AutoTokenizer.from_pretrained(TOKENIZER))
-    return AutoConfig.for_model(family, vocab_size=vocab, **{**COMMON, **FAMILIES[family], **overrides})
-
-
-def make_family_folder(family: str, folder: Path, seed: int = 0, max_shard_size: str = "200KB") -> Path:
-    """A tiny random bf16 ``family`` model saved (several safetensors files) with the shipped tokenizer."""
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_config(family_config(family), dtype=torch.bfloat16)
-    model.save_pretrained(folder, max_shard_size=max_shard_size)
-    AutoTokenizer.from_pretrained(TOKENIZER).save_pretrained(folder)
-    return folder
-
+from benchmarks.common.models import (  # noqa: F401  (re-exported to the tests)
+    COMMON,
+    FAMILIES,
+    LORA_TARGETS,
+    MOE_FAMILIES,
+    TOKENIZER,
+    family_config,
+    make_family_folder,
+)
 
 # ------------------------------------------------------------------------------------------------ gym fit runs
 PROBE_IDS = (torch.arange(2 * 24).reshape(2, 24) * 7 + 3) % 500  # two rows of token ids every model accepts

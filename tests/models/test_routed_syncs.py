@@ -1,7 +1,7 @@
 """gym's routed experts forward (``models.experts.route_experts``) stops the host once per MoE layer, and computes
-what the per-expert forward it replaced computed (``helpers.routed_reference``: main at e2e4f84).
+what the per-expert forward it replaced computed (``benchmarks.common.routed_reference``: main at e2e4f84).
 
-The census (``helpers.sync_census``) stands in for a GPU: a CPU run performs no copy and waits for nothing, so the
+The census (``sync_census``) stands in for a GPU: a CPU run performs no copy and waits for nothing, so the
 census counts what would stop the host on CUDA, at two levels: the Python API (``tolist``, ``numpy``, device moves,
 which a CPU run does without an aten op) and aten ops (``item``-like reads, ``nonzero`` and other outputs sized by
 the data, ``lift_fresh``: host data becoming a tensor, a blocking copy to the device on a GPU). It shows which ops
@@ -20,11 +20,11 @@ from __future__ import annotations
 import pytest
 import torch
 from helpers.families import family_config
-from helpers.routed_reference import reference_route_experts
-from helpers.sync_census import SyncCensus
 from torch._subclasses.fake_tensor import FakeTensorMode
 from transformers import AutoModelForCausalLM
 
+from benchmarks.common.routed_reference import reference_route_experts
+from benchmarks.common.sync_census import SyncCensus
 from gym_lightning.lora import EXPERTS_SHORTHAND, LoRAArgs, apply_lora
 from gym_lightning.models import experts as routed
 from gym_lightning.models.experts import (
@@ -156,17 +156,10 @@ def test_the_grouping_runs_on_fake_cuda_tensors_up_to_its_one_read() -> None:
 
 
 def test_the_speed_benchmark_times_both_forwards_and_counts_their_syncs() -> None:
-    """``benchmarks/routed_forward_speed.py`` at its tiny size: both forwards timed, their syncs counted, their
+    """``benchmarks.routed_forward_speed`` at its tiny size: both forwards timed, their syncs counted, their
     outputs and gradients equal (bf16, the same products in the same order), the table rendered."""
-    import importlib.util
-    import sys
-    from pathlib import Path
+    from benchmarks import routed_forward_speed as bench
 
-    path = Path(__file__).resolve().parents[2] / "benchmarks" / "routed_forward_speed.py"
-    spec = importlib.util.spec_from_file_location("bench_routed_forward_speed", path)
-    bench = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = bench
-    spec.loader.exec_module(bench)
     result = bench.measure("tiny", 16, repeats=1)
     assert result["grouped"]["syncs"] == {"read: tolist": 1}, result["grouped"]["syncs"]
     assert result["per-expert"]["syncs"]["shape: nonzero"] > 1 and max(result["max_abs_diff"].values()) == 0

@@ -10,9 +10,9 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.host_syncs import HostSyncCounter, counting_host_syncs
 from objective_harness import harness, save_folder, tokenized_pairs, tokenized_unpaired
 
+from benchmarks.common.host_syncs import HostSyncCounter, counting_host_syncs
 from gym_lightning import CausalLMModule
 from gym_lightning.objectives import DPO, KTO, ORPO, SimPO
 from gym_lightning.objectives.base import Objective

@@ -52,11 +52,14 @@ SPLITTABLE = {"hidden_size": 128, "intermediate_size": 1024, "num_hidden_layers"
 def test_gym_ddp_runs_each_compiled_layer_as_one_graph(tmp_path: Path) -> None:
     """gym_ddp + ``model.compile`` at world size 2: each decoder layer runs as one graph (``compile.ddp_buckets``
     false, the default), where dynamo's DDP optimizer (torch's default, and ``ddp_buckets: true``) splits it at DDP's
-    bucket boundaries (``helpers.ddp_graphs`` counts the graphs the backend compiles for the layers' graph)."""
+    bucket boundaries (``benchmarks.common.ddp_graphs`` counts the graphs the backend compiles for a layer)."""
     paths = {}
     for buckets in (False, True):
         run = tmp_path / f"buckets-{buckets}"
-        probe = {"class_path": "helpers.ddp_graphs.GraphsPerLayerProbe", "init_args": {"path": str(run / "graphs")}}
+        probe = {
+            "class_path": "benchmarks.common.ddp_graphs.GraphsPerLayerProbe",
+            "init_args": {"path": str(run / "graphs")},
+        }
         compile_args = {"backend": "counting_aot_eager", "ddp_buckets": buckets}
         settings = {"trainer.precision": "32-true", "trainer.max_steps": 2, "model.compile": compile_args,
                     "model.config_overrides": SPLITTABLE}  # fmt: skip

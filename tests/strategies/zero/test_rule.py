@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers.dist import REPO_ROOT, run_python
+from helpers.dist import run_python
 
 from gym_lightning.strategies.zero.config import AUTO, apply_gym_defaults, zero_config
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts
@@ -108,8 +108,8 @@ def test_layers_with_frozen_and_trainable_parameters_stay_hooked_per_submodule_i
 
 @pytest.mark.slow
 def test_leaf_layers_cut_hooks_on_two_ranks_and_keep_the_losses() -> None:
-    # benchmarks/zero3_rule.py: DeepSpeed's engine on 2 gloo ranks, old settings vs leaf layers vs the whole rule.
-    out = run_python([str(REPO_ROOT / "benchmarks" / "zero3_rule.py"), "--layers", "4", "--steps", "3"], timeout=600)
+    # benchmarks.zero3_rule: DeepSpeed's engine on 2 gloo ranks, old settings vs leaf layers vs the whole rule.
+    out = run_python(["-m", "benchmarks.zero3_rule", "--layers", "4", "--steps", "3"], timeout=600)
     rows = {
         line.split("|")[1].strip(): line.split("|")[2:] for line in out.stdout.splitlines() if line.startswith("| ")
     }

@@ -1,4 +1,4 @@
-"""``StepLosses``: the callback ``benchmarks/fingerprint.py`` adds to every run it fingerprints. Each rank writes
+"""``StepLosses``: the callback ``scripts/fingerprint.py`` adds to every run it fingerprints. Each rank writes
 ``<out>/rank<r>.json``: which ``gym_lightning`` it imported (so a "before" run can be shown to have used the old
 tree) and, per optimizer step, the exact training loss as ``float.hex``.
 """

@@ -1,13 +1,15 @@
-"""Replace one script's ``## `` section of docs/benchmarks.md, leaving the sections other scripts wrote as they are.
-
-Shared by the hand-run scripts that write their own section (quickstart_seeds.py, export_peak.py, scale.py);
-``run.py`` replaces its own sections the same way (``updated_document``), so the introduction and the summary of
-claims at the top of the document stay where they are.
+"""Replace one benchmark's ``## `` section of docs/benchmarks.md (or docs/planner.md), leaving the sections other
+benchmarks wrote, the introduction and the summary of claims as they are; and the command line a section cites.
 """
 
 from __future__ import annotations
 
 import re
+import shlex
+from collections.abc import Sequence
+from pathlib import Path
+
+from benchmarks.common.paths import DOCS
 
 
 def replace_section(document: str, heading: str, section: str) -> str:
@@ -28,3 +30,13 @@ def replace_section_before_history(document: str, heading: str, section: str) ->
     if heading not in document and HISTORY in document:
         document = document.replace(HISTORY, "\n" + section.rstrip("\n") + "\n" + HISTORY, 1)
     return replace_section(document, heading, section)
+
+
+def write_section(heading: str, section: str, doc: Path = DOCS) -> None:
+    """Replace (or add, before the History section) ``heading``'s section of ``doc``."""
+    doc.write_text(replace_section_before_history(doc.read_text() if doc.exists() else "", heading, section))
+
+
+def command_line(module: str, argv: Sequence[str]) -> str:
+    """How a section names the run that wrote it: ``python -m MODULE ARGS``."""
+    return shlex.join(["python", "-m", module, *argv])

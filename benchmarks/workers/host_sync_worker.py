@@ -1,18 +1,20 @@
 """``gym fit`` runs with the host-sync census on (tests/test_host_syncs.py, benchmarks/host_syncs.py).
 
-    python tests/helpers/host_sync_worker.py SPEC.json                               # world size 1
-    torchrun --nproc_per_node 2 tests/helpers/host_sync_worker.py SPEC.json          # world size 2
+    python -m benchmarks.workers.host_sync_worker SPEC.json                          # world size 1
+    torchrun --nproc_per_node 2 -m benchmarks.workers.host_sync_worker SPEC.json     # world size 2
 
 ``SPEC.json``: ``{"out": DIR, "cases": [{"name": NAME, "args": [...]}, ...]}``, optionally ``"census": false`` (time
 the batches only) and ``"keep_going": true`` (a run that exits with an error, e.g. a refused setting, is recorded
 and the next one runs); each case is ``gym fit ARGS`` (the command line's own entry point,
 ``gym_lightning.cli.main``), run one after the other in the same processes (one import and one process-group start
-for the series). Every rank writes ``DIR/NAME.RANK.json``: the counted events (``helpers.host_syncs.SyncEvent``),
-each training batch's wall time and the seconds the fit took, or the error it exited with.
+for the series). Every rank writes ``DIR/NAME.RANK.json``: the counted events
+(``benchmarks.common.host_syncs.SyncEvent``), each training batch's wall time and the seconds the fit took, or the
+error it exited with.
 """
 
 from __future__ import annotations
 
+import argparse
 import io
 import json
 import os
@@ -23,8 +25,8 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.host_syncs import HostSyncCounter, count_training_batches, counting_host_syncs
 from gym_lightning.cli import main
-from helpers.host_syncs import HostSyncCounter, count_training_batches, counting_host_syncs
 
 
 def run_case(name: str, args: list[str], out: Path, census: bool = True, keep_going: bool = False) -> None:
@@ -67,6 +69,8 @@ class Tee(io.TextIOBase):
 
 
 if __name__ == "__main__":
-    spec = json.loads(Path(sys.argv[1]).read_text())
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("spec", type=Path, help="SPEC.json: {out, cases, census, keep_going}")
+    spec = json.loads(parser.parse_args().spec.read_text())
     for case in spec["cases"]:
         run_case(case["name"], case["args"], Path(spec["out"]), spec.get("census", True), spec.get("keep_going", False))

@@ -2,22 +2,22 @@
 before a restructuring and compared after it (the two must be bit-identical).
 
     # before: the old tree first on the path (its tests/helpers and configs are used too)
-    PYTHONPATH=/tmp/base_tree python benchmarks/fingerprint.py --out /tmp/fp_base.json \\
+    PYTHONPATH=/tmp/base_tree python scripts/fingerprint.py --out /tmp/fp_base.json \\
         --keep-checkpoints /tmp/old_ckpts --workdir /tmp/fp_work
     # after: the working tree, resuming from the checkpoints the old code wrote (--resume-from, never
     # --keep-checkpoints /tmp/old_ckpts: that would replace them with the new code's)
-    python benchmarks/fingerprint.py --out /tmp/fp_new.json --resume-from /tmp/old_ckpts --workdir /tmp/fp_work
-    python benchmarks/fingerprint.py --compare /tmp/fp_base.json /tmp/fp_new.json   # exit 1 on any difference
+    python scripts/fingerprint.py --out /tmp/fp_new.json --resume-from /tmp/old_ckpts --workdir /tmp/fp_work
+    python scripts/fingerprint.py --compare /tmp/fp_base.json /tmp/fp_new.json   # exit 1 on any difference
 
 Parts (``--parts``, default all three):
 
 - ``families``: the family matrix of ``tests/models/test_families.py`` (its ``matrix``: every family x gym_ddp,
   gym_fsdp, zero3 x the same full/LoRA selection), each run the test's YAML (``helpers.families.family_run_config``:
   2 steps, bf16-mixed, 2 CPU ranks, one ``torchrun`` launch per strategy) plus the ``StepLosses`` callback
-  (``benchmarks/workers/fingerprint_probe.py``). The llama full run also writes its step-2 checkpoint.
+  (``scripts/fingerprint_probe.py``). The llama full run also writes its step-2 checkpoint.
 - ``resume``: for each strategy, ``gym fit`` from a checkpoint kept by ``--keep-checkpoints`` (``--resume-from``, or
   the one just kept) to step 4; its losses and export are fingerprinted like the others.
-- ``scale``: ``benchmarks/scale.py``'s 250M runs (its folder, its CLI command, its 2 steps of 1 x 4 tokens, its
+- ``scale``: ``benchmarks.scale``'s 250M runs (its folder, its CLI command, its 2 steps of 1 x 4 tokens, its
   strategies: gym_ddp, gym_fsdp, zero1, zero2, zero3), the ``PhasePeaks`` callback replaced by ``StepLosses``.
 
 Recorded per run: every rank's loss per step (``training_step``'s return and the logged ``train/loss``) as
@@ -56,11 +56,14 @@ import yaml
 
 import gym_lightning
 
-BENCH_DIR = Path(__file__).resolve().parent
-WORKERS = BENCH_DIR / "workers"
-sys.path.insert(0, str(BENCH_DIR))
+SCRIPTS = Path(__file__).resolve().parent  # fingerprint_probe.py (``StepLosses``)
+# This checkout's benchmarks, after the tree under test: a tree that has its own ``benchmarks`` package (with an
+# ``__init__.py``) uses its own, an older one (a plain folder, which never shadows a package) this checkout's.
+sys.path.append(str(SCRIPTS.parent))
 
-import scale  # noqa: E402  (benchmarks/ is not a package)
+from benchmarks import scale  # noqa: E402
+from benchmarks.common.models import SIZES, ensure_folder  # noqa: E402
+from benchmarks.common.paths import CONFIGS  # noqa: E402
 
 # The tree under test: where gym_lightning was imported from (PYTHONPATH=/tmp/base_tree gives the old one).
 CODE_ROOT = Path(gym_lightning.__file__).resolve().parents[1]
@@ -73,14 +76,14 @@ LAUNCH_TIMEOUT = 3 * 3600
 
 
 def child_pythonpath() -> str:
-    """The tree under test, its tests/ (the helpers) and benchmarks/workers (``StepLosses``), in that order."""
-    return os.pathsep.join([str(CODE_ROOT), str(CODE_ROOT / "tests"), str(WORKERS)])
+    """The tree under test, its tests/ (the helpers) and scripts/ (``StepLosses``), in that order."""
+    return os.pathsep.join([str(CODE_ROOT), str(CODE_ROOT / "tests"), str(SCRIPTS)])
 
 
 def setup_paths() -> None:
     """Import ``helpers`` from the tree under test, and give every child process the same path."""
     sys.path.insert(0, str(CODE_ROOT / "tests"))
-    sys.path.insert(1, str(WORKERS))
+    sys.path.insert(1, str(SCRIPTS))
     os.environ["PYTHONPATH"] = child_pythonpath()  # helpers.dist.rank_env puts its REPO_ROOT first: the same tree
 
 
@@ -285,19 +288,14 @@ def resume_part(args: argparse.Namespace) -> dict[str, Any]:
 
 # ------------------------------------------------------------------------------------------------------- scale
 def scale_folder(workdir: Path, size: str) -> Path:
-    """``scale.py``'s model folder, built once (by ``scale.py --role build``, with the tree under test's path)."""
-    folder = scale.folder_of(workdir, size)
-    if not (folder / "config.json").exists():
-        folder.parent.mkdir(parents=True, exist_ok=True)
-        command = [sys.executable, scale.__file__, "--role", "build", "--sizes", size, "--workdir", str(workdir)]
-        subprocess.run(command, check=True, env={**os.environ, "PYTHONPATH": str(CODE_ROOT)})
-    return folder
+    """``benchmarks.scale``'s model folder, built once (in a child process, with the tree under test's path)."""
+    return ensure_folder(workdir, size, CODE_ROOT)
 
 
 def scale_command(folder: Path, strategy: str, run: Path, args: argparse.Namespace) -> list[str]:
     """``scale.fit_command`` with the tree under test's quickstart YAML and ``StepLosses`` instead of ``PhasePeaks``."""
     command = scale.fit_command(folder, strategy, run, args.steps, args.seq)
-    quickstart = str(scale.REPO_ROOT / "configs" / "quickstart.yaml")
+    quickstart = str(CONFIGS / "quickstart.yaml")
     command = [str(CODE_ROOT / "configs" / "quickstart.yaml") if part == quickstart else part for part in command]
     return [f"--trainer.callbacks+={json.dumps(probe_callback(run))}" if "PhasePeaks" in p else p for p in command]
 
@@ -380,8 +378,8 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--parts", nargs="+", default=["families", "resume", "scale"],
                         choices=["families", "resume", "scale"])  # fmt: skip
     parser.add_argument("--strategies", nargs="+", default=list(FAMILY_STRATEGIES), help="family matrix / resume")
-    parser.add_argument("--scale-strategies", nargs="+", help="default: every strategy scale.py runs at --size")
-    parser.add_argument("--size", default="250m", choices=list(scale.SIZES))
+    parser.add_argument("--scale-strategies", nargs="+", help="default: every strategy benchmarks.scale runs")
+    parser.add_argument("--size", default="250m", choices=list(SIZES))
     parser.add_argument("--steps", type=int, default=2, help="scale runs' optimizer steps (scale.py's default)")
     parser.add_argument("--seq", type=int, default=4, help="scale runs' tokens per row (scale.py's default)")
     parser.add_argument("--workdir", type=Path, default=Path("/tmp/fp_work"))

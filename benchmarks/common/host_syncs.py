@@ -1,5 +1,5 @@
 """Count, on a CPU run, the host syncs a training step would make on CUDA (tests/test_host_syncs.py,
-benchmarks/host_syncs.py).
+benchmarks/host_syncs.py); on CUDA, count the syncs torch itself flags (``counting_cuda_syncs``, tests/gpu).
 
 On CUDA the host stops until the device has run everything queued before when it reads a device value (``item``,
 ``bool``, ``tolist``...), sizes a result by the data (``nonzero``, masked indexing, ``unique``...), copies host
@@ -47,6 +47,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+import warnings
 from collections import Counter
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -142,10 +143,12 @@ class HostSyncCounter:
 
 
 def _python_frames() -> list[Any]:
-    """The Python frames of the current call, innermost first, without this module's own and the modes' plumbing."""
+    """The Python frames of the current call, innermost first, without this module's own, the modes' plumbing and
+    the warnings machinery (``counting_cuda_syncs`` records from inside it)."""
     frames, frame = [], sys._getframe(1)
     while frame is not None:
-        if frame.f_code.co_filename != __file__ and not frame.f_code.co_filename.endswith(PLUMBING):
+        own = frame.f_code.co_filename in (__file__, warnings.__file__)
+        if not own and not frame.f_code.co_filename.endswith(PLUMBING):
             frames.append(frame)
         frame = frame.f_back
     return frames
@@ -182,7 +185,10 @@ def owner_of(filenames: list[str]) -> str:
 
 
 def _short(path: str) -> str:
-    for marker in ("site-packages" + os.sep, os.sep + "gym_lightning" + os.sep, os.sep + "tests" + os.sep):
+    for marker in (
+        "site-packages" + os.sep,
+        *(os.sep + name + os.sep for name in ("gym_lightning", "tests", "benchmarks")),
+    ):
         if marker in path:
             tail = path.split(marker, 1)[1]
             return tail if "site-packages" in marker else marker.strip(os.sep) + os.sep + tail
@@ -399,6 +405,36 @@ def counting_host_syncs(counter: HostSyncCounter) -> Iterator[HostSyncCounter]:
     finally:
         for restore in restores:
             restore()
+
+
+CUDA_SYNC = "cuda sync"  # the kind of what counting_cuda_syncs records: a sync torch itself flagged
+# torch's message for every sync under set_sync_debug_mode("warn") (c10/cuda/CUDAFunctions.h, warn_or_error_on_sync).
+SYNC_WARNING = "called a synchronizing CUDA operation"
+
+
+@contextmanager
+def counting_cuda_syncs(counter: HostSyncCounter) -> Iterator[HostSyncCounter]:
+    """On CUDA: every synchronisation torch flags under ``torch.cuda.set_sync_debug_mode("warn")`` (device reads,
+    data-dependent shapes, blocking copies, ``synchronize``) recorded in ``counter`` with its owner and chain, kind
+    ``CUDA_SYNC``, instead of printed (``counter.counting`` decides, as for the census). What the device really
+    waits for, as torch sees it; a sync made inside backward's device threads is replayed by the autograd engine on
+    the thread that called backward, so its chain ends at that call (owner ``torch``)."""
+    previous = torch.cuda.get_sync_debug_mode()
+
+    def show(message: Any, category: Any, filename: str, lineno: int, file: Any = None, line: Any = None) -> None:
+        if SYNC_WARNING in str(message):
+            counter.record("cuda sync", CUDA_SYNC)
+        else:
+            original(message, category, filename, lineno, file, line)
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("always", message=f".*{SYNC_WARNING}")  # each one, whatever PYTHONWARNINGS says
+        original, warnings.showwarning = warnings.showwarning, show
+        torch.cuda.set_sync_debug_mode("warn")
+        try:
+            yield counter
+        finally:
+            torch.cuda.set_sync_debug_mode(previous)
 
 
 def count_training_batches(counter: HostSyncCounter) -> Callable[[], None]:

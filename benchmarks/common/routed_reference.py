@@ -3,7 +3,7 @@
 (slot, token) pairs with ``torch.where`` on a one-hot mask, each adapter's routed factors picked with an index made
 from the host list. Every one of those is a host sync on a GPU (tests/models/test_routed_syncs.py counts them); the
 arithmetic is what the new forward must reproduce (fp32 within 1e-5, forward and gradients), with the same dropout
-draws in the same order. ``benchmarks/routed_forward_speed.py`` times it beside the new forward.
+draws in the same order. ``benchmarks.routed_forward_speed`` times it beside the new forward.
 """
 
 from __future__ import annotations

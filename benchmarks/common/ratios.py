@@ -1,7 +1,8 @@
 """The ratio statistic of the benchmarks: gym_lightning's throughput over its peer's from per-step timings, with a
 bootstrap interval, and the verdict read from that interval.
 
-Its own module so that run.py and the scripts it drives standalone (fit_vs_plain.py) report the same statistic.
+Shared so that run.py, the scripts it drives standalone (fit_vs_plain.py) and host_syncs.py report the same
+statistic.
 """
 
 from __future__ import annotations
