@@ -16,10 +16,11 @@
 #  1. checks (GPU_CHECKS_S, 240 s): `python -m pytest tests/gpu`, one process, the tests in this order (their
 #     docstrings say how each decides): every strategy (gym_ddp, gym_fsdp, zero1-3) trains a tiny Llama in bf16-mixed
 #     against an fp32 run, gym_fsdp cpu_offload, validation metrics, the HF export reloaded, equal random initial
-#     weights, the chunked loss, QLoRA, DDP's compression hooks (test_checks.py); `gym fit` of every shipped config
-#     that runs on one GPU, each export reloaded (test_configs.py); the host syncs per quiet training step of `gym
-#     fit`, strategy x precision, counted under torch.cuda.set_sync_debug_mode("warn") (test_host_syncs.py: the
-#     table is printed at the end and written to host_syncs.md); no DeepSpeed op built (test_op_builds.py).
+#     weights, the chunked loss, QLoRA, DDP's compression hooks (test_gpu_checks.py); `gym fit` of every shipped
+#     config that runs on one GPU, each export reloaded (test_gpu_configs.py); the host syncs per quiet training step
+#     of `gym fit`, strategy x precision, counted under torch.cuda.set_sync_debug_mode("warn")
+#     (test_gpu_host_syncs.py: the table is printed at the end and written to host_syncs.md); no DeepSpeed op built
+#     (test_gpu_op_builds.py).
 #     tests/gpu/conftest.py writes one JSON line per test as it ends (checks.jsonl) and starts none that would likely
 #     end past the deadline (recorded as skipped: the host-sync cells go first, 16-mixed before 32-true).
 #  2. bench (GPU_BENCH_S, 345 s): benchmarks/workers/gpu_bench.py (its docstring says what each run is), Qwen3-1.7B

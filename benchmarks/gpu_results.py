@@ -129,7 +129,7 @@ def load(folder: Path) -> dict[str, Any] | None:
 
 # --------------------------------------------------------------------------------------------- host syncs
 def host_sync_cells(checks: list[dict[str, Any]]) -> dict[str, dict[str, Any]]:
-    """``{strategy: {precision: record}}`` of tests/gpu/test_host_syncs.py's records (``host_syncs/S/P``)."""
+    """``{strategy: {precision: record}}`` of tests/gpu/test_gpu_host_syncs.py's records (``host_syncs/S/P``)."""
     cells: dict[str, dict[str, Any]] = {}
     for record in checks:
         parts = record.get("check", "").split("/")
@@ -158,8 +158,8 @@ def host_sync_table(cells: dict[str, dict[str, Any]]) -> str:
     rows = [[strategy, *(_sync_cell(row.get(p)) for p in PRECISIONS)] for strategy, row in cells.items()]
     lines = [
         f"Host syncs per quiet training step (`gym fit` of the shipped config on one device; counted by "
-        f"{any_figures.get('counted_by', 'tests/gpu/test_host_syncs.py')}; quiet steps "
-        f"{any_figures.get('quiet_steps', '?')}; tests/gpu/test_host_syncs.py):",
+        f"{any_figures.get('counted_by', 'tests/gpu/test_gpu_host_syncs.py')}; quiet steps "
+        f"{any_figures.get('quiet_steps', '?')}; tests/gpu/test_gpu_host_syncs.py):",
         "",
         markdown_table(["strategy", *PRECISIONS], rows),
     ]
@@ -386,7 +386,8 @@ def gym_fit_summary(figures: dict[str, Any]) -> str:
 
 
 def render_routed(records: list[dict[str, Any]]) -> str:
-    """benchmarks/routed_forward_speed.py's table of the device's runs (failed ones as one line each)."""
+    """benchmarks/routed_forward_speed.py's table of the device's runs, under a label of its own (its section
+    heading would start a new section of the document), failed or skipped sizes as one line each."""
     from benchmarks.routed_forward_speed import render
 
     done = {r["key"]: r for r in records if r.get("ok")}
@@ -394,7 +395,10 @@ def render_routed(records: list[dict[str, Any]]) -> str:
         f"- {r['key']}: {r.get('error') or 'skipped: ' + r.get('skipped', '')}" for r in records if not r.get("ok")
     ]
     device = next((r.get("device") for r in records if r.get("device")), "cuda")
-    return "\n".join([render(done, device) if done else "", *failed]).strip()
+    table = render(done, device).split("\n", 2)[2].strip() if done else ""
+    return "\n".join(
+        ["MoE routed forward, grouped by expert vs per expert, on the device:", "", table, *failed]
+    ).strip()
 
 
 def main() -> int:
@@ -408,7 +412,9 @@ def main() -> int:
     args = parser.parse_args()
     if args.command == "syncs":
         cells = host_sync_cells(read_records(args.dir / "checks.jsonl"))
-        print(host_sync_table(cells) if cells else "no host-sync records (tests/gpu/test_host_syncs.py did not run)")
+        print(
+            host_sync_table(cells) if cells else "no host-sync records (tests/gpu/test_gpu_host_syncs.py did not run)"
+        )
         return 0
     payload = collect(args.dir, json.loads(args.meta))
     failed = payload["failed"] or "none"

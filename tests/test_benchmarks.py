@@ -341,6 +341,7 @@ def test_gpu_results_render(run_py: ModuleType, gpu_bench: ModuleType, gpu_resul
     assert "| zero3 | **3** (ds 1 · gym 1 · tf 1) | - | skipped |" in text
     assert "| zero3 | **3**" in (tmp_path / "host_syncs.md").read_text()
     assert "| tiny | 64 | 8 | read: tolist 1 | read: tolist 1 | 0.200 | 0.100 | 2.00 |" in text and "on cuda" in text
+    assert text.count("\n## ") == 0  # one section: the routed table comes without its own heading
     # a warm-cache run that found the cache empty (its cold run skipped) says it compiled cold
     cold_warm = {"compile_seconds": 50.0, "inductor_cache_files_at_start": 0}
     assert gpu_results._compile_cell("gym_fsdp_compiled_warm", cold_warm, gpu_bench).endswith("a cold compile)")

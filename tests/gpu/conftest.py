@@ -8,7 +8,7 @@ One process for every test (importing torch, DeepSpeed and transformers costs 10
 group of world size 1 (``cpu:gloo,cuda:nccl`` on CUDA, so that runs keeping tensors on either side share it). The
 tests run in ``MODULE_ORDER``: the correctness checks, then the user's path, then the census, which the time budget
 gives up first. No DeepSpeed op is built (``refuse_jit_builds``: a build would take the device's minutes; on the CPU
-only DeepSpeed's shared-memory collective loads), and ``test_op_builds.py`` says which loaded.
+only DeepSpeed's shared-memory collective loads), and ``test_gpu_op_builds.py`` says which loaded.
 
 Set by gpu.sh: ``GYM_GPU_RECORDS`` (a JSON-lines file: one record per test as it ends, ``{"check", "ok", "seconds",
 "figures" | "detail" | "skipped"}``, so that a run killed at its limit keeps what finished), ``GYM_GPU_DEADLINE``
@@ -35,7 +35,7 @@ from benchmarks.common.records import append_record, one_line
 from benchmarks.workers.gpu_common import CPU_ONLY_OPS, refuse_jit_builds
 
 SMOKE = os.environ.get("GYM_GPU_CPU_SMOKE") == "1"
-MODULE_ORDER = ("test_checks.py", "test_configs.py", "test_host_syncs.py", "test_op_builds.py")
+MODULE_ORDER = ("test_gpu_checks.py", "test_gpu_configs.py", "test_gpu_host_syncs.py", "test_gpu_op_builds.py")
 MIN_TEST_SECONDS = 5.0  # a fit's least cost (set-up, a few steps, an export) before any test was timed
 _slowest = [MIN_TEST_SECONDS]
 

@@ -1,4 +1,4 @@
-"""The user's path on one device (tests/gpu/test_configs.py): ``gym fit`` of every shipped config that runs on one
+"""The user's path on one device (tests/gpu/test_gpu_configs.py): ``gym fit`` of every shipped config that runs on one
 GPU, through the command line's own entry point (``gym_lightning.cli.main``) in this process (one import for all).
 
 ddp, fsdp, zero1, zero2, zero3, zero3_offload and qlora (``model.model``: a random-weight Qwen3 folder with the shipped
