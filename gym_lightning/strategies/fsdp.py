@@ -30,7 +30,7 @@ from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.models.compiled import decoder_layer_names
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
-from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
+from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights, shard_aware_scaler
 from gym_lightning.strategies._common import raise_strategy_problems
 from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
@@ -144,7 +144,9 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
             :class:`~gym_lightning.strategies.base.GymStrategy`; parameters stay sharded over all ranks. 1: off.
 
     The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
-    gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
+    gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype;
+    ``"16-mixed"`` autocasts to fp16 and scales the loss with ``precision.GymShardedGradScaler``, on the host under
+    ``cpu_offload``.
     Gradient clipping (``gradient_clip_val``) clips by the global norm of the sharded gradients, with fused
     optimizers too (``precision.GymMixedPrecision``).
     """
@@ -216,6 +218,7 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
         if self.model is None or self.accelerator is None:
             raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
         self.accelerator.setup(trainer)
+        self._scale_losses_shard_aware()
         self.setup_sequence_parallel()
         # What no engine manages (metric states, buffers) computes on the device, whatever the shards' storage.
         with placed_after(self.model, self.root_device):
@@ -233,6 +236,16 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
+
+    def _scale_losses_shard_aware(self) -> None:
+        """Under ``16-mixed``, torch's sharded loss scaler (``precision.GymShardedGradScaler``) where Lightning made a
+        plain ``GradScaler``: each rank holds only its gradient shards, so with a plain one a rank that found an
+        overflow in its shards skipped the step and halved its scale while the others stepped. It lives where the
+        optimizer steps: the host under ``cpu_offload``."""
+        plugin = self.precision_plugin
+        if (scaler := getattr(plugin, "scaler", None)) is not None:
+            offloaded = self.cpu_offload or self.root_device.type == "cpu"
+            plugin.scaler = shard_aware_scaler(scaler, "cpu" if offloaded else self.root_device.type)
 
     def shard_module(self, module: nn.Module) -> None:
         """Apply activation checkpointing and ``fully_shard`` to ``module``'s layers and top-level children."""
