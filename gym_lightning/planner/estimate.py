@@ -373,13 +373,19 @@ def layer_bytes(shape: ModelShape, setup: Setup, per_element: int) -> float:
 
 
 def fsdp_root_params(shape: ModelShape) -> int:
-    """Parameters of gym_fsdp's root unit, gathered at once: what no decoder layer holds (``strategies.fsdp``
-    shards each layer, then the model), the embedding and, untied, the LM head (the final norm is negligible).
-    ``ParamCounts.largest_unit`` counts the embedding alone (ZeRO-3 gathers the two modules one at a time).
-    Measured on 2 CPU ranks, ``benchmarks/qlora_peak.py --sizes moe-400m --diagnose`` (untied 32,000 x 1,024):
-    the gym_fsdp step peaks in the root's all-gather, 298 MiB above the step's start, where 2 x the embedding
-    alone planned 125 MiB for the gathered units."""
-    return shape.embedding_params() * (1 if shape.tied_embeddings else 2)
+    """Parameters of gym_fsdp's largest vocabulary unit, gathered at once: one ``[vocab, hidden]`` matrix. A tied
+    embedding and LM head (one weight) stay in the model's root unit, gathered from the start of forward to the end
+    of backward; untied, each is a unit of its own (``strategies.fsdp.vocabulary_units``): the embedding gathered
+    for its forward and again for its backward, the head kept from its forward to the end of backward
+    (:func:`fsdp_kept_head_params`). ``ParamCounts.largest_unit`` counts the embedding alone too."""
+    return shape.embedding_params()
+
+
+def fsdp_kept_head_params(shape: ModelShape) -> int:
+    """Parameters of the untied LM head gym_fsdp keeps gathered from the end of forward to the end of backward
+    (``strategies.fsdp``: a chunked loss calls it once per chunk); 0 when tied (the root unit holds the one weight,
+    :func:`fsdp_root_params`)."""
+    return 0 if shape.tied_embeddings else shape.embedding_params()
 
 
 def dequant_bytes(shape: ModelShape, setup: Setup) -> float:
@@ -686,9 +692,10 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
         # FSDP2: the unit in use and the one prefetched (or its all-gather output, which exists beside the unsharded
         # parameters until they are copied out), gathered in the compute dtype; one unit's unsharded fp32 gradient
         # before reduce-scatter. grad_op keeps every unit gathered from forward until its backward. The largest unit
-        # may be the root (fsdp_root_params): with untied embeddings it holds the LM head beside the embedding.
+        # may be a vocabulary unit (fsdp_root_params); an untied LM head stays gathered through backward beside the
+        # layers and the embedding's second gathering (fsdp_kept_head_params).
         whole = compute * counts.trainable + frozen_bytes(shape, setup, compute)
-        root = fsdp_root_params(shape)
+        root, kept = fsdp_root_params(shape), compute * fsdp_kept_head_params(shape)
         layer = layer_bytes(shape, setup, compute)
         if strategy.keep_gathered:
             gathered = whole
@@ -697,11 +704,13 @@ def _strategy_buffers(shape: ModelShape, strategy: Strategy, setup: Setup) -> fl
             # all-gather, not its copy-out, is the peak: its output and gloo's copy beside the previous forward's last
             # all-gather output, which FSDP2 frees only at the next forward unit's copy-out (FSDPParamGroup.
             # wait_for_unshard; at 0.4B MoE QLoRA the step peaks there, in the root's all_gather_single).
-            gathered = 2 * max(unit_bytes(shape, setup, compute), compute * root) + layer
+            gathered = kept + 2 * max(unit_bytes(shape, setup, compute), compute * root) + layer
         else:
-            # NCCL gathers in place: the root, kept gathered from forward to backward, beside the layer in use and the
-            # one prefetched (at least the two largest units, the rule before the root was counted)
-            gathered = max(compute * root + 2 * layer, 2 * unit_bytes(shape, setup, compute))
+            # NCCL gathers in place: the vocabulary unit kept gathered through backward (a tied pair in the root, or
+            # the untied head) beside the layer in use and the one prefetched, or beside the embedding gathered for
+            # its backward (at least the two largest units, the rule before the root was counted)
+            resident = compute * root
+            gathered = max(resident + 2 * layer, compute * root + kept, 2 * unit_bytes(shape, setup, compute))
         return gathered + 4 * max(counts.largest_trainable_unit, root if setup.lora_r == 0 else 0)
     p = 2 if half else 4
     bucket = p * zero_bucket_elements(shape, setup)
