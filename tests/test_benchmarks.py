@@ -58,6 +58,7 @@ ENTRY_POINTS = [
     "qlora_libs.py",
     "qlora_peak.py",
     "expert_forward_peak.py",
+    "exit_loop.py",
 ]
 
 
