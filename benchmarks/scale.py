@@ -62,12 +62,19 @@ SIZES: dict[str, dict[str, Any]] = {
     "long-44m": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
                  "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000,
                  "tie_word_embeddings": True, "max_position_embeddings": 32768},
+    # gym_fsdp's vocabulary units (strategies.fsdp.vocabulary_units): an untied 32,000 x 1,024 embedding and LM head,
+    # 125 MiB each in fp32, beside 14 layers of 49 MiB; 245M parameters. Run with --precision 32-true.
+    "246m-untied": {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 14,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000,
+                    "tie_word_embeddings": False},
 }  # fmt: skip
+SHARD_SIZES = {"246m-untied": "200MB"}  # the checkpoint file the load reads at once (default 500MB)
 STRATEGIES = {
     "250m": ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3"],
     "1b": ["gym_fsdp", "zero3"],
     "moe-400m": ["gym_fsdp", "zero3"],
     "long-44m": ["gym_fsdp", "zero3"],
+    "246m-untied": ["gym_fsdp", "zero3"],
 }
 PHASES = ("load", "step", "save", "export")
 
@@ -87,7 +94,7 @@ def build_folder(folder: Path, size: str) -> None:
     )
     partial = folder.with_name(folder.name + ".partial")
     shutil.rmtree(partial, ignore_errors=True)
-    model.save_pretrained(partial, max_shard_size="500MB")
+    model.save_pretrained(partial, max_shard_size=SHARD_SIZES.get(size, "500MB"))
     load_tokenizer(None).save_pretrained(partial)
     partial.rename(folder)
     print(f"wrote {folder}: {sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters", flush=True)
@@ -187,15 +194,18 @@ class PhasePeaks(Callback):
             self._end(trainer)
 
 
-def fit_command(folder: Path, strategy: str, run: Path, steps: int, seq: int) -> list[str]:
-    """The real CLI on 2 CPU ranks: bf16-mixed, packed 1 x ``seq``-token rows, no validation, HF export at the end."""
+def fit_command(
+    folder: Path, strategy: str, run: Path, steps: int, seq: int, precision: str = "bf16-mixed"
+) -> list[str]:
+    """The real CLI on 2 CPU ranks: ``precision``, packed 1 x ``seq``-token rows, no validation, HF export at the
+    end. ``32-true`` trains fp32 weights (``model.torch_dtype``): the bf16 folder would otherwise train in bf16."""
     callback = {
         "class_path": "benchmarks.scale.PhasePeaks",
         "init_args": {"out": str(run / "phases"), "checkpoint": str(run / "checkpoint")},
     }
     return [
         sys.executable, "-m", "gym_lightning", "fit", "--config", str(REPO_ROOT / "configs" / "quickstart.yaml"),
-        "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.precision", "bf16-mixed",
+        "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.precision", precision,
         "--trainer.max_steps", str(steps), "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0",
         "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(run),
         f"--trainer.callbacks+={json.dumps(callback)}",
@@ -204,14 +214,15 @@ def fit_command(folder: Path, strategy: str, run: Path, steps: int, seq: int) ->
         "--data.packing", "true", "--data.max_seq_length", str(seq), "--data.batch_size", "1",
         "--data.mask_prompt", "false",  # rows of a few tokens: the prompt would leave no target
         "--export.output_dir", str(run / "hf"), "--export.max_shard_size", "500MB",
+        *(["--model.torch_dtype", "float32"] if precision == "32-true" else []),
     ]  # fmt: skip
 
 
-def run_one(workdir: Path, size: str, strategy: str, steps: int, seq: int) -> dict[str, Any]:
+def run_one(workdir: Path, size: str, strategy: str, steps: int, seq: int, precision: str) -> dict[str, Any]:
     """One CLI run; returns ``{"ranks": [rank0 rows, rank1 rows], "seconds": ...}`` and deletes its outputs."""
     name = f"{size}-{strategy}"
-    command = fit_command(folder_of(workdir, size), strategy, workdir / "runs" / name, steps, seq)
-    return run_cli(workdir, name, command, steps, seq)
+    command = fit_command(folder_of(workdir, size), strategy, workdir / "runs" / name, steps, seq, precision)
+    return {**run_cli(workdir, name, command, steps, seq), "precision": precision}
 
 
 def run_cli(workdir: Path, name: str, command: list[str], steps: int, seq: int) -> dict[str, Any]:
@@ -238,13 +249,13 @@ def run_cli(workdir: Path, name: str, command: list[str], steps: int, seq: int) 
 PLANNER_KEYS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp_full", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
 
 
-def planner_setup(folder: Path, baseline_mib: float, seq: int) -> Any:
-    """The planner's settings for these runs: 2 CPU ranks, 1 x ``seq`` tokens, bf16-mixed, the folder's largest file,
-    and the measured baseline of a rank (RSS before ``configure_model``) as the process overhead."""
+def planner_setup(folder: Path, baseline_mib: float, seq: int, precision: str = "bf16-mixed") -> Any:
+    """The planner's settings for these runs: 2 CPU ranks, 1 x ``seq`` tokens, ``precision``, the folder's largest
+    file, and the measured baseline of a rank (RSS before ``configure_model``) as the process overhead."""
     from gym_lightning.planner import Setup
 
     largest_file = max(f.stat().st_size for f in folder.glob("*.safetensors"))
-    return Setup(gpus_per_node=2, accelerator="cpu", micro_batch_size=1, seq_length=seq, precision="bf16-mixed",
+    return Setup(gpus_per_node=2, accelerator="cpu", micro_batch_size=1, seq_length=seq, precision=precision,
                  host_process_overhead=int(baseline_mib * MIB), checkpoint_file_bytes=largest_file)  # fmt: skip
 
 
@@ -285,7 +296,8 @@ def render(results: dict[str, Any], workdir: Path) -> str:
             continue
         folder = folder_of(workdir, size)
         shape = resolve_shape(str(folder))
-        setup = planner_setup(folder, max(r["baseline"] for r in result["ranks"]), result["seq"])
+        precision = result.get("precision", "bf16-mixed")
+        setup = planner_setup(folder, max(r["baseline"] for r in result["ranks"]), result["seq"], precision)
         planned = phase_peaks(shape, STRATEGY_BY_KEY[PLANNER_KEYS[strategy]], setup).by_phase()
         for phase in PHASES:
             peaks = [r[phase]["peak"] for r in result["ranks"] if phase in r]
@@ -317,6 +329,7 @@ def main() -> None:
     # with the transposed layout (measured); 128 tokens put one 1B training step above an hour. Activations are
     # in the planner's figures at whatever length runs.
     parser.add_argument("--seq", type=int, default=4, help="tokens per packed row (micro-batch 1)")
+    parser.add_argument("--precision", default="bf16-mixed", help="trainer.precision (32-true for 246m-untied)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gym-scale")
     parser.add_argument("--render-only", action="store_true", help="rebuild the table from earlier results")
     parser.add_argument("--write-docs", action="store_true")
@@ -330,7 +343,7 @@ def main() -> None:
         ensure_folder(args.workdir, size)
         for strategy in args.strategies or STRATEGIES[size]:
             print(f"{size} {strategy} ...", file=sys.stderr, flush=True)
-            results[f"{size}/{strategy}"] = run_one(args.workdir, size, strategy, args.steps, args.seq)
+            results[f"{size}/{strategy}"] = run_one(args.workdir, size, strategy, args.steps, args.seq, args.precision)
             results_file.write_text(json.dumps(results, indent=1))
     section = render(results, args.workdir)
     print(section)

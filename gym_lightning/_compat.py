@@ -633,3 +633,34 @@ def dynamo_ddp_mode() -> str:
 
 
 __all__ += ["DYNAMO_DDP_MODES", "dynamo_ddp_mode", "set_dynamo_ddp_mode"]
+
+
+# ------------------------------------------------------------------------------------------- interpreter exit
+def run_exit_handlers() -> None:
+    """Run (and clear) every ``atexit`` handler now, as the interpreter's exit would (``atexit._run_exitfuncs``,
+    CPython's, private; in every CPython 3): ``cli.end_process`` runs them before it skips the finalisation."""
+    import atexit
+
+    atexit._run_exitfuncs()
+
+
+__all__ += ["run_exit_handlers"]
+
+
+# ------------------------------------------------------------------------------------------- gradient scalers
+def start_grad_scaler_on(scaler: Any, device: torch.device) -> None:
+    """Create ``scaler``'s scale and growth tracker on ``device`` now, unless it has them: torch's ``GradScaler``
+    creates them lazily on the device of the first loss it scales (``_lazy_init_scale_growth_tracker``)."""
+    if getattr(scaler, "_scale", None) is None:
+        scaler._lazy_init_scale_growth_tracker(device)
+
+
+def grad_scaler_found_infs(scaler: Any, optimizer: Any) -> dict[torch.device, torch.Tensor]:
+    """The per-device inf/NaN flags ``scaler.unscale_(optimizer)`` left for this step, as the scaler holds them
+    (``GradScaler``'s ``_per_optimizer_states[id(optimizer)]["found_inf_per_device"]``: replacing a value replaces
+    what ``step`` and ``update`` read); empty before ``unscale_``."""
+    state = scaler._per_optimizer_states.get(id(optimizer))
+    return state["found_inf_per_device"] if state is not None else {}
+
+
+__all__ += ["grad_scaler_found_infs", "start_grad_scaler_on"]

@@ -152,9 +152,10 @@ def parameter_adapters(model: nn.Module) -> dict[str, ParameterAdapter]:
     }
 
 
-def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
+def hf_tensors(source: ExportSource, lora: LoRAExport, dtype: torch.dtype | None = None) -> dict[str, LazyTensor]:
     """The tensors to write, under the names ``from_pretrained`` (or PEFT, for ``lora="adapter"``) expects; a 4-bit
-    base (QLoRA) dequantised a layer at a time (written in the export's dtype, the source folder's by default)."""
+    base (QLoRA) dequantised a layer at a time (written in the export's dtype, the source folder's by default).
+    Merged LoRA weights come out in ``dtype``, the export's (default: fp32, or the weight's dtype if wider)."""
     tensors = dequantized_tensors(source.tensors)
     factors: dict[str, dict[str, LazyTensor]] = {}
     for key, value in tensors.items():
@@ -176,7 +177,8 @@ def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
         adapters = _adapters_of(key, factors, source.parameter_adapters)
         merged.update(adapters)
         if adapters:
-            out[name] = _merged(value, [factors[m] for m in adapters], adapters, float(source.lora_scaling or 0.0))
+            scaling = float(source.lora_scaling or 0.0)
+            out[name] = _merged(value, [factors[m] for m in adapters], adapters, scaling, dtype)
         else:
             out[name] = value
     _refuse_unmerged(sorted(set(factors) - merged))
@@ -217,27 +219,38 @@ def _refuse_unmerged(modules: list[str]) -> None:
 
 
 def _merged(
-    weight: LazyTensor, pairs: list[dict[str, LazyTensor]], how: dict[str, ParameterAdapter], scaling: float
+    weight: LazyTensor,
+    pairs: list[dict[str, LazyTensor]],
+    how: dict[str, ParameterAdapter],
+    scaling: float,
+    dtype: torch.dtype | None = None,
 ) -> LazyTensor:
     """``weight`` with each factor pair's delta added in fp32: ``scale * B @ A`` for a 2-D weight, per expert
     ``scale * B_e @ A_e`` (peft's layout: ``A_e = A.view(E, r, in)[e]``, ``B_e = B.view(out, r, E)[:, :, e]``) for
-    a fused 3-D one, so no ``[E, out, in]`` delta is ever made beside the merged copy."""
+    a fused 3-D one, so no ``[E, out, in]`` delta is ever made beside the merged copy.
+
+    The sum is rounded once, to ``dtype`` (the export's; default: fp32, or the weight's dtype if wider), never to
+    the weight's own dtype: that made ``--dtype float32`` of a LoRA run on a bf16 folder (frozen bf16 base weights)
+    write bf16-rounded merged weights, which the PEFT adapter applied to that folder does not have. A 16-bit export
+    keeps the merged tensor 16-bit, so a fused expert group held for the layout conversion is no larger than before.
+    """
     for pair in pairs:
         if set(pair) != {"A", "B"}:
             raise GymUserError(f"Cannot merge LoRA weights: found only lora_{''.join(pair)} for one layer.")
     transposed = [adapter.transposed for adapter in how.values()]
+    merged_dtype = dtype or torch.promote_types(weight.dtype, torch.float32)
 
     def load() -> torch.Tensor:
         base = weight.load()
         if base.dim() == 2 and len(pairs) == 1:  # a linear layer: as before, one expression
             delta = (pairs[0]["B"].load().float() @ pairs[0]["A"].load().float()) * scaling
-            return (base.float() + delta).to(base.dtype)
+            return (base.float() + delta).to(merged_dtype)
         out = base.to(torch.float32, copy=True)  # never the (live) tensor itself
         for pair, flip in zip(pairs, transposed, strict=True):
             _add_expert_deltas(out, pair["A"].load().float(), pair["B"].load().float(), scaling, flip)
-        return out.to(base.dtype)
+        return out.to(merged_dtype)
 
-    return LazyTensor(weight.shape, weight.dtype, load)
+    return LazyTensor(weight.shape, merged_dtype, load)
 
 
 def _add_expert_deltas(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float, flip: bool) -> None:
@@ -386,7 +399,7 @@ def write_export(
         raise GymUserError("lora='adapter' exports LoRA adapters, but this model has none; use lora='merged'.")
     limit, target = parse_size(max_shard_size), export_dtype(source, dtype, lora)
     adapter_only = source.lora_config is not None and lora == "adapter"
-    tensors = hf_tensors(source, lora)
+    tensors = hf_tensors(source, lora, target)
     if not adapter_only:
         tensors = checkpoint_layout(source.base, tensors)  # what save_pretrained writes (per-expert MoE tensors)
     if not writer:

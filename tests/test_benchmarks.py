@@ -59,6 +59,7 @@ ENTRY_POINTS = [
     "qlora_peak.py",
     "expert_forward_peak.py",
     "host_syncs.py",
+    "exit_loop.py",
 ]
 
 
