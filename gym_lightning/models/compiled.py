@@ -27,6 +27,7 @@ import torch
 from torch import nn
 
 from gym_lightning._compat import set_dynamo_ddp_mode
+from gym_lightning.models.decoder_layers import decoder_layers
 
 COMPILE_MODES: tuple[str | None, ...] = (
     None,
@@ -92,25 +93,6 @@ class CompileArgs:
         return asdict(self)
 
 
-def decoder_layer_names(model: nn.Module) -> set[str]:
-    """Class names of the model's decoder layers: the union of ``_no_split_modules`` of every Hugging Face model
-    inside ``model`` (the classes transformers never splits across devices)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or [])
-    return names
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of ``model`` (outermost matches only: a layer inside a layer is part of it)."""
-    names = decoder_layer_names(model)
-    layers: list[nn.Module] = []
-    for module in model.modules():
-        if type(module).__name__ in names and not any(module in set(layer.modules()) for layer in layers[-1:]):
-            layers.append(module)
-    return layers
-
-
 def _eager_with_cache(eager: Callable[..., Any], compiled: Callable[..., Any]) -> Callable[..., Any]:
     """The layer's forward: the compiled one, the eager one when the call carries a KV cache (generation)."""
 
@@ -159,4 +141,4 @@ def compile_layers(model: nn.Module, args: CompileArgs) -> int:
     return len(layers)
 
 
-__all__ = ["COMPILE_MODES", "CompileArgs", "compile_layers", "decoder_layer_names", "decoder_layers"]
+__all__ = ["COMPILE_MODES", "CompileArgs", "compile_layers"]
