@@ -5,7 +5,7 @@ weights with bf16 AdamW states and lose updates below bf16's resolution (~0.4% o
 fp32 master weights and optimizer state; ``bf16-true`` remains the explicit choice of bf16 weights. Frozen parameters
 (the base model under LoRA) keep their dtype. DeepSpeed's precision plugin is the one exception: its engine casts the
 module to 16 bits and keeps fp32 master partitions itself, so an fp32 copy here would only add 4 bytes per parameter
-to every rank's load peak (478 MiB at 250M).
+to every rank's load peak (docs/benchmarks-history.md, "The fp32 master copy under DeepSpeed").
 
 This module holds the whole rule; ``CausalLMModule.configure_model`` applies it to the model it builds (under any
 strategy), and gym_lightning's DDP and FSDP strategies apply it to any LightningModule in their set-up (before

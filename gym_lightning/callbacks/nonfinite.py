@@ -55,8 +55,7 @@ def sum_over_ranks(flags: torch.Tensor, strategy: Strategy, world: int) -> torch
 
     Lightning's ``strategy.reduce`` runs ``barrier()`` before every all-reduce (``_sync_ddp`` in
     lightning.fabric.utilities.distributed): a second blocking round trip where every rank waits for the slowest.
-    The flags need only the sum. Measured on 2 CPU ranks over gloo at load ~12 (benchmarks/workers/
-    collective_latency.py): barrier + all-reduce 2.1-2.9 ms median, the all-reduce alone 0.7-0.8 ms. Other set-ups
+    The flags need only the sum (docs/benchmarks-history.md, "The non-finite flags' all-reduce"). Other set-ups
     (no default process group, or one that does not span the Trainer's ranks) keep ``strategy.reduce``.
     """
     dist = torch.distributed

@@ -30,7 +30,7 @@ from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, ran
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.models.compiled import decoder_layer_names
+from gym_lightning.models.decoder_layers import decoder_layer_names
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
 from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights, shard_aware_scaler
