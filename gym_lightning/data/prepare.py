@@ -225,7 +225,8 @@ def peek_format(source: DataSource, cache_dir: Path) -> str:
     try:
         rows, label = load_source(source.path, source.split, source.subset, cache_dir / "hf", streaming=True)
         first = next(iter(rename_columns(rows, source.columns, label)), None)
-    except GymUserError:
+    except Exception:  # a stream raises its builder's own error (ArrowInvalid, ...) only when read;
+        # the full load below turns it into the one-line error (file:line for JSON), or re-raises what is a real bug
         rows, label = load_records_dataset(source, cache_dir)
         first = rows[0] if len(rows) else None
     if first is None:
