@@ -43,6 +43,7 @@ STRATEGIES = {
     "1b": ["gym_fsdp", "zero3"],
     "moe-400m": ["gym_fsdp", "zero3"],
     "long-44m": ["gym_fsdp", "zero3"],
+    "246m-untied": ["gym_fsdp", "zero3"],
 }
 PHASES = ("load", "step", "save", "export")
 
@@ -111,15 +112,18 @@ class PhasePeaks(Callback):
             self._end(trainer)
 
 
-def fit_command(folder: Path, strategy: str, run: Path, steps: int, seq: int) -> list[str]:
-    """The real CLI on 2 CPU ranks: bf16-mixed, packed 1 x ``seq``-token rows, no validation, HF export at the end."""
+def fit_command(
+    folder: Path, strategy: str, run: Path, steps: int, seq: int, precision: str = "bf16-mixed"
+) -> list[str]:
+    """The real CLI on 2 CPU ranks: ``precision``, packed 1 x ``seq``-token rows, no validation, HF export at the
+    end. ``32-true`` trains fp32 weights (``model.torch_dtype``): the bf16 folder would otherwise train in bf16."""
     callback = {
         "class_path": "benchmarks.scale.PhasePeaks",
         "init_args": {"out": str(run / "phases"), "checkpoint": str(run / "checkpoint")},
     }
     return [
         sys.executable, "-m", "gym_lightning", "fit", "--config", str(REPO_ROOT / "configs" / "quickstart.yaml"),
-        "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.precision", "bf16-mixed",
+        "--trainer.devices", "2", "--trainer.strategy", strategy, "--trainer.precision", precision,
         "--trainer.max_steps", str(steps), "--trainer.max_epochs", "1", "--trainer.limit_val_batches", "0",
         "--trainer.num_sanity_val_steps", "0", "--trainer.default_root_dir", str(run),
         f"--trainer.callbacks+={json.dumps(callback)}",
@@ -128,14 +132,15 @@ def fit_command(folder: Path, strategy: str, run: Path, steps: int, seq: int) ->
         "--data.packing", "true", "--data.max_seq_length", str(seq), "--data.batch_size", "1",
         "--data.mask_prompt", "false",  # rows of a few tokens: the prompt would leave no target
         "--export.output_dir", str(run / "hf"), "--export.max_shard_size", "500MB",
+        *(["--model.torch_dtype", "float32"] if precision == "32-true" else []),
     ]  # fmt: skip
 
 
-def run_one(workdir: Path, size: str, strategy: str, steps: int, seq: int) -> dict[str, Any]:
+def run_one(workdir: Path, size: str, strategy: str, steps: int, seq: int, precision: str) -> dict[str, Any]:
     """One CLI run; returns ``{"ranks": [rank0 rows, rank1 rows], "seconds": ...}`` and deletes its outputs."""
     name = f"{size}-{strategy}"
-    command = fit_command(folder_of(workdir, size), strategy, workdir / "runs" / name, steps, seq)
-    return run_cli(workdir, name, command, steps, seq)
+    command = fit_command(folder_of(workdir, size), strategy, workdir / "runs" / name, steps, seq, precision)
+    return {**run_cli(workdir, name, command, steps, seq), "precision": precision}
 
 
 def run_cli(workdir: Path, name: str, command: list[str], steps: int, seq: int) -> dict[str, Any]:
@@ -162,13 +167,13 @@ def run_cli(workdir: Path, name: str, command: list[str], steps: int, seq: int) 
 PLANNER_KEYS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp_full", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
 
 
-def planner_setup(folder: Path, baseline_mib: float, seq: int) -> Any:
-    """The planner's settings for these runs: 2 CPU ranks, 1 x ``seq`` tokens, bf16-mixed, the folder's largest file,
-    and the measured baseline of a rank (RSS before ``configure_model``) as the process overhead."""
+def planner_setup(folder: Path, baseline_mib: float, seq: int, precision: str = "bf16-mixed") -> Any:
+    """The planner's settings for these runs: 2 CPU ranks, 1 x ``seq`` tokens, ``precision``, the folder's largest
+    file, and the measured baseline of a rank (RSS before ``configure_model``) as the process overhead."""
     from gym_lightning.planner import Setup
 
     largest_file = max(f.stat().st_size for f in folder.glob("*.safetensors"))
-    return Setup(gpus_per_node=2, accelerator="cpu", micro_batch_size=1, seq_length=seq, precision="bf16-mixed",
+    return Setup(gpus_per_node=2, accelerator="cpu", micro_batch_size=1, seq_length=seq, precision=precision,
                  host_process_overhead=int(baseline_mib * MIB), checkpoint_file_bytes=largest_file)  # fmt: skip
 
 
@@ -209,7 +214,8 @@ def render(results: dict[str, Any], workdir: Path) -> str:
             continue
         folder = folder_of(workdir, size)
         shape = resolve_shape(str(folder))
-        setup = planner_setup(folder, max(r["baseline"] for r in result["ranks"]), result["seq"])
+        precision = result.get("precision", "bf16-mixed")
+        setup = planner_setup(folder, max(r["baseline"] for r in result["ranks"]), result["seq"], precision)
         planned = phase_peaks(shape, STRATEGY_BY_KEY[PLANNER_KEYS[strategy]], setup).by_phase()
         for phase in PHASES:
             peaks = [r[phase]["peak"] for r in result["ranks"] if phase in r]
@@ -241,6 +247,7 @@ def main() -> None:
     # with the transposed layout (measured); 128 tokens put one 1B training step above an hour. Activations are
     # in the planner's figures at whatever length runs.
     parser.add_argument("--seq", type=int, default=4, help="tokens per packed row (micro-batch 1)")
+    parser.add_argument("--precision", default="bf16-mixed", help="trainer.precision (32-true for 246m-untied)")
     parser.add_argument("--workdir", type=Path, default=Path(tempfile.gettempdir()) / "gym-scale")
     parser.add_argument("--render-only", action="store_true", help="rebuild the table from earlier results")
     parser.add_argument("--write-docs", action="store_true")
@@ -251,7 +258,7 @@ def main() -> None:
         ensure_folder(args.workdir, size)
         for strategy in args.strategies or STRATEGIES[size]:
             print(f"{size} {strategy} ...", file=sys.stderr, flush=True)
-            results[f"{size}/{strategy}"] = run_one(args.workdir, size, strategy, args.steps, args.seq)
+            results[f"{size}/{strategy}"] = run_one(args.workdir, size, strategy, args.steps, args.seq, args.precision)
             results_file.write_text(json.dumps(results, indent=1))
     section = render(results, args.workdir)
     print(section)

@@ -68,8 +68,9 @@ def _config(model: torch.nn.Module, settings: dict[str, Any]) -> dict[str, Any]:
     from gym_lightning.strategies.zero.rule import ZeroShape, zero_rule
 
     layer = sum(p.numel() for p in model.model.layers[0].parameters())
-    total = sum(p.numel() for p in model.parameters())
-    shape = ZeroShape(total, layer, model.config.hidden_size, model.config.num_hidden_layers, dist.get_world_size(), 3)
+    shape = ZeroShape(
+        layer_numel=layer, hidden_size=model.config.hidden_size, world_size=dist.get_world_size(), stage=3
+    )
     zero = dict(zero_rule(shape).zero)
     zero.pop("stage3_param_persistence_threshold")
     zero.pop("stage3_model_persistence_threshold")

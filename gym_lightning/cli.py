@@ -15,6 +15,7 @@ printed alone, exit status 1. Every other exception is a bug (or an environment 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import difflib
 import importlib
 import importlib.util
@@ -22,6 +23,7 @@ import json
 import os
 import shlex
 import sys
+import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,7 +36,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_info
+from gym_lightning._compat import rank_zero_info, run_exit_handlers
 from gym_lightning.callbacks import CurvesCallback, GymProgressBar, HFExport, NonFiniteGuard
 from gym_lightning.checkpointing.loader_state import ResumeLoaderPositions
 from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_problems
@@ -516,7 +518,8 @@ def _dispatch(args: list[str], from_sys_argv: bool) -> None:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Entry point of ``gym`` and ``python -m gym_lightning``."""
+    """Entry point of ``gym`` and ``python -m gym_lightning``. Run as the process's command (``argv=None``), a
+    command that finished (or refused the user's input) ends the process through :func:`end_process`."""
     quiet_console()  # before deepspeed is first imported: gym_lightning.quiet says what it silences and why
     args = list(sys.argv[1:] if argv is None else argv)
     if not args or args[0] in ("-h", "--help"):
@@ -529,6 +532,8 @@ def main(argv: list[str] | None = None) -> None:
             raise
         if not isinstance(err, EveryRankError) or global_rank() == 0:  # the same error on N ranks: shown once
             print(f"gym_lightning: error: {one_line(err)}", file=sys.stderr)
+        if argv is None:
+            end_process(2)
         raise SystemExit(2) from None
     except Exception as err:
         if (line := rank_failure_line(err)) is None or os.environ.get(DEBUG_ENV_VAR):
@@ -539,6 +544,35 @@ def main(argv: list[str] | None = None) -> None:
             print(f"gym_lightning: error: {one_line(line.removeprefix(NOTE_PREFIX))}", file=sys.stderr)
         exit_within(RANK_FAILURE_EXIT_SECONDS, 1)
         raise SystemExit(1) from None
+    if argv is None:
+        end_process(0)
+
+
+def end_process(status: int) -> None:
+    """End a process whose command is done with ``status``, without the interpreter's finalisation, when it has
+    started a process group; otherwise return (the caller exits as usual).
+
+    gloo's C++ threads can outlive the process group, destroyed or not (``strategies._common.
+    destroy_process_group_at_exit``), and need the GIL while the interpreter finalises: a run that had finished
+    then exited -6 ("terminate called without an active exception"; pytorch #179291, #190489), now and then, so a
+    job scheduler saw a failure. Everything Python's own exit does before finalising is done here, in its order:
+    non-daemon threads are joined, the ``atexit`` handlers run (the process group's destruction, ``logging``'s and
+    the loggers' flushes) and the standard streams are flushed; then ``os._exit`` skips the finalisation itself.
+    Objects that only finalisation would collect get no ``__del__``: a file must be closed or flushed by its
+    owner (Lightning's loggers are, in ``teardown``), as anywhere a process can be killed.
+    """
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return
+    for thread in threading.enumerate():
+        if thread is not threading.current_thread() and not thread.daemon:
+            thread.join()
+    run_exit_handlers()
+    for stream in (sys.stdout, sys.stderr):
+        with contextlib.suppress(Exception):  # a closed or broken stream must not turn success into a failure
+            stream.flush()
+    os._exit(status)
 
 
 def global_rank() -> int:

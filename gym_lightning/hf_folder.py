@@ -3,23 +3,9 @@ a checkpoint of any strategy (``gym export``, ``gym_lightning.checkpointing.read
 
 Both paths describe the model the same way, as an ``ExportSource``: its tensors as ``LazyTensor``s keyed like the
 Hugging Face (or PEFT) model's ``state_dict``, the base model (config, generation config, tied weights; on the meta
-device for a checkpoint), the LoRA config and scale, the tokenizer. ``write_export`` then
-
-- renames PEFT keys to the base model's and merges LoRA (``W + scale * B @ A``) one layer at a time, or keeps only
-  the adapter, under the names and in the files PEFT's ``save_pretrained`` writes (``lora="adapter"``). Adapters of
-  parameters (peft's ``ParamWrapper``: a mixture of experts' fused 3-D weights, shared experts targeted by parameter)
-  merge into the parameter the wrapper names, which only the model knows (``ExportSource.parameter_adapters``), one
-  expert at a time: ``W_e += scale * B_e @ A_e`` (transposed where the experts store ``[in, out]``, gpt-oss);
-- drops tied weights as ``save_pretrained`` does: the targets of the base model's ``all_tied_weights_keys``;
-- writes the checkpoint layout ``save_pretrained`` writes (``models.conversion.checkpoint_layout``: a mixture of
-  experts' fused 3-D expert tensors go back to one tensor per expert), converting one layer's group at a time;
-- casts to the export dtype: by default (``"source"``) the dtype the source folder's config.json records (what the
-  run started from: a bf16 checkpoint exports as bf16 even if training kept fp32 weights), float32 for presets and
-  random initialisations; adapters keep their own dtype, as PEFT saves them;
-- streams safetensors files (with an index when there is more than one) tensor by tensor, so one tensor (as
-  gathered and as cast) is in memory at a time, not a shard nor the model; then writes config.json,
-  generation_config.json and the tokenizer with its chat template (adapter_config.json instead of the configs for
-  an adapter), all inside ``atomic_directory``.
+device for a checkpoint), the LoRA config and scale, the tokenizer. :func:`write_export` writes it: LoRA merged or
+kept as an adapter, tied weights dropped, ``save_pretrained``'s layout and dtype, safetensors streamed one tensor at
+a time.
 
 In a live run loading a sharded tensor is a collective (FSDP2's ``full_tensor``, ZeRO-3's ``GatheredParameters``), so
 every rank walks the same shard plan and only global rank 0 keeps and writes.
@@ -152,9 +138,10 @@ def parameter_adapters(model: nn.Module) -> dict[str, ParameterAdapter]:
     }
 
 
-def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
+def hf_tensors(source: ExportSource, lora: LoRAExport, dtype: torch.dtype | None = None) -> dict[str, LazyTensor]:
     """The tensors to write, under the names ``from_pretrained`` (or PEFT, for ``lora="adapter"``) expects; a 4-bit
-    base (QLoRA) dequantised a layer at a time (written in the export's dtype, the source folder's by default)."""
+    base (QLoRA) dequantised a layer at a time (written in the export's dtype, the source folder's by default).
+    Merged LoRA weights come out in ``dtype``, the export's (default: fp32, or the weight's dtype if wider)."""
     tensors = dequantized_tensors(source.tensors)
     factors: dict[str, dict[str, LazyTensor]] = {}
     for key, value in tensors.items():
@@ -176,7 +163,8 @@ def hf_tensors(source: ExportSource, lora: LoRAExport) -> dict[str, LazyTensor]:
         adapters = _adapters_of(key, factors, source.parameter_adapters)
         merged.update(adapters)
         if adapters:
-            out[name] = _merged(value, [factors[m] for m in adapters], adapters, float(source.lora_scaling or 0.0))
+            scaling = float(source.lora_scaling or 0.0)
+            out[name] = _merged(value, [factors[m] for m in adapters], adapters, scaling, dtype)
         else:
             out[name] = value
     _refuse_unmerged(sorted(set(factors) - merged))
@@ -217,27 +205,38 @@ def _refuse_unmerged(modules: list[str]) -> None:
 
 
 def _merged(
-    weight: LazyTensor, pairs: list[dict[str, LazyTensor]], how: dict[str, ParameterAdapter], scaling: float
+    weight: LazyTensor,
+    pairs: list[dict[str, LazyTensor]],
+    how: dict[str, ParameterAdapter],
+    scaling: float,
+    dtype: torch.dtype | None = None,
 ) -> LazyTensor:
     """``weight`` with each factor pair's delta added in fp32: ``scale * B @ A`` for a 2-D weight, per expert
     ``scale * B_e @ A_e`` (peft's layout: ``A_e = A.view(E, r, in)[e]``, ``B_e = B.view(out, r, E)[:, :, e]``) for
-    a fused 3-D one, so no ``[E, out, in]`` delta is ever made beside the merged copy."""
+    a fused 3-D one, so no ``[E, out, in]`` delta is ever made beside the merged copy.
+
+    The sum is rounded once, to ``dtype`` (the export's; default: fp32, or the weight's dtype if wider), never to
+    the weight's own dtype: that made ``--dtype float32`` of a LoRA run on a bf16 folder (frozen bf16 base weights)
+    write bf16-rounded merged weights, which the PEFT adapter applied to that folder does not have. A 16-bit export
+    keeps the merged tensor 16-bit, so a fused expert group held for the layout conversion is no larger than before.
+    """
     for pair in pairs:
         if set(pair) != {"A", "B"}:
             raise GymUserError(f"Cannot merge LoRA weights: found only lora_{''.join(pair)} for one layer.")
     transposed = [adapter.transposed for adapter in how.values()]
+    merged_dtype = dtype or torch.promote_types(weight.dtype, torch.float32)
 
     def load() -> torch.Tensor:
         base = weight.load()
         if base.dim() == 2 and len(pairs) == 1:  # a linear layer: as before, one expression
             delta = (pairs[0]["B"].load().float() @ pairs[0]["A"].load().float()) * scaling
-            return (base.float() + delta).to(base.dtype)
+            return (base.float() + delta).to(merged_dtype)
         out = base.to(torch.float32, copy=True)  # never the (live) tensor itself
         for pair, flip in zip(pairs, transposed, strict=True):
             _add_expert_deltas(out, pair["A"].load().float(), pair["B"].load().float(), scaling, flip)
-        return out.to(base.dtype)
+        return out.to(merged_dtype)
 
-    return LazyTensor(weight.shape, weight.dtype, load)
+    return LazyTensor(weight.shape, merged_dtype, load)
 
 
 def _add_expert_deltas(weight: torch.Tensor, a: torch.Tensor, b: torch.Tensor, scaling: float, flip: bool) -> None:
@@ -327,9 +326,8 @@ def write_shards(
 # The safetensors format (https://github.com/huggingface/safetensors#format): an 8-byte little-endian header length,
 # a JSON header {name: {dtype, shape, data_offsets}} padded to 8 bytes, then the raw little-endian bytes. It is
 # written by hand, tensor by tensor, because ``safetensors.torch.save_file`` takes a whole shard as a dict of tensors,
-# so a shard (up to max_shard_size, 5 GB by default) would be in memory at once. Measured on the 271M model of
-# docs/benchmarks.md with 200 MB bf16 shards: the checkpoint export's peak fell from 395-451 MiB above baseline
-# (a shard in a dict, then save_file) to 191-233 MiB (one tensor, as read and as cast).
+# so a shard (up to max_shard_size, 5 GB by default) would be in memory at once (docs/benchmarks-history.md,
+# "Streaming the export's safetensors").
 _SAFETENSORS_DTYPES = {
     torch.float64: "F64", torch.float32: "F32", torch.float16: "F16", torch.bfloat16: "BF16", torch.int64: "I64",
     torch.int32: "I32", torch.int16: "I16", torch.int8: "I8", torch.uint8: "U8", torch.bool: "BOOL",
@@ -377,8 +375,26 @@ def write_export(
     dtype: ExportDType = "source",
     max_shard_size: str | int = DEFAULT_MAX_SHARD_SIZE,
 ) -> Path:
-    """Write ``source`` as a Hugging Face folder (or a PEFT adapter folder) at ``output_dir``; see the module
-    docstring. Every rank of a live run calls it (``writer`` only on the one that writes)."""
+    """Write ``source`` as a Hugging Face folder (or a PEFT adapter folder) at ``output_dir``. Every rank of a live
+    run calls it (``writer`` only on the one that writes). It
+
+    - renames PEFT keys to the base model's and merges LoRA (``W + scale * B @ A``) one layer at a time, or keeps
+      only the adapter, under the names and in the files PEFT's ``save_pretrained`` writes (``lora="adapter"``).
+      Adapters of parameters (peft's ``ParamWrapper``: a mixture of experts' fused 3-D weights, shared experts
+      targeted by parameter) merge into the parameter the wrapper names, which only the model knows
+      (``ExportSource.parameter_adapters``), one expert at a time: ``W_e += scale * B_e @ A_e`` (transposed where
+      the experts store ``[in, out]``, gpt-oss);
+    - drops tied weights as ``save_pretrained`` does: the targets of the base model's ``all_tied_weights_keys``;
+    - writes the checkpoint layout ``save_pretrained`` writes (``models.conversion.checkpoint_layout``: a mixture of
+      experts' fused 3-D expert tensors go back to one tensor per expert), converting one layer's group at a time;
+    - casts to the export dtype: by default (``"source"``) the dtype the source folder's config.json records (what
+      the run started from: a bf16 checkpoint exports as bf16 even if training kept fp32 weights), float32 for
+      presets and random initialisations; adapters keep their own dtype, as PEFT saves them;
+    - streams safetensors files (with an index when there is more than one) tensor by tensor, so one tensor (as
+      gathered and as cast) is in memory at a time, not a shard nor the model; then writes config.json,
+      generation_config.json and the tokenizer with its chat template (adapter_config.json instead of the configs
+      for an adapter), all inside ``atomic_directory``.
+    """
     from gym_lightning.errors import raise_if_problems
 
     raise_if_problems("Export settings", export_problems(lora, dtype, max_shard_size))
@@ -386,7 +402,7 @@ def write_export(
         raise GymUserError("lora='adapter' exports LoRA adapters, but this model has none; use lora='merged'.")
     limit, target = parse_size(max_shard_size), export_dtype(source, dtype, lora)
     adapter_only = source.lora_config is not None and lora == "adapter"
-    tensors = hf_tensors(source, lora)
+    tensors = hf_tensors(source, lora, target)
     if not adapter_only:
         tensors = checkpoint_layout(source.base, tensors)  # what save_pretrained writes (per-expert MoE tensors)
     if not writer:

@@ -171,7 +171,8 @@ def _lora_config(args: LoRAArgs, modules: Any, parameters: list[str] | None, exc
 # router when it loads an adapter (``transformers_weight_conversion._MOE_TARGET_MODULE_MAPPING``: Qwen2-MoE-like
 # families' gate_proj/up_proj/down_proj/gate, Mixtral's w1/w2/w3/gate). ``PeftModel.from_pretrained`` has no switch
 # for it, so an adapter that names such a linear layer (DeepSeek-V3's dense first MLP, its shared experts) by module
-# reloads onto the experts instead (0.72 logits off, measured on a tiny DeepSeek-V3).
+# reloads onto the experts instead, and the reloaded model's logits are not the trained ones
+# (docs/benchmarks-history.md, "A LoRA adapter that peft's bridge rewrites").
 PEFT_REWRITTEN_NAMES = frozenset({"gate_proj", "up_proj", "down_proj", "gate", "w1", "w2", "w3"})
 
 

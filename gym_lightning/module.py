@@ -189,7 +189,7 @@ class CausalLMModule(pl.LightningModule):
             check_strategy(trainer.strategy)
         # LoRA adapters are drawn from the CPU generator's state before the build, whatever the build drew (a random
         # initialisation under ZeRO-3's zero.Init, nothing on the meta device): every strategy starts from the same
-        # adapters, as one process does (measured before: ZeRO-3's lora_A 0.3 away from gym_ddp's).
+        # adapters, as one process does (docs/benchmarks-history.md, "LoRA adapters drawn before the build").
         with torch.random.fork_rng(devices=[]) if self.lora is not None else nullcontext():
             model = build_causal_lm(
                 self.model_source,

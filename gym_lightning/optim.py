@@ -94,11 +94,10 @@ def adamw_kernel(groups: list[dict[str, object]]) -> dict[str, bool]:
 
     The fused kernel updates each tensor in place without temporaries. torch's other two paths allocate them: the
     for-loop (``foreach=False``, the CPU default) two fp32 tensors the size of the parameter being updated, the
-    ``foreach`` path (the CUDA default) its intermediates over a whole list of parameters at once. Measured on this
-    CPU for 196M parameters whose largest tensor (a 151,936 x 896 embedding) is 519 MiB: one AdamW step's peak RSS is
-    1,038 MiB above its steady state with the for-loop, 728 MiB with foreach and 0 with fused
-    (``benchmarks/optimizer_transients.py``, docs/benchmarks.md). Where fused is not available the for-loop's
-    transient (one largest parameter, twice) is the smaller of the other two on large models.
+    ``foreach`` path (the CUDA default) its intermediates over a whole list of parameters at once
+    (``benchmarks/optimizer_transients.py``; docs/benchmarks-history.md, "AdamW's step transients"). Where fused is
+    not available the for-loop's transient (one largest parameter, twice) is the smaller of the other two on large
+    models.
     """
     params = [p for group in groups for p in group["params"]]  # type: ignore[attr-defined]
     fusable = all(p.device.type in FUSED_ADAMW_DEVICE_TYPES and torch.is_floating_point(p) for p in params)

@@ -8,8 +8,8 @@ whether the installed library still needs it, and is applied only where it does 
 sides):
 
 - ``lightning_log_device_walk``: Lightning rebuilds a logged value's metadata on every ``self.log`` even when nothing
-  moves, ~1 % of a small CPU step (``_compat.skip_same_device_result_moves`` has the measurement and the upstream
-  issue). Probe: ``_compat.result_moves_walk_when_nothing_moves``.
+  moves (``_compat.skip_same_device_result_moves`` has the upstream issue; docs/benchmarks-history.md, "Lightning's
+  self.log device walk", what it cost). Probe: ``_compat.result_moves_walk_when_nothing_moves``.
 
 Not here because they are not process-wide: DeepSpeed engines get a ``weights_only=True`` checkpoint loader
 (``checkpointing.safe_load.use_weights_only_engine``) and ZeRO-3's module trace fix (``strategies.zero.trace``, with

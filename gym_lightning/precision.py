@@ -5,7 +5,7 @@ weights with bf16 AdamW states and lose updates below bf16's resolution (~0.4% o
 fp32 master weights and optimizer state; ``bf16-true`` remains the explicit choice of bf16 weights. Frozen parameters
 (the base model under LoRA) keep their dtype. DeepSpeed's precision plugin is the one exception: its engine casts the
 module to 16 bits and keeps fp32 master partitions itself, so an fp32 copy here would only add 4 bytes per parameter
-to every rank's load peak (478 MiB at 250M).
+to every rank's load peak (docs/benchmarks-history.md, "The fp32 master copy under DeepSpeed").
 
 This module holds the whole rule; ``CausalLMModule.configure_model`` applies it to the model it builds (under any
 strategy), and gym_lightning's DDP and FSDP strategies apply it to any LightningModule in their set-up (before
@@ -27,10 +27,11 @@ from lightning.pytorch import LightningModule
 from lightning.pytorch.plugins.precision import DeepSpeedPrecision, MixedPrecision, Precision
 from lightning.pytorch.strategies import Strategy
 from lightning.pytorch.utilities import GradClipAlgorithmType
+from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
 from torch.optim import Optimizer
 from typing_extensions import override
 
-from gym_lightning._compat import optimizer_unscales_itself
+from gym_lightning._compat import grad_scaler_found_infs, optimizer_unscales_itself, start_grad_scaler_on
 
 # Precisions whose optimizer updates fp32 master weights and computes in half precision (autocast / FSDP's policy).
 MIXED_PRECISIONS: tuple[str, ...] = ("bf16-mixed", "16-mixed")
@@ -104,6 +105,62 @@ class GymMixedPrecision(MixedPrecision):
         Precision.clip_gradients(self, optimizer, clip_val, gradient_clip_algorithm)
 
 
+class GymShardedGradScaler(ShardedGradScaler):
+    """torch's ``ShardedGradScaler`` (the ``16-mixed`` loss scaler for sharded gradients: every rank unscales only
+    its shards, so the inf/NaN flags are summed over the ranks and every rank skips the same steps) kept where the
+    optimizer steps, and fit for torch's fused optimizers.
+
+    - The scale lives on ``device`` from the start: the host under FSDP ``cpu_offload``. torch's creates it on the
+      first loss's device, the GPU, and then hands the host gradients copies of the scale and of its flag made with
+      ``non_blocking=True``, which the CPU unscaling kernel reads at once, before the copies have landed. A scale
+      on the host is copied to the GPU for ``scale(loss)`` from pageable memory, which CUDA stages before the copy
+      call returns, so a later in-place update of the scale cannot race it.
+    - The flags summed over the ranks become one 0-dim flag of at most 1 after ``unscale_``, as ``GradScaler``'s
+      are: torch's fused Adam/AdamW/SGD skip a step only where ``found_inf == 1`` (and subtract ``found_inf`` from
+      their 0-dim step counts), so a sum of 2 (both ranks saw an overflow) made them apply the step, and
+      ``ShardedGradScaler``'s ``[1]``-shaped flag made that subtraction fail ("output with shape [] doesn't match
+      the broadcast shape [1]", torch 2.11 to 2.13).
+
+    Args:
+        device: The device type the optimizer steps on (``"cpu"`` under offload or on CPU ranks, else ``"cuda"``).
+        **kwargs: ``ShardedGradScaler``'s (``init_scale``, ``growth_factor``, ``process_group``, ...).
+    """
+
+    def __init__(self, device: str = "cuda", **kwargs: Any) -> None:
+        super().__init__(device=device, **kwargs)
+        self.home = torch.device(device)
+
+    @override
+    def scale(self, outputs: Any) -> Any:
+        if self.is_enabled():
+            start_grad_scaler_on(self, self.home)
+        return super().scale(outputs)
+
+    @override
+    def unscale_(self, optimizer: Optimizer) -> None:
+        super().unscale_(optimizer)
+        found_infs = grad_scaler_found_infs(self, optimizer)
+        for device, found_inf in found_infs.items():
+            found_infs[device] = found_inf.clamp(max=1.0).reshape(())  # on its device: no host sync
+
+
+def shard_aware_scaler(scaler: Any, device: str) -> Any:
+    """``scaler`` as a :class:`GymShardedGradScaler` stepping on ``device``, with the same settings, when it is
+    torch's plain ``GradScaler`` (what Lightning makes for ``16-mixed``); any other scaler (``None``, a sharded one,
+    a user's subclass) as it is. For strategies whose ranks hold different gradients (FSDP's shards): a plain
+    scaler lets each rank skip (and back off its scale) alone."""
+    if type(scaler) not in (torch.amp.GradScaler, torch.cuda.amp.GradScaler):
+        return scaler
+    return GymShardedGradScaler(
+        device,
+        init_scale=scaler.get_scale(),  # its initial scale until it has scaled a loss: no host sync
+        growth_factor=scaler.get_growth_factor(),
+        backoff_factor=scaler.get_backoff_factor(),
+        growth_interval=scaler.get_growth_interval(),
+        enabled=scaler.is_enabled(),
+    )
+
+
 def clipping_precision(plugin: Precision | None) -> Precision | None:
     """``plugin`` as a :class:`GymMixedPrecision` with the same settings (and scaler) when it is exactly Lightning's
     ``MixedPrecision``; any other plugin (DeepSpeed's, FSDP's, true precisions, a user's subclass) as it is."""
@@ -132,7 +189,9 @@ __all__ = [
     "MIXED_PRECISIONS",
     "ClipsWithAnyOptimizer",
     "GymMixedPrecision",
+    "GymShardedGradScaler",
     "clipping_precision",
     "fp32_master_weights",
     "keeps_fp32_masters",
+    "shard_aware_scaler",
 ]

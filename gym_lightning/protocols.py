@@ -3,47 +3,17 @@
 gym_lightning's pieces work with any LightningModule, data module or strategy. Where one needs something only
 another knows, it asks through one of these small typed protocols instead of reading the other's settings by name
 (a strategy never reads a module's hyper-parameters, a module never imports a strategy). Every protocol is optional:
-whoever asks has a stated answer for "not provided".
+whoever asks has a stated answer for "not provided" (each protocol's docstring says which).
 
-Module and data module -> strategy (DeepSpeed's ``"auto"`` values, ``strategies.zero.hf_auto``):
-
-- ``ProvidesOptimizerFacts`` (LightningModule): ``optimizer_facts() -> OptimizerFacts``; unknown without it.
-- ``ProvidesModelFacts`` (LightningModule): ``model_facts() -> models.facts.ModelFacts``, the model's width and
-  layer size, known before the model is built (ZeRO-3 sizes its buffers before ``configure_model``).
-- ``ProvidesMicroBatchSize`` (data module, or a module that builds its own DataLoader): ``micro_batch_size``.
-
-Strategy -> module (``models.plan``, ``loss``):
-
-- ``ProvidesBuildPlan``: ``build_plan() -> models.plan.BuildPlan``, how the strategy wants models built in
-  ``configure_model``; the default plan otherwise.
-- ``AgreesCallCounts``: ``start_agreed_counts(local) -> loss.AgreedCounts``, how many times every rank calls the
-  modules whose calls may be collectives (ZeRO-3 gathers the LM head's and each MLP's weights on every call): the
-  module's loss chunks and MLP tiles. Otherwise the largest count over the default process group
-  (``loss.agreed_counts_of``).
-
-Strategy -> callbacks:
-
-- ``ProvidesFullTensors``: ``full_tensors(model) -> dict[str, lazy.LazyTensor]``, a sharded model one full tensor
-  at a time (the exporter, ``hf_folder``); every rank holds the whole model otherwise.
-- ``ProvidesLocalGradients``: ``local_gradients(module) -> list[Tensor] | None``, this rank's gradients
-  (``NonFiniteGuard``); ``None`` where an engine owns them. The parameters' ``.grad`` otherwise.
-
-Strategy -> objectives (``objectives.preference``):
-
-- ``HoldsFrozenModels``: ``hold_frozen(build, copy_of) -> nn.Module``, a frozen model (a preference objective's
-  reference) held the way the strategy holds the policy; a whole copy on the module's device otherwise.
-
-Objective -> data module (``objectives.reference_pass``):
-
-- ``StoresReferenceLogps``: ``precompute_reference_logps(logps, reference_id)``, TRL's ``precompute_ref_log_probs``:
-  the data module runs ``logps`` over its preference data once and stores the values beside its prepared data.
-
-Batch keys beyond the shared contract (``data.collate``) that a data loader, a strategy and the module exchange:
-
-- ``STEP_TOKENS_KEY``: the target tokens of the whole optimizer step on this rank (``data.loader``), which the
-  module sums over ranks to normalise the loss.
-- ``SHIFT_LABELS_KEY``: each position's next-token target, already shifted; a sequence-parallel strategy gives a
-  rank its slice of the sequence this way (``strategies.sequence``), and the module's loss takes it as it is.
+- Module and data module -> strategy (DeepSpeed's ``"auto"`` values, ``strategies.zero.hf_auto``):
+  ``ProvidesOptimizerFacts``, ``ProvidesModelFacts``, ``ProvidesMicroBatchSize``.
+- Strategy -> module (``models.plan``, ``loss``): ``ProvidesBuildPlan``, ``AgreesCallCounts``.
+- Strategy -> callbacks: ``ProvidesFullTensors`` (the exporter, ``hf_folder``), ``ProvidesLocalGradients``
+  (``NonFiniteGuard``).
+- Strategy -> objectives (``objectives.preference``): ``HoldsFrozenModels``.
+- Objective -> data module (``objectives.reference_pass``): ``StoresReferenceLogps``.
+- Batch keys beyond the shared contract (``data.collate``) that a data loader, a strategy and the module exchange:
+  ``STEP_TOKENS_KEY``, ``SHIFT_LABELS_KEY``.
 
 This module imports nothing from gym_lightning at run time, so that every layer may depend on it.
 """
@@ -88,21 +58,23 @@ class OptimizerFacts:
 
 @runtime_checkable
 class ProvidesOptimizerFacts(Protocol):
-    """A LightningModule that states its optimizer settings (see ``OptimizerFacts``)."""
+    """A LightningModule that states its optimizer settings (see ``OptimizerFacts``); all unknown without it."""
 
     def optimizer_facts(self) -> OptimizerFacts: ...
 
 
 @runtime_checkable
 class ProvidesModelFacts(Protocol):
-    """A LightningModule that states its model's facts (``models.facts.ModelFacts``) before building the model."""
+    """A LightningModule that states its model's facts (``models.facts.ModelFacts``: the model's width and layer
+    size) before building the model: ZeRO-3 sizes its buffers before ``configure_model``. Unknown without it."""
 
     def model_facts(self) -> ModelFacts: ...
 
 
 @runtime_checkable
 class ProvidesMicroBatchSize(Protocol):
-    """A data module (or module) that states its per-device training micro-batch size."""
+    """A data module (or a module that builds its own DataLoader) that states its per-device training micro-batch
+    size; the training DataLoader's batch size without it."""
 
     @property
     def micro_batch_size(self) -> int: ...
@@ -110,7 +82,8 @@ class ProvidesMicroBatchSize(Protocol):
 
 @runtime_checkable
 class ProvidesBuildPlan(Protocol):
-    """A strategy that says how the models built in ``configure_model`` are to be built (``models.plan``)."""
+    """A strategy that says how the models built in ``configure_model`` are to be built (``models.plan``); the
+    default plan without it."""
 
     def build_plan(self) -> BuildPlan: ...
 
@@ -118,21 +91,28 @@ class ProvidesBuildPlan(Protocol):
 @runtime_checkable
 class AgreesCallCounts(Protocol):
     """A strategy that agrees, over the ranks that must make the same calls, on how many times each rank calls a
-    module: ``local`` holds this rank's counts, the answer every rank's same counts (started, not waited for)."""
+    module: ``local`` holds this rank's counts, the answer every rank's same counts (started, not waited for).
+
+    The counted modules are those whose calls may be collectives (ZeRO-3 gathers the LM head's and each MLP's weights
+    on every call): the module's loss chunks and MLP tiles. Without it, the largest count over the default process
+    group (``loss.agreed_counts_of``).
+    """
 
     def start_agreed_counts(self, local: list[int]) -> AgreedCounts: ...
 
 
 @runtime_checkable
 class ProvidesFullTensors(Protocol):
-    """A strategy that shards parameters and can gather them one full tensor at a time."""
+    """A strategy that shards parameters and can gather them one full tensor at a time (the exporter,
+    ``hf_folder``); every rank holds the whole model without it."""
 
     def full_tensors(self, model: nn.Module) -> dict[str, LazyTensor]: ...
 
 
 @runtime_checkable
 class ProvidesLocalGradients(Protocol):
-    """A strategy that hands out this rank's gradients (local shards), or ``None`` where an engine owns them."""
+    """A strategy that hands out this rank's gradients (local shards, for ``NonFiniteGuard``), or ``None`` where an
+    engine owns them; the parameters' ``.grad`` without it."""
 
     def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None: ...
 
@@ -160,8 +140,9 @@ class HoldsFrozenModels(Protocol):
 
 @runtime_checkable
 class StoresReferenceLogps(Protocol):
-    """A data module that computes a reference model's log-probabilities of its preference data once (``logps``: a
-    collated batch -> ``[rows]`` summed log-probabilities), stores them beside its prepared data under
+    """A data module that computes a reference model's log-probabilities of its preference data once (TRL's
+    ``precompute_ref_log_probs``; ``logps``: a collated batch -> ``[rows]`` summed log-probabilities), stores them
+    beside its prepared data under
     ``reference_id`` (a resume reuses them; another id computes new ones) and hands them out in every batch as
     ``reference_logps``. Collective: every rank calls it, after the strategy set the module up."""
 
@@ -187,7 +168,11 @@ def micro_batch_size_of(*providers: object) -> int | None:
     return None
 
 
+# The target tokens of the whole optimizer step on this rank (``data.loader``), which the module sums over ranks to
+# normalise the loss.
 STEP_TOKENS_KEY = "step_target_tokens"
+# Each position's next-token target, already shifted: a sequence-parallel strategy gives a rank its slice of the
+# sequence this way (``strategies.sequence``), and the module's loss takes it as it is.
 SHIFT_LABELS_KEY = "shift_labels"
 
 

@@ -3,28 +3,18 @@ importing gym_lightning does not, since it changes the process (an environment v
 filter): a Python user who wants the same calls :func:`quiet_console` before importing deepspeed.
 
 Each source below printed on every run without telling the user anything they could act on. They are silenced one
-by one, at their source, so that real warnings keep reaching the console:
+by one, at their source (each function's docstring says how), so that real warnings keep reaching the console:
 
-- DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
-  (``deepspeed/accelerator/real_accelerator.py``, at WARNING level): logged by every process that imports
-  deepspeed on a machine without an accelerator, i.e. by the launcher and again by every rank.
-  ``silence_deepspeed_cpu_detection`` sets ``DS_ACCELERATOR=cpu``, DeepSpeed's own override, but only where its
-  auto-detection would end at the CPU fallback anyway: the accelerator it picks is unchanged, it just no longer warns
-  about it. Child processes (ranks) inherit the variable.
-- Lightning's "💡 Tip: ... litlogger" and "💡 Tip: ... litmodels" advertisements (``rank_zero_info`` in
-  ``lightning/pytorch/trainer/connectors/``), printed by every ``Trainer``. ``drop_lightning_tips`` filters exactly
-  the records that start with "💡 Tip"; the other messages of that logger ("GPU available", ...) stay.
-- The "tensorboardX has been removed ... `logger=True` will use CSVLogger" warning: gone because tensorboard is a
-  declared dependency; ``gym fit`` logs to TensorBoard and CSV in the run folder (``cli.cli_trainer_defaults``).
-- Lightning's "Loading `train_dataloader` to estimate number of stepping batches." (an internal detail), dropped by
-  the same filter, and torch's deprecation warning about ``LeafSpec()`` raised from Lightning's own
-  ``utilities/_pytree.py`` on every fit (``warnings`` filter on that message from that module only).
-- bitsandbytes' "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels" (its
-  ``backends/cpu/ops.py``, at WARNING level, on import on CPUs with AVX512-BF16): about a 4-bit matmul kernel
-  gym_lightning does not call (QLoRA uses its dequantisation only, ``quant/nf4.py``); ``drop_bitsandbytes_gemm_notice``
-  filters that record on that logger.
-- ``v_num`` on the progress bar: the logger's version number, the same on every step; ``GymProgressBar`` drops it
-  (``callbacks.progress``).
+- DeepSpeed's "Setting accelerator to CPU ..." on every process of a machine without an accelerator
+  (:func:`silence_deepspeed_cpu_detection`);
+- Lightning's "💡 Tip: ... litlogger" / "litmodels" advertisements and its "Loading `train_dataloader` to estimate
+  number of stepping batches." (:func:`drop_lightning_tips`), and torch's deprecation warning about ``LeafSpec()``
+  raised from Lightning's own ``utilities/_pytree.py`` on every fit (a ``warnings`` filter on that message from that
+  module only);
+- bitsandbytes' "Failed to load CPU gemm_4bit_forward ..." (:func:`drop_bitsandbytes_gemm_notice`);
+- the "tensorboardX has been removed ..." warning: gone because tensorboard is a declared dependency (``gym fit``
+  logs to TensorBoard and CSV in the run folder, ``cli.cli_trainer_defaults``);
+- ``v_num`` on the progress bar, the same on every step: ``GymProgressBar`` drops it (``callbacks.progress``).
 """
 
 from __future__ import annotations
@@ -62,7 +52,12 @@ def deepspeed_would_fall_back_to_cpu() -> bool:
 def silence_deepspeed_cpu_detection() -> None:
     """Set ``DS_ACCELERATOR=cpu`` where DeepSpeed would pick the CPU anyway, so that it does not warn about it.
 
-    A user's own ``DS_ACCELERATOR`` is left alone. Must run before deepspeed is first imported.
+    DeepSpeed's "Setting accelerator to CPU. If you have GPU or other accelerator, we were unable to detect it."
+    (``deepspeed/accelerator/real_accelerator.py``, at WARNING level) is logged by every process that imports
+    deepspeed on a machine without an accelerator, i.e. by the launcher and again by every rank. ``DS_ACCELERATOR``
+    is DeepSpeed's own override, set only where its auto-detection would end at the CPU fallback anyway: the
+    accelerator it picks is unchanged. Child processes (ranks) inherit the variable. A user's own
+    ``DS_ACCELERATOR`` is left alone. Must run before deepspeed is first imported.
     """
     if "DS_ACCELERATOR" not in os.environ and deepspeed_would_fall_back_to_cpu():
         os.environ["DS_ACCELERATOR"] = "cpu"
@@ -88,13 +83,24 @@ def _drop_on(logger_name: str, prefixes: tuple[str, ...]) -> None:
 
 def drop_lightning_tips() -> None:
     """Drop Lightning's "💡 Tip" advertisements and its other ``LIGHTNING_NOISE_PREFIXES`` records from the loggers
-    its ``rank_zero_info`` writes to (once); every other record of those loggers gets through."""
+    its ``rank_zero_info`` writes to (once); every other record of those loggers gets through.
+
+    The tips ("💡 Tip: ... litlogger", "💡 Tip: ... litmodels": ``rank_zero_info`` in
+    ``lightning/pytorch/trainer/connectors/``) are printed by every ``Trainer``; the other messages of that logger
+    ("GPU available", ...) stay, but for "Loading `train_dataloader` to estimate number of stepping batches." (an
+    internal detail).
+    """
     for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
         _drop_on(name, LIGHTNING_NOISE_PREFIXES)
 
 
 def drop_bitsandbytes_gemm_notice() -> None:
-    """Drop bitsandbytes' ``BNB_GEMM_NOTICE`` from its CPU backend's logger (once)."""
+    """Drop bitsandbytes' ``BNB_GEMM_NOTICE`` from its CPU backend's logger (once).
+
+    "Failed to load CPU gemm_4bit_forward from kernels-community ... pip install kernels" (its ``backends/cpu/ops.py``,
+    at WARNING level, on import on CPUs with AVX512-BF16) is about a 4-bit matmul kernel gym_lightning does not call
+    (QLoRA uses its dequantisation only, ``quant/nf4.py``).
+    """
     _drop_on(BNB_CPU_LOGGER, (BNB_GEMM_NOTICE,))
 
 

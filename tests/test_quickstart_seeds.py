@@ -14,7 +14,7 @@ def _load() -> ModuleType:
 def test_table_has_a_row_per_seed_and_min_median_max() -> None:
     bench = _load()
     results = [bench.SeedResult(0, 0.95, 0.12, 30.0, 25.0), bench.SeedResult(1, 0.91, 0.2, 40.0, 33.0)]
-    section = bench.markdown(results, "python benchmarks/quickstart_seeds.py")
+    section = bench.markdown(results, "python -m benchmarks.quickstart_seeds")
     assert section.startswith(bench.SECTION) and "2 of 2 seeds reach >= 0.90" in section
     assert "| 1 | 0.910 | 0.2000 | 40.0 | 33.0 |" in section
     assert "| **median** | 0.930 | 0.1600 | 35.0 | 29.0 |" in section

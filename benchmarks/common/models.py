@@ -1,7 +1,8 @@
 """Random-weight Hugging Face model folders, as a user has a downloaded checkpoint: the benchmark sizes (``SIZES``:
-250M to 1B parameters, a 0.4B mixture of experts, a narrow model for long sequences) saved as sharded bf16
-safetensors once under a work folder, and tiny folders of every model family (``make_family_folder``: hidden 64, 2
-layers, several files) that the tests and the host-sync census train. Each has the shipped tokenizer beside it.
+250M to 1B parameters, a 0.4B mixture of experts, a narrow model for long sequences, an untied one for FSDP's
+vocabulary units) saved as sharded bf16 safetensors once under a work folder, and tiny folders of every model family
+(``make_family_folder``: hidden 64, 2 layers, several files) that the tests and the host-sync census train. Each has
+the shipped tokenizer beside it.
 
     python -m benchmarks.common.models 250m /tmp/gym-scale    # builds /tmp/gym-scale/models/llama-250m (once)
 
@@ -38,8 +39,14 @@ SIZES: dict[str, dict[str, Any]] = {
     "long-44m": {"model_type": "llama", "hidden_size": 512, "intermediate_size": 1536, "num_hidden_layers": 8,
                  "num_attention_heads": 8, "num_key_value_heads": 4, "vocab_size": 32000,
                  "tie_word_embeddings": True, "max_position_embeddings": 32768},
+    # gym_fsdp's vocabulary units (strategies.fsdp.vocabulary_units): an untied 32,000 x 1,024 embedding and LM head,
+    # 125 MiB each in fp32, beside 14 layers of 49 MiB; 245M parameters. Run with --precision 32-true.
+    "246m-untied": {"model_type": "llama", "hidden_size": 1024, "intermediate_size": 2816, "num_hidden_layers": 14,
+                    "num_attention_heads": 16, "num_key_value_heads": 16, "vocab_size": 32000,
+                    "tie_word_embeddings": False},
 }  # fmt: skip
 SHARD_SIZE = "500MB"
+SHARD_SIZES = {"246m-untied": "200MB"}  # the checkpoint file the load reads at once (default SHARD_SIZE)
 
 
 def write_random_folder(folder: Path, fields: dict[str, Any], max_shard_size: str = SHARD_SIZE) -> Any:
@@ -153,7 +160,7 @@ def main() -> None:
     args = parser.parse_args()
     folder = folder_of(args.workdir, args.size)
     folder.parent.mkdir(parents=True, exist_ok=True)
-    write_random_folder(folder, SIZES[args.size])
+    write_random_folder(folder, SIZES[args.size], SHARD_SIZES.get(args.size, SHARD_SIZE))
 
 
 if __name__ == "__main__":

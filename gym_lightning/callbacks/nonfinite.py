@@ -47,7 +47,7 @@ def nonfinite_flag(tensors: Sequence[torch.Tensor], device: torch.device) -> tor
     if not tensors:
         return torch.zeros((), device=device)
     total = torch.nn.utils.get_total_norm(list(tensors), error_if_nonfinite=False)
-    return (~torch.isfinite(total)).float().to(device)
+    return torch.isfinite(total).logical_not().float().to(device)
 
 
 def sum_over_ranks(flags: torch.Tensor, strategy: Strategy, world: int) -> torch.Tensor:
@@ -55,8 +55,7 @@ def sum_over_ranks(flags: torch.Tensor, strategy: Strategy, world: int) -> torch
 
     Lightning's ``strategy.reduce`` runs ``barrier()`` before every all-reduce (``_sync_ddp`` in
     lightning.fabric.utilities.distributed): a second blocking round trip where every rank waits for the slowest.
-    The flags need only the sum. Measured on 2 CPU ranks over gloo at load ~12 (benchmarks/workers/
-    collective_latency.py): barrier + all-reduce 2.1-2.9 ms median, the all-reduce alone 0.7-0.8 ms. Other set-ups
+    The flags need only the sum (docs/benchmarks-history.md, "The non-finite flags' all-reduce"). Other set-ups
     (no default process group, or one that does not span the Trainer's ranks) keep ``strategy.reduce``.
     """
     dist = torch.distributed
@@ -64,6 +63,23 @@ def sum_over_ranks(flags: torch.Tensor, strategy: Strategy, world: int) -> torch
         dist.all_reduce(flags, op=dist.ReduceOp.SUM)
         return flags
     return strategy.reduce(flags, reduce_op="sum")
+
+
+def where_it_steps(flag: torch.Tensor, optimizer: torch.optim.Optimizer) -> torch.Tensor:
+    """``flag`` (a device scalar) where ``optimizer`` reads it, complete: copied to the host, waiting for it, when
+    the optimizer steps parameters in host memory (FSDP ``cpu_offload``) and the flag is on an accelerator.
+
+    torch's fused optimizers copy ``found_inf`` to each parameter's device with ``non_blocking=True``
+    (``torch.optim.adam._fused_adam``, torch 2.11 to 2.13); from the GPU to the host that is an asynchronous copy
+    into pinned memory, which the fused CPU kernel reads at once, before the copy (and the flags' all-reduce before
+    it) has landed: a rank could apply the step its peers skipped. A flag already on the host is used as it is.
+    """
+    if flag.device.type == "cpu":
+        return flag
+    # A group's parameters share a placement under FSDP (offloaded or not): its first tells, with no walk per step.
+    if any(group["params"][0].device.type == "cpu" for group in optimizer.param_groups if group["params"]):
+        return flag.to("cpu")  # blocking: the host waits for the flag, and so for the all-reduce it comes from
+    return flag
 
 
 class NonFiniteGuard(Callback):
@@ -83,7 +99,9 @@ class NonFiniteGuard(Callback):
     set, and the flags are copied to the host without waiting (pinned buffer, ``non_blocking``, CUDA event) and
     read one step later, before the next update, or before a checkpoint is written, whichever comes first.
     Reading them at once would stop the host until the GPU has run the whole backward, so the next step's kernels
-    could not be queued ahead. Any other optimizer (or a ``GradScaler``) reads the flags at once: one host sync.
+    could not be queued ahead. An optimizer that steps in host memory (``gym_fsdp`` ``cpu_offload``) gets its flag
+    on the host, once it is complete (:func:`where_it_steps`): one wait, where the offloaded step waits for its
+    gradients anyway. Any other optimizer (or a ``GradScaler``) reads the flags at once: one host sync.
 
     Args:
         action: ``"stop"`` raises ``NonFiniteLossError`` naming the step before its update is applied, so nothing
@@ -117,7 +135,7 @@ class NonFiniteGuard(Callback):
     @override
     def on_before_backward(self, trainer: pl.Trainer, pl_module: pl.LightningModule, loss: torch.Tensor) -> None:
         # A device flag summed over the step's micro-batches; read once per step (see the class docstring).
-        flag = (~torch.isfinite(loss.detach())).float().sum()
+        flag = torch.isfinite(loss.detach()).logical_not().float().sum()
         self._loss_flag = flag if self._loss_flag is None else self._loss_flag + flag
 
     @override
@@ -128,8 +146,8 @@ class NonFiniteGuard(Callback):
         flags = self._step_flags(trainer, pl_module)
         step = _StepId(trainer.global_step + 1, trainer.current_epoch, trainer.world_size)
         if self._skips_on_device(trainer, pl_module, optimizer):
-            # torch's fused kernels skip the whole update where found_inf != 0 (GradScaler's contract with them).
-            optimizer.found_inf = (flags.sum() > 0).float()  # type: ignore[attr-defined]
+            # torch's fused kernels skip the whole update where found_inf == 1 (GradScaler's contract with them).
+            optimizer.found_inf = where_it_steps((flags.sum() > 0).float(), optimizer)  # type: ignore[attr-defined]
             self._skipping_on = optimizer
             self._flags.start(flags, step)
             return
@@ -183,11 +201,12 @@ class NonFiniteGuard(Callback):
 
     def _step_flags(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> torch.Tensor:
         """``[2 * world]`` device flags, summed over ranks: loss flags, then gradient flags, one slot per rank."""
-        world, rank = trainer.world_size, trainer.global_rank
-        flags = torch.zeros(2 * world, device=pl_module.device, dtype=torch.float32)
-        if self._loss_flag is not None:
-            flags[rank] = self._loss_flag
-        flags[world + rank] = nonfinite_flag(local_gradients(trainer.strategy, pl_module) or [], pl_module.device)
+        world, rank, device = trainer.world_size, trainer.global_rank, pl_module.device
+        loss = self._loss_flag if self._loss_flag is not None else torch.zeros((), device=device)
+        grads = nonfinite_flag(local_gradients(trainer.strategy, pl_module) or [], device)
+        # [[loss], [grads]] padded with zeros to [2, world] around column `rank`: two kernels, no host data.
+        mine = torch.stack([loss.to(device, torch.float32), grads.to(torch.float32)]).unsqueeze(1)
+        flags = torch.nn.functional.pad(mine, (rank, world - 1 - rank)).flatten()
         self._loss_flag = None
         return sum_over_ranks(flags, trainer.strategy, world)
 
@@ -283,4 +302,11 @@ def _stop_message(step: _StepId, what: str, ranks: list[int]) -> str:
     )
 
 
-__all__ = ["NONFINITE_ACTIONS", "NonFiniteAction", "NonFiniteGuard", "NonFiniteLossError", "local_gradients"]
+__all__ = [
+    "NONFINITE_ACTIONS",
+    "NonFiniteAction",
+    "NonFiniteGuard",
+    "NonFiniteLossError",
+    "local_gradients",
+    "where_it_steps",
+]

@@ -199,4 +199,4 @@ class StepCheckpoint(ResumeLoaderPositions, ModelCheckpoint):
                 f"The checkpoint holds random states of {len(states)} rank(s), this run has {trainer.world_size}: "
                 "random draws (dropout, sampling) will not continue exactly as before."
             )
-        restore_rng_state(states[trainer.global_rank % len(states)])
+        restore_rng_state(states[trainer.global_rank % len(states)], trainer.local_rank)

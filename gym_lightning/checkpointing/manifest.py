@@ -16,8 +16,8 @@ state loaded and training diverged two steps later. Here:
   rank is left waiting in a collective for a rank that failed to read. ``gym export`` checks every file the same way.
 
 The hash is xxHash's XXH3-128 (``xxhash``, already installed with ``datasets``): a checksum against damage, not a
-signature against tampering (whoever can rewrite a file can rewrite the manifest). It runs at 6 GB/s in memory and
-2.3 GB/s reading a file from the page cache on this machine's CPU, against ~0.36 GB/s for hashlib's BLAKE2b.
+signature against tampering (whoever can rewrite a file can rewrite the manifest), several times faster than
+hashlib's BLAKE2b (docs/benchmarks-history.md, "Checkpoint manifests' hash").
 """
 
 from __future__ import annotations

@@ -63,7 +63,7 @@ def from_pieces(
     """Concatenate each record's pieces (token id lists, in order), label its target pieces, cut each record to
     ``max_seq_length`` tokens and drop those with no target after their first token (``formats.has_target``).
     The cut and the target test work on pieces (a few per record); token-length arrays are built only when some
-    record is cut or dropped (every full-length int64 array costs ~1 s per 100M tokens here)."""
+    record is cut or dropped (every full-length int64 array costs time in proportion to the tokens)."""
     lengths = np.fromiter(map(len, pieces), dtype=np.int64, count=len(pieces))
     ids = np.fromiter(chain.from_iterable(pieces), dtype=np.int32, count=int(lengths.sum()))
     labels = np.where(np.repeat(targets, lengths), ids, np.int32(IGNORE_INDEX)).astype(np.int32, copy=False)

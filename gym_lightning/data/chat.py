@@ -148,7 +148,8 @@ def chat_labels(
     texts = [tokenizer.apply_chat_template(m, tools=t, tokenize=False) for m, t in conversations]
     encodings = encode(tokenizer, texts)  # = tokenizer(texts, ..., return_offsets_mapping=True), without conversion
     special_ids = sorted(special_token_ids(tokenizer))
-    # A lookup table instead of np.isin per conversation (0.75 of 8.8 s on 3k ShareGPT conversations here).
+    # A lookup table instead of np.isin per conversation (docs/benchmarks-history.md, "Data preparation: the
+    # tokenizer calls").
     is_special = np.zeros(max(len(tokenizer), special_ids[-1] + 1 if special_ids else 0), dtype=bool)
     is_special[special_ids] = True
     out = []

@@ -1,9 +1,8 @@
 """Record formats: their names, detection and field checks, what a record trains on and its generation prompt.
 
 A plain record becomes ``(text, is_target)`` segments (``plain_segments``), a chat record OpenAI-style messages
-(``conversation``); ``prompt_text``/``prompt_ids_of`` give the prompt to ``generate`` from. The tokenization of
-training examples is not done here: ``gym_lightning.data.arrays`` tokenizes the segments, ``gym_lightning.data.chat``
-finds the targets of a chat rendering, and ``gym_lightning.data.prepare`` sends each batch to one or the other.
+(``conversation``); ``prompt_text``/``prompt_ids_of`` give the prompt to ``generate`` from. Tokenization is elsewhere
+(``data.arrays``, ``data.chat``, ``data.prepare``); :class:`TokenizedSample` says what it makes of a record.
 
 Formats (``format=`` of the data module; ``columns`` renames a data set's fields to these names first):
 
@@ -13,8 +12,8 @@ Formats (``format=`` of the data module; ``columns`` renames a data set's fields
   Response:\\n"`` (the Input block is left out when ``input`` is missing or empty) followed by ``output``. ``system``
   is put first, followed by a blank line; ``history`` is a list of earlier ``[instruction, output]`` pairs, rendered
   as earlier turns before the current one. Targets: every ``output`` (history turns included) and an eos after each.
-- ``prompt_completion``: ``{"prompt": ..., "completion": ...}``, joined with no separator (put one in the data if
-  you want one); the target is ``completion``.
+- ``prompt_completion``: ``{"prompt": ..., "completion": ...}``, joined with no separator (put one in the data if you
+  want one); the target is ``completion``.
 - ``messages`` (alias ``chat``): OpenAI style ``{"messages": [{"role", "content", "tool_calls" (optional)}, ...],
   "tools": [...] (optional)}``, rendered by the tokenizer's chat template (``tools`` are passed to it).
 - ``sharegpt``: ``{"conversations": [{"from", "value"}, ...], "system" (optional), "tools" (optional)}`` with roles
@@ -23,14 +22,6 @@ Formats (``format=`` of the data module; ``columns`` renames a data set's fields
   ``tools`` may be a JSON string (as in LLaMA-Factory's data sets) or a list.
 - ``preference`` (paired) and ``kto`` (unpaired) preference records: see ``gym_lightning.data.preference``.
 - ``auto``: picks one of the above from the fields of the first record and says which (rank-zero info).
-
-Chat targets are exactly what the assistant says in every turn and its end-of-turn token (see
-``gym_lightning.data.chat``). Other formats get the tokenizer's eos appended as a target, so that the model learns to
-stop; chat formats get it only when the template ends an assistant turn without a special token (no duplicate eos).
-Sequences are cut to ``max_seq_length`` tokens. With ``mask_prompt=True`` the labels of all non-target tokens are
-``-100``; with ``False`` every token is a target. Non-chat segments are tokenized one by one (in one batched call)
-and concatenated, so that the prompt tokens seen in training are exactly the tokens of the prompt given to
-``generate``.
 """
 
 from __future__ import annotations
@@ -86,6 +77,14 @@ EOS = None  # a segment whose text is EOS stands for the tokenizer's eos token
 @dataclass
 class TokenizedSample:
     """One tokenized example.
+
+    Chat targets are exactly what the assistant says in every turn and its end-of-turn token (see
+    ``gym_lightning.data.chat``). Other formats get the tokenizer's eos appended as a target, so that the model learns
+    to stop; chat formats get it only when the template ends an assistant turn without a special token (no duplicate
+    eos). Sequences are cut to ``max_seq_length`` tokens. With ``mask_prompt=True`` the labels of all non-target tokens
+    are ``-100``; with ``False`` every token is a target. Non-chat segments are tokenized one by one (in one batched
+    call) and concatenated, so that the prompt tokens seen in training are exactly the tokens of the prompt given to
+    ``generate``.
 
     Attributes:
         input_ids: Token ids of the whole example (prompt and target, end-of-turn/eos included).

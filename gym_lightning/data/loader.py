@@ -20,9 +20,8 @@ A streamed data set (``datasets.IterableDataset``, which has ``state_dict``/``lo
 position instead: the state saved is the data set's state right after the last batch handed out, and resuming
 loads it back (``num_workers`` must then be 0, so that the state is the main process's). Lightning fetches a
 stream's next batch before training the current one, so each streamed batch carries its index and the data module
-reports the batch actually being trained (``mark_in_use``); the saved position is that batch's.
-
-It is a plain ``DataLoader`` subclass so that Lightning can still re-create it with a distributed sampler.
+reports the batch actually being trained (``mark_in_use``); the saved position is that batch's. A plain
+``DataLoader`` subclass, so that Lightning can still re-create it with a distributed sampler.
 """
 
 from __future__ import annotations

@@ -12,9 +12,9 @@ memory-mapped, so a rank's memory does not grow with the data size. Token ids an
 ``arrays.pair_columns``), plain ones to ``arrays.plain_columns``.
 
 ``Dataset.map`` writes its output straight into the staging folder (``cache_file_name``), and those files are the
-cache entry (``done.json`` lists them per split): no second copy with ``save_to_disk`` (a single-core pass of ~5 s per
-2.3 GB that the other rank waits for, 1M alpaca records here) and no 2.3 GB left behind in ``datasets``' own cache
-folder. Only a split whose files lie elsewhere is copied in with ``save_to_disk``.
+cache entry (``done.json`` lists them per split): no second copy with ``save_to_disk`` (a single-core pass that the
+other rank waits for) and no copy left behind in ``datasets``' own cache folder (docs/benchmarks-history.md, "Data
+preparation: the tokenizer calls"). Only a split whose files lie elsewhere is copied in with ``save_to_disk``.
 
 The cache entry's name is a fingerprint of everything that changes its content: each file's path, size and mtime
 (or a Hub name, split and config), the tokenizer (its vocabulary and special tokens), the chat template, the formats,
@@ -225,7 +225,8 @@ def peek_format(source: DataSource, cache_dir: Path) -> str:
     try:
         rows, label = load_source(source.path, source.split, source.subset, cache_dir / "hf", streaming=True)
         first = next(iter(rename_columns(rows, source.columns, label)), None)
-    except GymUserError:
+    except Exception:  # a stream raises its builder's own error (ArrowInvalid, ...) only when read;
+        # the full load below turns it into the one-line error (file:line for JSON), or re-raises what is a real bug
         rows, label = load_records_dataset(source, cache_dir)
         first = rows[0] if len(rows) else None
     if first is None:
@@ -248,7 +249,7 @@ def rename_columns(dataset: datasets.Dataset, columns: dict[str, str] | None, la
 
 
 def map_processes(settings: Settings, num_records: int) -> int | None:
-    """Worker processes of a tokenizing ``map`` (``None``: in this process). They cost ~1-2 s each to start: only
+    """Worker processes of a tokenizing ``map`` (``None``: in this process). Each costs seconds to start: only
     worth it for large sets, unless ``num_proc`` says otherwise."""
     num_proc = settings.num_proc if settings.num_proc is not None else (min(os.cpu_count() or 1, 8))
     if settings.num_proc is None and num_records <= 50_000:

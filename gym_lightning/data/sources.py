@@ -106,7 +106,7 @@ TEXT_BUILDERS = ("json", "csv", "text")
 def raise_unless_utf8(path: Path) -> None:
     """Refuse a text file that is not UTF-8 before ``datasets`` reads it: pyarrow's JSON/CSV readers accept invalid
     bytes into string columns, and the failure comes later, mid-tokenization, as a bare ``UnicodeDecodeError`` with
-    neither file nor line. Decoding is incremental, 16 MiB at a time (about 1 s per GB)."""
+    neither file nor line. Decoding is incremental, 16 MiB at a time."""
     decoder = codecs.getincrementaldecoder("utf-8")()
     try:
         with open(path, "rb") as file:

@@ -31,17 +31,15 @@ def encode(tokenizer: PreTrainedTokenizerBase, texts: Sequence[str]) -> list[Enc
     """The Rust encodings of ``tokenizer(texts, add_special_tokens=False)`` for a fast tokenizer: transformers'
     ``__call__`` sets the same two backend options (no truncation or padding, since none is asked;
     ``encode_special_tokens`` from ``split_special_tokens``) and calls the same ``encode_batch``, then converts each
-    encoding into a ``BatchEncoding`` entry (15-25 % of the call on 20k alpaca records here), which is skipped.
+    encoding into a ``BatchEncoding`` entry (a large share of the call: docs/benchmarks-history.md, "Data
+    preparation: the tokenizer calls"), which is skipped.
     :func:`encode_ids` calls ``encode_batch_fast`` instead (same ids, no character offsets)."""
     backend = plain_backend(tokenizer)
     return backend.encode_batch(list(texts), add_special_tokens=False)
 
 
-# Texts per call of the Rust tokenizer when only ids are wanted. Short calls keep a call's encodings in the CPU caches:
-# on the 40k segments of 20k generated alpaca records (benchmarks/data_prep.py's), 32-128 texts per call took
-# 3.8-4.1 CPU-s against 4.5 for the 2,000 of one map batch in one call (medians of 5 interleaved repeats, idle
-# machine, 2 Dec 2026); 1,000-record map batches were already 1.3x faster than 10,000 (30 Nov,
-# docs/benchmarks-history.md).
+# Texts per call of the Rust tokenizer when only ids are wanted. Short calls keep a call's encodings in the CPU caches
+# (benchmarks/data_prep.py; docs/benchmarks-history.md, "Data preparation: the tokenizer calls").
 ENCODE_CHUNK = 64
 
 
@@ -52,9 +50,8 @@ def encode_ids(
     post-processor adds the special tokens as transformers' call does)."""
     if not tokenizer.is_fast:
         return tokenizer(list(texts), add_special_tokens=add_special_tokens)["input_ids"] if texts else []
-    # No offsets: the plain formats label whole segments. encode_batch_fast skips computing them: 8.2-10.0 vs
-    # 10.5-11.1 CPU-s for the 80k segments of 40k generated alpaca records, interleaved, idle machine (30 Nov 2026);
-    # an earlier single measurement at load ~8 had it slower, which three interleaved repeats did not confirm.
+    # No offsets: the plain formats label whole segments, and encode_batch_fast skips computing them (faster:
+    # docs/benchmarks-history.md, "Data preparation: the tokenizer calls").
     backend = plain_backend(tokenizer)
     encode_batch = getattr(backend, "encode_batch_fast", backend.encode_batch)  # tokenizers >= 0.21
     texts = list(texts)
@@ -67,8 +64,8 @@ def encode_ids(
 
 def offsets_array(encoding: Encoding) -> np.ndarray:
     """An encoding's ``(start, end)`` character offsets as an ``[n, 2]`` int64 array. ``np.asarray`` of the list of
-    tuples took 1.6 of 17.5 s in a profile of 3k ShareGPT conversations; a flat ``fromiter`` is ~1.5x faster (3000
-    lists of 300 offsets: 0.58 s vs 0.91 s here, loaded machine)."""
+    tuples is slow; a flat ``fromiter`` is faster (docs/benchmarks-history.md, "Data preparation: the tokenizer
+    calls")."""
     offsets = encoding.offsets
     flat = np.fromiter(chain.from_iterable(offsets), dtype=np.int64, count=2 * len(offsets))
     return flat.reshape(-1, 2)

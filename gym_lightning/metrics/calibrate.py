@@ -70,8 +70,8 @@ def matmul_flops(
 def model_matmul_flops(width: int, dtype: torch.dtype = torch.float32, tokens: int = 2048) -> float:
     """FLOP/s of the matmul a decoder layer spends most of its time in: ``tokens x width`` activations by a
     ``width x 3 width`` weight (an MLP projection), with ``tokens`` cut so one call is about 8 GFLOPs (a 4096-wide
-    layer would otherwise take seconds on a CPU core). Square matmuls of the width alone misjudge small models: a
-    256-wide square product measured 1.7-3.6 GFLOP/s on this 2-core host where the model's 2048 x 128 x 384 ran 10."""
+    layer would otherwise take seconds on a CPU core). Square matmuls of the width alone misjudge small models by a
+    factor of several (docs/benchmarks-history.md, "CPU calibration figures")."""
     cols = 3 * width
     rows = max(256, min(tokens, int(8e9 / (2 * width * cols))))
     return matmul_flops(width, dtype, rows=rows, cols=cols)
@@ -95,9 +95,9 @@ def all_reduce_figures(nbytes: int = 32 * 2**20, repeats: int = 5) -> tuple[floa
 def collective_figures(nbytes: int = 32 * 2**20, repeats: int = 5) -> dict[str, float]:
     """Bus bandwidths of the default process group's all-reduce, all-gather and reduce-scatter of ``nbytes`` (the
     full tensor, fp32), bytes/s, and the latency of a 4-byte all-reduce, seconds; zeros without a group or alone.
-    A collective, as :func:`all_reduce_figures`. Measured each: gloo's all-gather and reduce-scatter reached 0.23-0.53
-    GB/s on this host where its all-reduce reached 1.4-1.8 (benchmarks/plan_validate.py), so one figure for all three
-    made FSDP and ZeRO look 2-3x faster on CPU ranks than they ran; NCCL's are alike (nccl-tests)."""
+    A collective, as :func:`all_reduce_figures`. Measured each, because gloo's all-gather and reduce-scatter reach a
+    fraction of its all-reduce's bandwidth: one figure for all three made FSDP and ZeRO look faster on CPU ranks than
+    they ran (docs/benchmarks-history.md, "CPU calibration figures"); NCCL's are alike (nccl-tests)."""
     names = ("all_reduce", "all_gather", "reduce_scatter", "latency")
     if not dist.is_available() or not dist.is_initialized() or dist.get_world_size() < 2:
         return dict.fromkeys(names, 0.0)

@@ -14,32 +14,11 @@ Convention (PaLM, Chowdhery et al. 2022, appendix B "Compute usage and MFU"; the
   ``Q`` against ``T`` positions, 2 FLOPs each, times 3 for forward + backward. Like PaLM we do not halve it for the
   causal mask and count query heads (grouped-query attention shares K/V but still computes one score per query head).
 
-Frozen parameters (LoRA): a frozen weight still costs 2 FLOPs forward and 2 for the gradient w.r.t. its input (the
-backward pass has to go through it to reach the adapters below), but no weight gradient, so 4·N_frozen instead of
-6·N_frozen. The activation-gradient part is only needed above the lowest trainable parameter; we count it for every
-layer, which is exact when adapters sit in the first layer (PEFT's usual ``target_modules`` on all layers) and a
-small overestimate otherwise. Activation recomputation (gradient checkpointing) is not model FLOPs and is not counted:
-this is MFU, not HFU (hardware FLOPs utilisation), in PaLM's terms.
-
-Mixture of experts (Qwen3-30B-A3B, Mixtral, DeepSeek-V3, gpt-oss): each token goes through ``k`` of the ``E``
-routed experts of a layer (``num_experts_per_tok`` of ``num_experts``), so a routed expert's weights enter ``N`` at
-``k/E`` of their size: exactly the ``k`` experts' weights a token uses, whichever they are. Routers and shared experts
-(DeepSeek's ``shared_experts``, Qwen2-MoE's ``shared_expert``) run for every token and count whole. ``N`` is then the
-*active* parameter count the model cards publish ("A3B": 3.3B of Qwen3-30B-A3B's 30.5B, checked in
-tests/metrics/test_flops.py). Which parameters are routed experts is what the model's config says: its expert-parallel
-plan (``base_model_ep_plan``, the plan transformers shards experts by), not a table of ours. A model without that plan
-counts every parameter whole (an overestimate for MoE, exact for a dense model).
-
-LoRA on routed experts (peft's ``target_parameters``: ``lora_A [r E, in]``, ``lora_B [out, r E]`` under the experts
-module, so the expert-parallel plan's pattern names them too) counts at ``k/E`` like the experts: a token runs the
-``k`` adapters of its experts, ``k r (in + out)`` parameters per adapted weight. 4-bit weights (QLoRA: ``NF4Linear``
-and NF4 fused experts, ``quant.experts``) are dequantised and run as the 16-bit matmul, so they count as the weight
-they stand for: their uint8 codes (two weights a byte) as ``2 x`` their elements, their block scales and statistics
-(``<name>_scales``, ``<name>_scale_stats``, ``<name>_quant_type``) not at all.
-
-Under padding we count only real tokens: a sequence of ``n`` non-padding tokens costs ``dense·n + attention·n²`` where
-``dense = 6·N_trainable + 4·N_frozen`` and ``attention = 12·L·H·Q``, so a batch costs
-``dense·Σn + attention·Σn²`` and the callback only has to accumulate ``Σn`` and ``Σn²``.
+A frozen weight (LoRA's base) costs ``4·N_frozen`` (no weight gradient: :class:`TransformerFlops`), a routed expert
+``k/E`` of its size (``N`` is the *active* parameter count: :func:`matmul_param_counts`), a 4-bit weight the 16-bit
+weight it stands for (:func:`logical_numels`), and only real tokens count under padding
+(:meth:`TransformerFlops.for_tokens`). Activation recomputation (gradient checkpointing) is not model FLOPs: this is
+MFU, not HFU (hardware FLOPs utilisation), in PaLM's terms.
 """
 
 from __future__ import annotations
@@ -59,6 +38,12 @@ from gym_lightning.errors import GymUserError
 @dataclass(frozen=True)
 class TransformerFlops:
     """Training FLOPs of a decoder-only transformer, per the module docstring's convention.
+
+    Frozen parameters (LoRA): a frozen weight still costs 2 FLOPs forward and 2 for the gradient w.r.t. its input
+    (the backward pass has to go through it to reach the adapters below), but no weight gradient, so 4·N_frozen
+    instead of 6·N_frozen. The activation-gradient part is only needed above the lowest trainable parameter; it is
+    counted for every layer, which is exact when adapters sit in the first layer (PEFT's usual ``target_modules`` on
+    all layers) and a small overestimate otherwise.
 
     Args:
         trainable_params: Active matmul parameters that receive gradients (``N_trainable``; routed experts at
@@ -95,7 +80,12 @@ class TransformerFlops:
         return self.dense_per_token + self.attention_per_token_per_position * seq_len
 
     def for_tokens(self, num_tokens: float, sum_squared_lengths: float) -> float:
-        """Training FLOPs of sequences with ``Σn = num_tokens`` real tokens and ``Σn² = sum_squared_lengths``."""
+        """Training FLOPs of sequences with ``Σn = num_tokens`` real tokens and ``Σn² = sum_squared_lengths``.
+
+        Under padding only real tokens count: a sequence of ``n`` non-padding tokens costs ``dense·n +
+        attention·n²``, so a batch costs ``dense·Σn + attention·Σn²`` and the callback only has to accumulate ``Σn``
+        and ``Σn²``.
+        """
         return self.dense_per_token * num_tokens + self.attention_per_token_per_position * sum_squared_lengths
 
 
@@ -105,7 +95,20 @@ def matmul_param_counts(
     """``(trainable, frozen)`` parameter counts that enter ``N``: all parameters except embedding lookups, plus the
     output projection when it is tied to an embedding (see the module docstring). Parameters named by ``experts``
     (:func:`expert_patterns`) count ``k / E`` of their size, ``expert_share = (k, E)``; NF4 weights count as the
-    16-bit weights they stand for (:func:`logical_numels`)."""
+    16-bit weights they stand for (:func:`logical_numels`).
+
+    Mixture of experts (Qwen3-30B-A3B, Mixtral, DeepSeek-V3, gpt-oss): each token goes through ``k`` of the ``E``
+    routed experts of a layer (``num_experts_per_tok`` of ``num_experts``), so a routed expert's weights enter ``N``
+    at ``k/E`` of their size: exactly the ``k`` experts' weights a token uses, whichever they are. Routers and shared
+    experts (DeepSeek's ``shared_experts``, Qwen2-MoE's ``shared_expert``) run for every token and count whole. ``N``
+    is then the *active* parameter count the model cards publish ("A3B": 3.3B of Qwen3-30B-A3B's 30.5B, checked in
+    tests/metrics/test_flops.py). Which parameters are routed experts is what the model's config says (its
+    expert-parallel plan, :func:`expert_patterns`), not a table of ours; a model without that plan counts every
+    parameter whole (an overestimate for MoE, exact for a dense model). LoRA on routed experts (peft's
+    ``target_parameters``: ``lora_A [r E, in]``, ``lora_B [out, r E]`` under the experts module, so the plan's
+    pattern names them too) counts at ``k/E`` like the experts: a token runs the ``k`` adapters of its experts,
+    ``k r (in + out)`` parameters per adapted weight.
+    """
     embedding_ids = {id(p) for m in model.modules() if isinstance(m, nn.Embedding) for p in m.parameters()}
     output = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
     output_ids = {id(p) for p in output.parameters()} if isinstance(output, nn.Module) else set()
@@ -134,7 +137,9 @@ NF4_PART_SUFFIXES = ("_scales", "_scale_stats", "_quant_type")
 def logical_numels(named: Sequence[tuple[str, nn.Parameter]]) -> dict[str, int]:
     """``{name: elements}`` of each parameter as the matmul sees it: its full size (:func:`full_numel`), except a
     4-bit weight's parts (recognised by their names, as ``quant`` makes them: uint8 codes ``name`` beside a
-    ``name_scales``): the codes count ``2 x`` (two 4-bit weights a byte), the scales and statistics 0.
+    ``name_scales``): the codes count ``2 x`` (two 4-bit weights a byte), the scales and statistics 0. 4-bit weights
+    (QLoRA: ``NF4Linear`` and NF4 fused experts, ``quant.experts``) are dequantised and run as the 16-bit matmul, so
+    they count as the weight they stand for.
 
     Args:
         named: ``model.named_parameters(remove_duplicate=False)`` as a list.

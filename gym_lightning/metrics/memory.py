@@ -1,27 +1,12 @@
 """Bytes of parameters, gradients and optimizer state that THIS rank holds (pure accounting, no Lightning).
 
-DeepSpeed's attributes named below are read through ``gym_lightning._compat.deepspeed_attribute``, which accepts
-only those declared in ``_compat.DEEPSPEED_MEMORY_ATTRIBUTES`` (checked against the installed DeepSpeed by tests).
+DeepSpeed's attributes (:func:`held_bytes` names them) are read through ``gym_lightning._compat.deepspeed_attribute``,
+which accepts only those declared in ``_compat.DEEPSPEED_MEMORY_ATTRIBUTES`` (checked against the installed DeepSpeed by
+tests).
 
 Counting ``numel()`` of parameters would report the full model on every rank under FSDP and ZeRO-3 and miss the fp32
-master copies DeepSpeed keeps, so we follow tensors to their storages instead and count each storage once:
-
-* plain torch (single device, DDP): module parameters, their ``.grad`` and the tensors in ``optimizer.state``;
-  DDP's gradient buckets that are not the gradients' storage (all of them with ``gradient_as_bucket_view=False``,
-  and with it while ``.grad`` is ``None`` or a fresh tensor, e.g. a ``no_sync`` backward after
-  ``zero_grad(set_to_none=True)``): then they are held beside, or as a second copy of, the gradients;
-* FSDP2 (``fully_shard``): parameters, gradients and optimizer states are DTensors; we count the LOCAL shard
-  (``to_local()``'s storage, padding included), not the global size;
-* DeepSpeed ZeRO-1/2 (``runtime/zero/stage_1_and_2.py``): module parameters are views into ``bit16_groups_flat``; the
-  fp32 master partition is ``single_partition_of_fp32_groups`` (its ``.grad`` is the fp32 gradient partition), the
-  reduced gradients are ``all_grad_tensors`` (between backward and step when the caller owns accumulation),
-  ``averaged_gradients``/``grads_in_partition`` and per-parameter ``grad_accum`` (``accumulated_grads_in_cpu`` when
-  offloaded), the optimizer state lives in the wrapped ``optimizer.optimizer.state``; ``ipg_buckets`` are the
-  communication buckets;
-* DeepSpeed ZeRO-3 (``runtime/zero/stage3.py``): each parameter's partition is ``param.ds_tensor`` (``param.data`` is
-  empty unless gathered or persistent), masters are ``fp32_partitioned_groups_flat`` (the SAME storage as the
-  parameters when the model already trains in fp32 on that device — counted once, as parameters), gradient
-  partitions ``grad_partitions_flat_buffer``, host copies for parameter offload ``param_groups_fp16_flat_cpu_memory``.
+master copies DeepSpeed keeps, so we follow tensors to their storages instead and count each storage once
+(:func:`held_bytes` lists where they are for each strategy).
 
 A storage on the training device counts as ``on_device``; anywhere else (CPU RAM under DeepSpeed offload while
 training on CUDA) as ``offloaded``. When several categories reach the same storage, the first in
@@ -88,7 +73,26 @@ class StorageLedger:
 
 
 def held_bytes(module: nn.Module, optimizers: Iterable[Any], device: torch.device) -> HeldBytes:
-    """What this rank holds now for ``module`` (the strategy's wrapped model) and its ``optimizers``."""
+    """What this rank holds now for ``module`` (the strategy's wrapped model) and its ``optimizers``.
+
+    * plain torch (single device, DDP): module parameters, their ``.grad`` and the tensors in ``optimizer.state``; DDP's
+      gradient buckets that are not the gradients' storage (all of them with ``gradient_as_bucket_view=False``, and with
+      it while ``.grad`` is ``None`` or a fresh tensor, e.g. a ``no_sync`` backward after
+      ``zero_grad(set_to_none=True)``): then they are held beside, or as a second copy of, the gradients;
+    * FSDP2 (``fully_shard``): parameters, gradients and optimizer states are DTensors; we count the LOCAL shard
+      (``to_local()``'s storage, padding included), not the global size;
+    * DeepSpeed ZeRO-1/2 (``runtime/zero/stage_1_and_2.py``): module parameters are views into ``bit16_groups_flat``;
+      the fp32 master partition is ``single_partition_of_fp32_groups`` (its ``.grad`` is the fp32 gradient partition),
+      the reduced gradients are ``all_grad_tensors`` (between backward and step when the caller owns accumulation),
+      ``averaged_gradients``/``grads_in_partition`` and per-parameter ``grad_accum`` (``accumulated_grads_in_cpu`` when
+      offloaded), the optimizer state lives in the wrapped ``optimizer.optimizer.state``; ``ipg_buckets`` are the
+      communication buckets;
+    * DeepSpeed ZeRO-3 (``runtime/zero/stage3.py``): each parameter's partition is ``param.ds_tensor`` (``param.data``
+      is empty unless gathered or persistent), masters are ``fp32_partitioned_groups_flat`` (the SAME storage as the
+      parameters when the model already trains in fp32 on that device — counted once, as parameters), gradient
+      partitions ``grad_partitions_flat_buffer``, host copies for parameter offload
+      ``param_groups_fp16_flat_cpu_memory``.
+    """
     optimizers = list(optimizers)
     ledger = StorageLedger(device)
     ledger.add("params", _param_tensors(module, optimizers))
@@ -150,7 +154,7 @@ def _ddp_bucket_bytes(module: nn.Module) -> int:
     With ``gradient_as_bucket_view=True`` the gradients of a bucket are views of one storage, which several
     parameters share; the bytes of such shared storages are bucket bytes already counted as gradients. The
     reducer's buckets are private: their total comes from its logging data (``_compat.ddp_bucket_sizes``), which
-    lags a rebuild by one iteration (a static graph rebuilds after its first; measured: 1 bucket logged, 2 real) but
+    lags a rebuild by one iteration (a static graph rebuilds after its first: 1 bucket logged, 2 real) but
     keeps the total, so totals are compared, not bucket by bucket. A storage of one parameter is a fresh gradient
     (beside the buckets) unless a bucket of exactly that size holds one parameter only.
     """

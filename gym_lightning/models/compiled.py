@@ -1,20 +1,10 @@
 """Regional compilation: ``torch.compile`` of each decoder layer's forward, the opt-in fast path.
 
 Why per layer and not the whole model: a decoder is the same layer N times, so compiling one layer's forward and
-reusing it N times compiles once (measured here, a 12-layer Llama on 2 CPU cores: one graph for all 12 layers, 6 s;
-the issue's whole-model compile of Qwen3-1.7B did not finish in 150 s on an H200). torchtitan compiles per block for
-the same reason (+16 % on Llama-3.1-8B, 8 x H100) and PyTorch's recipe "Reducing torch.compile cold start
-compilation time with regional compilation" says the same.
-
-Why the instance's ``forward`` and not ``module.compile()`` / ``torch.compile(module)``:
-- the module's hooks stay outside the compiled region: FSDP2's unshard/reshard hooks and DeepSpeed's gather hooks
-  on the layer run eagerly around it, as they do without compile;
-- the module, its class and its parameter names are unchanged (``torch.compile(module)`` wraps it in an
-  ``OptimizedModule`` whose state-dict keys gain ``_orig_mod.``): checkpoints, exports, LoRA targets and the
-  strategies see the same model;
-- one compiled code object serves every layer: compiling the layer as a module guards on each layer object and
-  stops at dynamo's cache limit (8: the 9th and later layers ran eagerly in the measurement above), the bound
-  method's forward gave one graph for 12 layers.
+reusing it N times compiles once, where a whole-model compile of a billion-parameter model takes minutes
+(docs/benchmarks-history.md, "Regional compilation"). torchtitan compiles per block for the same reason (+16 % on
+Llama-3.1-8B, 8 x H100) and PyTorch's recipe "Reducing torch.compile cold start compilation time with regional
+compilation" says the same. Why the instance's ``forward`` and not ``module.compile()``: :func:`compile_layers`.
 
 Under DDP each compiled layer stays one graph (``CompileArgs.ddp_buckets``): dynamo's DDP optimizer, torch's default
 inside a ``DistributedDataParallel`` forward, would split it at DDP's gradient-bucket boundaries, a design for
@@ -37,6 +27,7 @@ import torch
 from torch import nn
 
 from gym_lightning._compat import set_dynamo_ddp_mode
+from gym_lightning.models.decoder_layers import decoder_layers
 
 COMPILE_MODES: tuple[str | None, ...] = (
     None,
@@ -102,25 +93,6 @@ class CompileArgs:
         return asdict(self)
 
 
-def decoder_layer_names(model: nn.Module) -> set[str]:
-    """Class names of the model's decoder layers: the union of ``_no_split_modules`` of every Hugging Face model
-    inside ``model`` (the classes transformers never splits across devices)."""
-    names: set[str] = set()
-    for module in model.modules():
-        names.update(getattr(module, "_no_split_modules", None) or [])
-    return names
-
-
-def decoder_layers(model: nn.Module) -> list[nn.Module]:
-    """The decoder layers of ``model`` (outermost matches only: a layer inside a layer is part of it)."""
-    names = decoder_layer_names(model)
-    layers: list[nn.Module] = []
-    for module in model.modules():
-        if type(module).__name__ in names and not any(module in set(layer.modules()) for layer in layers[-1:]):
-            layers.append(module)
-    return layers
-
-
 def _eager_with_cache(eager: Callable[..., Any], compiled: Callable[..., Any]) -> Callable[..., Any]:
     """The layer's forward: the compiled one, the eager one when the call carries a KV cache (generation)."""
 
@@ -139,11 +111,22 @@ def compile_layers(model: nn.Module, args: CompileArgs) -> int:
     Each layer's instance ``forward`` becomes the compiled one (compilation itself happens on the first call), so
     it must run after anything that replaces submodules (LoRA) or forwards inside the layer (fused ops): those are
     traced on the first call, whatever the order they were applied in.
+
+    Why the instance's ``forward`` and not ``module.compile()`` / ``torch.compile(module)``:
+
+    - the module's hooks stay outside the compiled region: FSDP2's unshard/reshard hooks and DeepSpeed's gather
+      hooks on the layer run eagerly around it, as they do without compile;
+    - the module, its class and its parameter names are unchanged (``torch.compile(module)`` wraps it in an
+      ``OptimizedModule`` whose state-dict keys gain ``_orig_mod.``): checkpoints, exports, LoRA targets and the
+      strategies see the same model;
+    - one compiled code object serves every layer: compiling the layer as a module guards on each layer object and
+      stops at dynamo's cache limit (8: the 9th and later layers run eagerly), the bound method's forward gives one
+      graph for all the layers.
     """
     layers = decoder_layers(model)
     # transformers >= 5 checkpoints activations inside the layer's forward, and its hub-kernels wrapper sets a context
     # variable around the attention call: a side effect inside the checkpoint, which dynamo refuses to replay in the
-    # recompute (a graph break that left the layer eager: 0 graphs, measured). The variable is reset when the call
+    # recompute (a graph break that leaves the whole layer eager). The variable is reset when the call
     # returns, so not replaying it is exact; likewise transformers' output recorders should record once per step.
     torch._dynamo.config.skip_fwd_side_effects_in_bwd_under_checkpoint = True
     # Process-wide too, as the flag above: dynamo reads it when it compiles a frame inside a DDP forward (set around
@@ -158,4 +141,4 @@ def compile_layers(model: nn.Module, args: CompileArgs) -> int:
     return len(layers)
 
 
-__all__ = ["COMPILE_MODES", "CompileArgs", "compile_layers", "decoder_layer_names", "decoder_layers"]
+__all__ = ["COMPILE_MODES", "CompileArgs", "compile_layers"]

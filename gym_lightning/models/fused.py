@@ -7,31 +7,10 @@ weights and optimizer state under bf16-mixed); the ops compute in the dtypes eag
 same autocast, so they change what autograd saves, not the arithmetic a step does.
 
 ``kernels="torch"`` (no extra dependency, runs on every device, eagerly and inside a per-decoder-layer
-``torch.compile``):
-
-- RMSNorm: a ``torch.autograd.Function`` with the math of transformers' ``LlamaRMSNorm`` (normalise in fp32, cast
-  back to the input dtype, multiply by the weight) that saves the input and the ``[..., 1]`` fp32 ``rstd`` only and
-  has a closed-form backward. Eager autograd saves the fp32 input, ``rstd`` and the normalised input (one more
-  ``[tokens, hidden]`` tensor; two more for a bf16 input, whose fp32 copy it keeps too). Only norms whose ``forward``
-  is, as source text, the one verified here (``LlamaRMSNorm``'s, which Qwen2/Qwen3/Mistral/... copy) are replaced;
-  Gemma's ``x * (1 + w)`` norms, which also cast after the weight, and Olmo2's ``(w * x).to(dtype)`` are left alone.
-- SwiGLU: ``down(silu(gate(x)) * up(x))`` with ``silu(g) * u`` as a Function that saves ``g`` and ``u`` and
-  recomputes ``silu(g)`` in backward: eager saves ``silu(g)`` as well, one ``[tokens, intermediate]`` tensor more.
-  The projections are still called as modules, so peft's LoRA layers and the strategies' hooks run.
-- RoPE: nothing. transformers' attention calls its modeling file's module-level ``apply_rotary_pos_emb``, so
-  replacing it per instance is impossible without a process-global patch, and there is nothing to save:
-  ``q * cos + rotate_half(q) * sin`` saves only ``cos`` and ``sin`` in eager autograd (the slices, ``neg`` and
-  ``cat`` of ``rotate_half`` save nothing; ``tests/models/test_fused.py`` measures it). Inside the compiled decoder
-  layer inductor fuses it into one kernel. ``rope`` switches Liger's kernel only.
-- Linear cross-entropy: ``loss.chunked_summed_cross_entropy`` (the module maps ``linear_cross_entropy`` onto its
-  loss chunking); nothing here.
-
-``kernels="liger"`` (``pip install 'gym-lightning[liger]'``, CUDA and Triton): Liger-Kernel's per-family
-``apply_liger_kernel_to_<family>(..., model=model)`` patches the instances (RMSNorm, SwiGLU) and, for RoPE, the
-modeling module's ``apply_rotary_pos_emb``: a process-global patch that every model of that family built later in
-the process shares. Liger also swaps the modeling module's norm and MLP classes (``modeling_llama.LlamaMLP =
-LigerSwiGLUMLP``, whose ``__init__`` drops ``mlp_bias``); those are put back, so only the RoPE function stays
-patched. :func:`liger_summed_linear_cross_entropy` is Liger's fused LM head + cross-entropy.
+``torch.compile``): autograd Functions that save less than eager autograd for RMSNorm (:class:`RMSNormFunction`) and
+SwiGLU (:class:`SiLUMulFunction`); RoPE and the linear cross-entropy are not replaced here (:class:`FusedOps` says
+why). ``kernels="liger"`` (``pip install 'gym-lightning[liger]'``, CUDA and Triton): Liger-Kernel's per-family
+patches (:func:`apply_fused_ops`; RoPE's is process-global) and :func:`liger_summed_linear_cross_entropy`.
 """
 
 from __future__ import annotations
@@ -66,12 +45,18 @@ class FusedOps:
     """Which fused ops the fast path uses.
 
     Args:
-        rms_norm: Replace Llama-style RMSNorms (see the module docstring for which count as such).
-        swiglu: Replace ``down(silu(gate(x)) * up(x))`` MLPs.
+        rms_norm: Replace Llama-style RMSNorms (:class:`RMSNormFunction` says which count as such).
+        swiglu: Replace ``down(silu(gate(x)) * up(x))`` MLPs (:class:`SiLUMulFunction`).
         rope: Liger's RoPE kernel (process-global patch); nothing with ``kernels="torch"``, where RoPE is left to
-            inductor inside the compiled decoder layer.
+            inductor inside the compiled decoder layer: transformers' attention calls its modeling file's
+            module-level ``apply_rotary_pos_emb``, so replacing it per instance is impossible without a
+            process-global patch, and there is nothing to save: ``q * cos + rotate_half(q) * sin`` saves only ``cos``
+            and ``sin`` in eager autograd (the slices, ``neg`` and ``cat`` of ``rotate_half`` save nothing;
+            ``tests/models/test_fused.py`` checks it). Inside the compiled decoder layer inductor fuses it into one
+            kernel.
         linear_cross_entropy: Never hold ``[tokens, vocab]`` logits: the chunked LM head + cross-entropy with
-            ``kernels="torch"``, Liger's fused linear cross-entropy with ``kernels="liger"``.
+            ``kernels="torch"`` (``loss.chunked_summed_cross_entropy``: the module maps this switch onto its loss
+            chunking; nothing in this file), Liger's fused linear cross-entropy with ``kernels="liger"``.
         kernels: ``torch`` (autograd Functions in this file) or ``liger`` (Liger-Kernel's Triton kernels).
     """
 
@@ -106,7 +91,15 @@ class FusedOps:
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """``weight * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``, saving ``x`` and ``rstd`` only."""
+    """``weight * (x.float() * rsqrt(mean(x.float()**2) + eps)).to(x.dtype)``, saving ``x`` and ``rstd`` only.
+
+    The math of transformers' ``LlamaRMSNorm`` (normalise in fp32, cast back to the input dtype, multiply by the
+    weight) with a closed-form backward, saving the input and the ``[..., 1]`` fp32 ``rstd``. Eager autograd saves the
+    fp32 input, ``rstd`` and the normalised input (one more ``[tokens, hidden]`` tensor; two more for a bf16 input,
+    whose fp32 copy it keeps too). Only norms whose ``forward`` is, as source text, the one verified here
+    (``LlamaRMSNorm``'s, which Qwen2/Qwen3/Mistral/... copy) are replaced (:func:`is_llama_rms_norm`); Gemma's
+    ``x * (1 + w)`` norms, which also cast after the weight, and Olmo2's ``(w * x).to(dtype)`` are left alone.
+    """
 
     @staticmethod
     def forward(ctx: Any, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
@@ -142,7 +135,11 @@ def _rms_norm_forward(norm: nn.Module, hidden_states: torch.Tensor) -> torch.Ten
 
 
 class SiLUMulFunction(torch.autograd.Function):
-    """``silu(gate) * up``, saving ``gate`` and ``up`` and recomputing ``silu(gate)`` in backward."""
+    """``silu(gate) * up``, saving ``gate`` and ``up`` and recomputing ``silu(gate)`` in backward.
+
+    Eager autograd saves ``silu(g)`` as well, one ``[tokens, intermediate]`` tensor more. The MLP's projections are
+    still called as modules (``down(silu(gate(x)) * up(x))``), so peft's LoRA layers and the strategies' hooks run.
+    """
 
     @staticmethod
     def forward(ctx: Any, gate: torch.Tensor, up: torch.Tensor) -> torch.Tensor:
@@ -268,7 +265,14 @@ def _liger_apply_fn(model: nn.Module) -> Callable[..., None]:
 
 
 def _apply_liger(model: nn.Module, ops: FusedOps) -> dict[str, int]:
-    """Liger's instance patch on ``model``; its process-global class swaps undone (RoPE's function stays)."""
+    """Liger's instance patch on ``model``; its process-global class swaps undone (RoPE's function stays).
+
+    Liger-Kernel's per-family ``apply_liger_kernel_to_<family>(..., model=model)`` patches the instances (RMSNorm,
+    SwiGLU) and, for RoPE, the modeling module's ``apply_rotary_pos_emb``: a process-global patch that every model of
+    that family built later in the process shares. Liger also swaps the modeling module's norm and MLP classes
+    (``modeling_llama.LlamaMLP = LigerSwiGLUMLP``, whose ``__init__`` drops ``mlp_bias``); those are put back, so only
+    the RoPE function stays patched.
+    """
     import transformers
 
     raise_if_problems("liger-kernel does not fit this transformers", liger_problems(transformers.__version__))

@@ -271,8 +271,9 @@ def _uninitialised(config: PretrainedConfig, options: dict[str, Any]) -> PreTrai
     """``from_config`` without transformers' weight initialisation (ties kept), for a model whose every weight the
     strategy then reads from a checkpoint. Under ZeRO-3 that initialisation gathers each module in turn to draw it
     on rank 0 (transformers' ``initialize_weights_zero3``, after the build, whatever ``no_init_weights`` says), the
-    whole 16-bit embedding included: measured, the load peak of a 1B QLoRA run under zero3 was 121 MiB above what
-    the ranks held once loaded (benchmarks/qlora_peak.py --diagnose), for values the checkpoint then overwrites.
+    whole 16-bit embedding included, a load peak above what the ranks hold once loaded (benchmarks/qlora_peak.py
+    --diagnose; docs/benchmarks-history.md, "Weight initialisation before a ZeRO-3 load"), for values the checkpoint
+    then overwrites.
     The strategy's ``zero.Init`` is open already (``zero3_init_open`` says so to transformers); the rotary buffers
     it computes in the training dtype are replaced by the strategy (``models.plan.reference_buffers``)."""
     from transformers.initialization import no_init_weights

@@ -120,8 +120,8 @@ def reference_buffers(source: WeightsSource) -> dict[str, torch.Tensor]:
     them, in their own dtype; the model is built on the meta device, so no parameter gets storage.
 
     A model built inside a construction context that changes how tensors are created (DeepSpeed's ``zero.Init``
-    makes ``arange``/``zeros`` produce bf16 under bf16) computes them differently: measured on tiny models, Mixtral's
-    ``inv_freq`` came out in bf16 and gpt-oss's YaRN frequencies 4e-5 off, and the logits 0.2 off a plain load.
+    makes ``arange``/``zeros`` produce bf16 under bf16) computes them differently, and the logits then differ from
+    a plain load's (docs/benchmarks-history.md, "Buffers computed under zero.Init").
     """
     with torch.random.fork_rng(devices=[]), META:
         model = AutoModelForCausalLM.from_config(source.config, **source.options)

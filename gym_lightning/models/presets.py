@@ -15,10 +15,8 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.tokenizer import SHIPPED_TOKENIZER_DIR, load_tokenizer
 
 _SHARED_SHAPE = {
-    # Wide and shallow learns the addition task fastest per CPU second: at about the same size (0.46-0.49M
-    # parameters), 2 layers of width 128 reach ~99% exact match in 3 epochs of batch 32 (configs/quickstart.yaml),
-    # where 4 layers of width 96 with 2 key/value heads were at ~11% after 4 epochs (measured when the presets were
-    # chosen).
+    # Wide and shallow learns the addition task fastest per CPU second (docs/benchmarks-history.md, "The presets'
+    # shape").
     "hidden_size": 128,
     "intermediate_size": 384,
     "num_hidden_layers": 2,

@@ -18,14 +18,10 @@ is what sharding needs:
   kept as their bits in int32 tensors, and no strategy can change a quantised value (bitsandbytes 1945: NF4 packed
   in bf16 corrupted by NaN canonicalisation; its ``quant_storage=bfloat16`` exists for flat-parameter wrappers,
   FSDP1 and DeepSpeed's flat buffers, which gym_lightning does not use: FSDP2 and ZeRO-3 shard per parameter).
-
 - **Self-describing FP4.** An FP4 weight carries one more tensor, ``quant_type`` (uint8 ``[rows, 1]``, the index
   of its code book in :data:`QUANT_TYPES`): a checkpoint's tensors alone then say how to dequantise them (``gym
   export`` reads no hyper-parameters), and the row layout keeps it shardable like the others. NF4 weights have none,
   so their tensors are those of every earlier checkpoint.
-
-Bits per weight: 4 + 32/64 = 4.5 with fp32 scales; 4 + 8/64 + 32·(1 + ceil(k/256))/in with the second level (k =
-in/64 scales per row): 4.141 at 4,096 wide, 4.133 at 8,192 (bitsandbytes' global second level: 4.127).
 """
 
 from __future__ import annotations
@@ -79,7 +75,9 @@ FP4_VALUES = (
 # The code books by name; a weight's ``quant_type`` tensor holds the index of its own here.
 QUANT_TYPES = ("nf4", "fp4")
 CODE_BOOKS = {"nf4": NF4_VALUES, "fp4": FP4_VALUES}
-# Scales of the second level: int8 blocks of this many scales along a row (torchao's scaler_block_size).
+# Scales of the second level: int8 blocks of this many scales along a row (torchao's scaler_block_size). Bits per
+# weight: 4 + 32/64 = 4.5 with fp32 scales; 4 + 8/64 + 32·(1 + ceil(k/256))/in with the second level (k = in/64
+# scales per row): 4.141 at 4,096 wide, 4.133 at 8,192 (bitsandbytes' global second level: 4.127).
 SCALE_BLOCK = 256
 # Elements (de)quantised at once: bounds the int64 index and fp32 temporaries of a call (about 17 MiB).
 _CHUNK = 1 << 20
@@ -214,9 +212,9 @@ def dequantize(parts: dict[str, torch.Tensor], dtype: torch.dtype, quant_type: s
     Parts with leading dims (``[E, rows, x]``, :func:`quantize` of fused experts) give ``[E, rows, in]``.
 
     With bitsandbytes installed (the ``qlora`` extra) its ``dequantize_4bit`` kernel does it, on our codes and our
-    decoded block scales (the first level is its format; measured 12x faster than :func:`dequantize_reference` on
-    a 14,336 x 4,096 weight on 2 CPU cores, 0.22 s against 2.7 s); the result is the same bit for bit
-    (tests/quant/test_nf4.py), so a run does not depend on whether it is installed.
+    decoded block scales (the first level is its format; an order of magnitude faster than
+    :func:`dequantize_reference`: docs/benchmarks-history.md, "bitsandbytes' NF4 dequantisation kernel"); the result
+    is the same bit for bit (tests/quant/test_nf4.py), so a run does not depend on whether it is installed.
     """
     codes = parts["codes"]
     if codes.dim() != 2:  # leading dims (fused experts): every row stands alone, so dequantise the rows

@@ -56,15 +56,14 @@ HEAP_MMAP_THRESHOLD = 1 << 20
 def return_freed_host_memory(device: torch.device) -> None:
     """On CPU ranks, make freed tensors of 1 MiB and more go back to the system instead of staying in glibc's heap.
 
-    glibc serves allocations below its mmap threshold from the heap and raises that threshold (up to 32 MiB) each
-    time a mapped block is freed, so after the first steps most per-tensor transients (gathered FSDP units,
-    16-bit gradients, autocast copies: 6-23 MiB each for 250M-1B Llama layers) come from the heap, and freeing them
-    leaves holes the heap cannot trim. Measured at 250M on 2 ranks under gym_fsdp: 0.8-1.0 GiB of the 3.3-3.5 GiB
-    resident at the end of training was such freed memory (``malloc_trim`` gave it back; benchmarks/scale.py,
-    ``GYM_SCALE_TRIM=1``), and every later phase (save, export) started from it. Fixing the threshold (which also
-    stops glibc from raising it) maps every tensor of 1 MiB and more on its own. The cost is a page fault per new
-    page of such tensors. Nothing happens off glibc, on accelerators, or when the user set
-    ``MALLOC_MMAP_THRESHOLD_`` (glibc read it at start-up).
+    glibc serves allocations below its mmap threshold from the heap and raises that threshold (up to 32 MiB) each time a
+    mapped block is freed, so after the first steps most per-tensor transients (gathered FSDP units, 16-bit gradients,
+    autocast copies: 6-23 MiB each for 250M-1B Llama layers) come from the heap, and freeing them leaves holes the heap
+    cannot trim: resident memory that every later phase (save, export) starts from (benchmarks/scale.py,
+    ``GYM_SCALE_TRIM=1``; docs/benchmarks-history.md, "glibc's heap on CPU ranks"). Fixing the threshold (which also
+    stops glibc from raising it) maps every tensor of 1 MiB and more on its own. The cost is a page fault per new page
+    of such tensors. Nothing happens off glibc, on accelerators, or when the user set ``MALLOC_MMAP_THRESHOLD_`` (glibc
+    read it at start-up).
     """
     if device.type != "cpu" or MMAP_THRESHOLD_ENV_VAR in os.environ:
         return
@@ -118,9 +117,9 @@ def rendezvous_timeout(collective: timedelta | None) -> timedelta:
 
     torch uses the one ``timeout`` of ``init_process_group`` for the rendezvous too: rank 0 waits that long for the
     others to connect. A collective timeout short enough to catch a hung rank quickly (30 s) failed the start of a
-    2-rank CPU run whose second rank took 16 s to import (Lightning starts it after rank 0 has imported): starting
-    takes as long as it takes, and the strategy's ``timeout`` applies to collectives once every rank has arrived
-    (``watch_collectives``)."""
+    2-rank CPU run whose second rank took longer than that to import (Lightning starts it after rank 0 has imported):
+    starting takes as long as it takes, and the strategy's ``timeout`` applies to collectives once every rank has
+    arrived (``watch_collectives``)."""
     return max(collective, default_pg_timeout) if collective is not None else default_pg_timeout
 
 

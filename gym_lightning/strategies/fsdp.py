@@ -3,12 +3,14 @@
 Lightning's ``FSDPStrategy`` wraps FSDP1 and refuses CPU; its ``ModelParallelStrategy`` runs FSDP2 anywhere but
 leaves sharding to the user's ``configure_model``. This strategy does the sharding itself, the way torchtitan does
 for Llama (https://github.com/pytorch/torchtitan, ``parallelize_llama``): one FSDP unit per transformer decoder layer,
-then one unit per top-level child of the LightningModule, so model code knows nothing of parallelism.
+an untied input embedding and LM head each a unit of its own, then one unit per top-level child of the
+LightningModule, so model code knows nothing of parallelism.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterable
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -21,16 +23,17 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
 from torch.distributed.tensor import DTensor
+from transformers import PreTrainedModel
 from typing_extensions import override
 
 from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
-from gym_lightning.models.compiled import decoder_layer_names
+from gym_lightning.models.decoder_layers import decoder_layer_names
 from gym_lightning.models.moe import moe_blocks
 from gym_lightning.models.plan import META, BuildPlan
-from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
+from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights, shard_aware_scaler
 from gym_lightning.strategies._common import raise_strategy_problems
 from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
@@ -116,8 +119,9 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
     """FSDP2 over all ranks, one shard unit per decoder layer, for any LightningModule on CPU or CUDA.
 
     Shard units: every module whose class name is in ``layer_classes`` (default: the decoder-layer classes that the
-    Hugging Face model lists in ``_no_split_modules``), then every top-level child of the LightningModule that holds
-    parameters (for a Hugging Face model: embeddings, final norm and LM head). Parameters set directly on the
+    Hugging Face model lists in ``_no_split_modules``); an untied input embedding and LM head, each alone
+    (:func:`vocabulary_units`); then every top-level child of the LightningModule that holds parameters (for a
+    Hugging Face model: the rest, the final norm, or a tied embedding and head). Parameters set directly on the
     LightningModule cannot be sharded and are refused. Modules the user already sharded in ``configure_model``
     are left as they are.
 
@@ -144,7 +148,9 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
             :class:`~gym_lightning.strategies.base.GymStrategy`; parameters stay sharded over all ranks. 1: off.
 
     The Trainer precision picks the FSDP mixed-precision policy: ``"bf16-mixed"`` computes in bf16 and reduces
-    gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype.
+    gradients in fp32 (sharded master weights stay fp32); ``"32-true"`` and ``"bf16-true"`` keep one dtype;
+    ``"16-mixed"`` autocasts to fp16 and scales the loss with ``precision.GymShardedGradScaler``, on the host under
+    ``cpu_offload``.
     Gradient clipping (``gradient_clip_val``) clips by the global norm of the sharded gradients, with fused
     optimizers too (``precision.GymMixedPrecision``).
     """
@@ -180,6 +186,7 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
         self.gradient_compression = gradient_compression
         self._shard_mesh: DeviceMesh | None = None
         self._build_plan = BuildPlan(device=META)
+        self._kept_gathered: list[FSDPModule] = []  # units FSDP does not reshard after backward (LM heads)
 
     @property
     @override
@@ -216,6 +223,7 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
         if self.model is None or self.accelerator is None:
             raise RuntimeError(f"{type(self).__name__}.setup() needs the Trainer to connect a model and accelerator.")
         self.accelerator.setup(trainer)
+        self._scale_losses_shard_aware()
         self.setup_sequence_parallel()
         # What no engine manages (metric states, buffers) computes on the device, whatever the shards' storage.
         with placed_after(self.model, self.root_device):
@@ -234,6 +242,16 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
             self.setup_optimizers(trainer)
         self.setup_precision_plugin()
 
+    def _scale_losses_shard_aware(self) -> None:
+        """Under ``16-mixed``, torch's sharded loss scaler (``precision.GymShardedGradScaler``) where Lightning made a
+        plain ``GradScaler``: each rank holds only its gradient shards, so with a plain one a rank that found an
+        overflow in its shards skipped the step and halved its scale while the others stepped. It lives where the
+        optimizer steps: the host under ``cpu_offload``."""
+        plugin = self.precision_plugin
+        if (scaler := getattr(plugin, "scaler", None)) is not None:
+            offloaded = self.cpu_offload or self.root_device.type == "cpu"
+            plugin.scaler = shard_aware_scaler(scaler, "cpu" if offloaded else self.root_device.type)
+
     def shard_module(self, module: nn.Module) -> None:
         """Apply activation checkpointing and ``fully_shard`` to ``module``'s layers and top-level children."""
         if own := [name for name, _ in module.named_parameters(recurse=False)]:
@@ -248,6 +266,10 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
                 checkpoint_activations(layer)
             if not isinstance(layer, FSDPModule):
                 fully_shard(layer, **kwargs)
+        units = vocabulary_units(module)
+        for unit in units:
+            _shard_vocabulary_unit(unit, kwargs)
+        self._kept_gathered = [u.module for u in units if not u.first_in_forward and isinstance(u.module, FSDPModule)]
         for child in module.children():
             _shard_unit(child, kwargs)
         if missing := unsharded_parameter_names(module):
@@ -283,6 +305,12 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
             "mp_policy": mixed_precision_policy(str(self.precision_plugin.precision), self.gradient_compression),
             "offload_policy": offload,
         }
+
+    @override
+    def post_backward(self, closure_loss: torch.Tensor) -> None:
+        super().post_backward(closure_loss)
+        for unit in self._kept_gathered:  # their gradients are reduced; the optimizer steps the shards next
+            unit.reshard()
 
     def local_gradients(self, module: nn.Module) -> list[torch.Tensor] | None:
         """This rank's gradient shards of ``module`` as plain tensors (for ``NonFiniteGuard``); no collective."""
@@ -341,6 +369,72 @@ def _fsdp_problems(sharding: str, layer_classes: Any, gradient_compression: str)
     elif gradient_compression not in FSDP_GRADIENT_COMPRESSIONS:
         problems.append(f"gradient_compression={gradient_compression!r} is not one of {FSDP_GRADIENT_COMPRESSIONS}.")
     return problems
+
+
+@dataclass(frozen=True)
+class VocabularyUnit:
+    """A vocabulary-sized module sharded as an FSDP unit of its own, and how long it stays gathered.
+
+    Args:
+        module: The input embedding or the (untied) LM head.
+        first_in_forward: ``True`` for the embedding (gathered for its forward, freed, gathered again for its
+            backward, the last); ``False`` for the LM head, used last in forward and first in backward, which stays
+            gathered from its forward until the backward has finished (:meth:`GymFSDPStrategy.post_backward`).
+    """
+
+    module: nn.Module
+    first_in_forward: bool
+
+
+def vocabulary_units(module: nn.Module) -> list[VocabularyUnit]:
+    """The input embedding and the untied LM head of every Hugging Face causal LM in ``module``, each to be sharded
+    as a unit of its own, as torchtitan shards an untied Llama (``torchtitan.distributed.fsdp.apply_fsdp_to_decoder``).
+
+    Left in the model's root unit, which is gathered from the start of forward to the end of backward, the two were
+    held together through every layer's forward and backward: two ``[vocab, hidden]`` matrices (2.4 GB of bf16 at
+    Qwen3's 151,936 x 4,096) beside the layer in use, all-gathered at once. A tied pair is one weight, which FSDP
+    needs in one unit, used first and last in forward: it stays in the root. The final norm stays in the root too
+    (torchtitan groups it with the head): a unit of several modules of which a chunked loss calls only the head
+    crashed FSDP2's backward (segmentation fault, torch 2.11 and 2.13, 2 CPU ranks).
+    """
+    units: list[VocabularyUnit] = []
+    for model in _causal_lms(module):
+        embedding, head = model.get_input_embeddings(), model.get_output_embeddings()
+        if embedding is None or head is None or getattr(head, "weight", None) is getattr(embedding, "weight", False):
+            continue
+        units += [VocabularyUnit(embedding, True), VocabularyUnit(head, False)]
+    return units
+
+
+def _causal_lms(module: nn.Module) -> list[nn.Module]:
+    """The outermost modules of ``module`` with both input and output embeddings (transformers' ``*ForCausalLM``,
+    found inside a peft wrapper too)."""
+    found: list[nn.Module] = []
+    inside: set[nn.Module] = set()
+    for candidate in module.modules():
+        if candidate in inside or not isinstance(candidate, PreTrainedModel):
+            continue
+        if candidate.get_output_embeddings() is not None:
+            found.append(candidate)
+            inside.update(candidate.modules())
+    return found
+
+
+def _shard_vocabulary_unit(unit: VocabularyUnit, kwargs: dict[str, Any]) -> None:
+    """``fully_shard`` a :class:`VocabularyUnit` (unless it is sharded already: a user's own ``configure_model``
+    sharding is left as it is); the strategy reshards the LM head's unit after each backward.
+
+    The head is not resharded by FSDP after its backward: a chunked loss (``loss.chunked_summed_cross_entropy``)
+    calls it once per chunk, and FSDP2 then resharded it after each chunk's backward and all-gathered it again for
+    the next (17 all-gathers a step instead of 8 at 13 chunks, measured on 2 CPU ranks); kept, it is gathered once
+    per forward and its gradient reduce-scattered once. ``grad_op`` never reshards after forward.
+    """
+    if isinstance(unit.module, FSDPModule):
+        return
+    reshard = unit.first_in_forward and kwargs["reshard_after_forward"] is not False
+    sharded = fully_shard(unit.module, **{**kwargs, "reshard_after_forward": reshard})
+    if not unit.first_in_forward:
+        sharded.set_reshard_after_backward(False)
 
 
 def _full_tensor(value: torch.Tensor) -> LazyTensor:

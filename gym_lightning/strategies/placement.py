@@ -6,7 +6,7 @@ A strategy decides where the *parameters* live: DDP on the device, FSDP2 in shar
 ``inv_freq``) is used where the computation runs, and no engine moves it there:
 
 - ZeRO-3: DeepSpeed never moves a ``zero.Init`` model (the engine skips ``module.to``) and Lightning never calls
-  ``model_to_device`` for it, so metrics and buffers made in ``__init__`` stayed on the CPU; on an H200 the first
+  ``model_to_device`` for it, so metrics and buffers made in ``__init__`` stayed on the CPU; on a GPU the first
   ``val_loss.update`` failed with torchmetrics' "Encountered different devices in metric calculation";
 - FSDP2 with ``cpu_offload``: ``to_empty(device=<shard storage>)`` put the whole LightningModule's buffers and metric
   states in host memory with the shards;

@@ -4,47 +4,26 @@ A rank that stops (SIGSTOP, a GPU hang, a node that drops off the network) leave
 collective until the process group's timeout. Gloo's error then names no rank ("Timed out waiting 30000ms for
 recv operation"), the job exits non-zero, and the stopped process stays where it is, holding its memory (and on a GPU
 node its device): Lightning's launcher kills its child processes only on Ctrl-C, torchrun's agent only kills workers
-on its own node, nothing stops a rank on another node. ``RankWatch`` runs beside every gym_lightning strategy:
+on its own node, nothing stops a rank on another node. ``RankWatch``, beside every gym_lightning strategy, promises:
 
-- at set-up, once: a separate gloo process group for the roll call below (whatever the main backend, so it also
-  works beside NCCL) and every rank's process identity (host, pid, start time), one ``all_gather_object``;
-- when a collective raises on a rank (``is_collective_failure``), a roll call on that group: each live rank reports
-  to rank 0 within ``roll_call_seconds`` (the collective timeout, at most 30 s); rank 0 answers each of them with the
-  list of ranks that arrived. The ranks that did not arrive are the stopped or dead ones, with their state read on
-  their host (``psutil``: stopped, exited, running);
-- the lowest rank that arrived on each host kills (SIGKILL) that host's ranks that did not, checking the pid's start
-  time first so that a reused pid is never hit; every process of the job on a host with a live rank ends;
-- the exception gets a note (``add_note``, PEP 678) with one line: the ranks that did not arrive, the collective and
-  the line that waited in it, and what to do. ``gym fit``/``gym train`` print that line alone and exit with status 1
-  (the traceback with ``GYM_DEBUG=1``), and bound the exit (``exit_within``): a process group whose peer vanished can
-  block in its destructor.
+- the ranks that did not answer a roll call are named in one line, the failed exception's note (``add_note``,
+  PEP 678): the ranks and their state on their host, the collective and the line that waited in it, what to do.
+  ``gym fit``/``gym train`` print that line alone and exit with status 1 (the traceback with ``GYM_DEBUG=1``),
+  within a bound (``exit_within``): a process group whose peer vanished can block in its destructor;
+- the lowest live rank on each host kills (SIGKILL) that host's ranks that did not answer, never a reused pid;
+  every process of the job on a host with a live rank ends;
+- under NCCL, whose watchdog aborts the process at the timeout without raising in Python (no ``on_exception``
+  runs), a watchdog thread (``StallWatch``, armed during training batches by ``BatchWatch``) does the same before
+  that abort, and a slow rank is never named (``strategies.roll_call.Responder`` answers for it).
 
-NCCL raises nothing in Python when a collective times out: its watchdog thread aborts the process (SIGABRT) at the
-timeout, so no ``on_exception`` runs. Hence also, on every rank, two daemon threads that need no main thread:
-
-- a responder (``Responder``, plain TCP) that answers a roll call's ping whatever the main thread does: a slow
-  rank always answers, only a stopped or dead process stays silent;
-- a watchdog (``StallWatch``), armed from the start to the end of each training batch (``BatchWatch``, a callback
-  the strategy adds; disarmed during validation, checkpoint saves, data loading and teardown). A batch not over
-  after ``stall`` seconds (a third of the collective timeout, at most 60 s) gets a roll call (answers awaited a
-  third of it, at most 30 s). Every rank answered: nothing happens (a slow step). Some did not, and the batch is
-  still the same (a rank that finished the run and left while this one was still in its last batch is no
-  failure): the missing ranks are killed as above, the other live ranks are told (they exit too), the lowest live
-  rank prints the one line, and every live rank exits with status 1, well before NCCL's abort. One diagnosis per
-  process, whichever path comes first.
-
-Why not ``torch.distributed.monitored_barrier``: it names the ranks that did not reach it only while they are alive;
-for a rank that died it raises gloo's "Connection closed by peer [127.0.0.1]:6534", naming an address (measured
-here, torch 2.13). The roll call is point-to-point sends and receives on the same gloo transport, a rank each.
+One diagnosis per process, whichever path comes first.
 """
 
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import re
-import secrets
 import signal
 import socket
 import sys
@@ -52,7 +31,6 @@ import threading
 import time
 import traceback
 from collections.abc import Callable, Iterable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
@@ -63,6 +41,7 @@ from lightning.pytorch.callbacks import Callback
 
 from gym_lightning._compat import rank_zero_info, set_collective_timeout
 from gym_lightning.strategies._common import leave_process_group_at_exit
+from gym_lightning.strategies.roll_call import PING_SECONDS, Responder, for_each, roll_call, send_verdict
 
 ROLL_CALL_SECONDS = 30.0  # longest wait for the other live ranks (they time out at about the same moment)
 NOTE_PREFIX = "gym_lightning: "  # the note this module adds begins so; the command line prints it alone
@@ -75,7 +54,6 @@ _FAILURE_PATTERNS = re.compile(
 )
 _C10D_FILES = ("torch/distributed/distributed_c10d.py",)
 STALL_SECONDS = 60.0  # a training batch not over after this long gets a roll call (a third of the timeout if less)
-PING_SECONDS = 30.0  # longest wait for a rank's answer to that roll call (a third of the timeout if less)
 _ASSUMED_TIMEOUT = timedelta(minutes=10)  # a strategy without ``timeout``: NCCL's default, the shorter of torch's
 ERROR_PREFIX = "gym_lightning: error: "  # how the command line prints a failure (gym_lightning.cli.main)
 _STOP_HINT = (
@@ -171,7 +149,20 @@ def kill_if_same(process: RankProcess) -> bool:
 
 
 class RankWatch:
-    """Roll call, diagnosis and clean-up of a failed collective (see the module docstring). Collective to build."""
+    """Roll call, diagnosis and clean-up of a failed collective (the module docstring). Collective to build.
+
+    At set-up, once: a separate gloo process group for the roll call (whatever the main backend, so it also works
+    beside NCCL), and every rank's process identity (host, pid, start time) and responder address, one
+    ``all_gather_object``. When a collective raises on a rank (``is_collective_failure``, :meth:`diagnose`), a roll
+    call on that group: each live rank reports to rank 0 within ``roll_call_seconds`` (the collective timeout, at
+    most 30 s); rank 0 answers each of them with the list of ranks that arrived. The ranks that did not arrive are
+    the stopped or dead ones, with their state read on their host (``psutil``: stopped, exited, running). Kills check
+    the pid's start time first, so that a reused pid is never hit.
+
+    Why not ``torch.distributed.monitored_barrier``: it names the ranks that did not reach it only while they are
+    alive; for a rank that died it raises gloo's "Connection closed by peer [127.0.0.1]:6534", naming an address
+    (torch 2.13). The roll call is point-to-point sends and receives on the same gloo transport, a rank each.
+    """
 
     def __init__(self, timeout: timedelta | None) -> None:
         wait = min(ROLL_CALL_SECONDS, timeout.total_seconds() if timeout is not None else ROLL_CALL_SECONDS)
@@ -267,7 +258,7 @@ class RankWatch:
         killed = self._end_missing_local_ranks(arrived)
         if tell_others:
             live = [self.addresses[rank] for rank, present in enumerate(arrived) if present and rank != self.rank]
-            _for_each(live, lambda address: send_verdict(address, verdict))
+            for_each(live, lambda address: send_verdict(address, verdict))
         if self.rank == arrived.index(True):
             waited = timedelta(seconds=round(verdict["waited"]))
             limit = f" (the collective timeout is {self.timeout})" if self.timeout is not None else ""
@@ -361,7 +352,15 @@ def watch_periods(timeout: timedelta | None) -> tuple[float, float]:
 class StallWatch:
     """A rank's watchdog thread. Armed (``arm``, at each training batch's start) and not disarmed ``stall``
     seconds later, it calls ``check(began)`` (the roll call), which returns whether to keep watching; then the
-    batch gets another ``stall`` seconds. Disarmed, it never calls anything."""
+    batch gets another ``stall`` seconds. Disarmed, it never calls anything.
+
+    ``BatchWatch`` arms it from the start to the end of each training batch (disarmed during validation, checkpoint
+    saves, data loading and teardown); ``watch_periods`` gives ``stall`` (a third of the collective timeout, at most
+    60 s) and the roll call's wait (a third, at most 30 s). Every rank answered: nothing happens (a slow step). Some
+    did not, and the batch is still the same (a rank that finished the run and left while this one was still in its
+    last batch is no failure): ``RankWatch`` kills the missing ranks, tells the other live ranks (they exit too),
+    the lowest live rank prints the one line, and every live rank exits with status 1, well before NCCL's abort.
+    """
 
     def __init__(self, stall: float, check: Callable[[float], bool]) -> None:
         self.stall, self.check = stall, check
@@ -397,106 +396,6 @@ class StallWatch:
             with self._lock:
                 if self._began == began:  # every rank answered and the batch goes on: watch it as a new one
                     self._began = time.monotonic()
-
-
-class Responder:
-    """A rank's answering thread: answers a roll call's ping at once, whatever the main thread is doing (a slow
-    rank is never named: only a stopped or dead process stays silent), and hands a verdict another rank sends to
-    ``on_verdict``. Plain TCP rather than a process group: nothing to build collectively, a timeout on every
-    wait, nothing shared with the main thread's collectives, and a stopped process's kernel still accepts the
-    connection (the ping then times out) while a dead one's refuses it (at once). Its ``address``
-    (``host:port/token``) carries a random token every message must repeat: a verdict makes a rank exit, and only
-    the job's ranks (which gathered the addresses) may send one."""
-
-    def __init__(self, on_verdict: Callable[[dict[str, Any]], None]) -> None:
-        self.on_verdict = on_verdict
-        self.server = socket.create_server(("", 0), backlog=64)
-        self.token = secrets.token_hex(16).encode()
-        self.address = f"{_reachable_ip()}:{self.server.getsockname()[1]}/{self.token.decode()}"
-        self.thread = threading.Thread(target=self._serve, name="gym-rank-responder", daemon=True)
-        self.thread.start()
-
-    def close(self) -> None:
-        with contextlib.suppress(OSError):  # shutdown wakes the thread's accept() (close alone does not, on Linux)
-            self.server.shutdown(socket.SHUT_RDWR)
-        self.server.close()
-
-    def _serve(self) -> None:
-        while True:
-            try:
-                connection, _ = self.server.accept()
-            except OSError:  # closed
-                return
-            try:
-                with connection:
-                    connection.settimeout(PING_SECONDS)
-                    kind, token, body = [*connection.makefile("rb").readline().strip().split(b" ", 2), b"", b""][:3]
-                    if token != self.token:
-                        continue
-                    if kind != b"V":
-                        connection.sendall(b"here\n")
-                        continue
-                verdict = json.loads(body)
-            except (OSError, ValueError):
-                continue
-            self.on_verdict(verdict)
-
-
-def roll_call(addresses: list[str], me: int, wait: float) -> list[bool]:
-    """Which ranks' responders (at ``addresses``, ``host:port``) answered a ping within ``wait`` seconds, all
-    pinged at once; rank ``me`` (the caller) counts as arrived."""
-    others = [rank for rank in range(len(addresses)) if rank != me]
-    answered = _for_each([addresses[rank] for rank in others], lambda address: _ping(address, wait))
-    answers = dict(zip(others, answered, strict=True))
-    return [rank == me or answers[rank] for rank in range(len(addresses))]
-
-
-def send_verdict(address: str, verdict: dict[str, Any]) -> None:
-    """Tell the rank at ``address`` what the roll call found (it acts on it and exits); never raises."""
-    host, port, token = _parse(address)
-    try:
-        with socket.create_connection((host, port), timeout=5.0) as connection:
-            connection.sendall(b"V " + token + b" " + json.dumps(verdict).encode() + b"\n")
-    except OSError:
-        pass
-
-
-def _ping(address: str, wait: float) -> bool:
-    deadline = time.monotonic() + wait
-    host, port, token = _parse(address)
-    try:
-        with socket.create_connection((host, port), timeout=wait) as connection:
-            connection.settimeout(max(0.01, deadline - time.monotonic()))
-            connection.sendall(b"P " + token + b"\n")
-            return connection.makefile("rb").readline().startswith(b"here")
-    except OSError:
-        return False
-
-
-def _parse(address: str) -> tuple[str, int, bytes]:
-    """``host:port/token`` (a ``Responder.address``) as (host, port, token)."""
-    place, _, token = address.partition("/")
-    host, port = place.rsplit(":", 1)
-    return host, int(port), token.encode()
-
-
-def _for_each(items: list[Any], call: Callable[[Any], Any]) -> list[Any]:
-    """``call`` on every item at once (threads): a roll call waits for its slowest answer, not for their sum."""
-    if not items:
-        return []
-    with ThreadPoolExecutor(max_workers=min(len(items), 256), thread_name_prefix="gym-roll-call") as pool:
-        return list(pool.map(call, items))
-
-
-def _reachable_ip() -> str:
-    """This host's address on its route to the job's master (``MASTER_ADDR``, set by Lightning's launcher and
-    torchrun): the address the other hosts reach this one by. UDP ``connect`` sends nothing, it picks the route."""
-    with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as probe:
-        try:
-            probe.connect((os.environ.get("MASTER_ADDR", "127.0.0.1"), 9))
-            return probe.getsockname()[0]
-        except OSError:
-            return "127.0.0.1"
 
 
 def _main_thread_collective() -> str:

@@ -17,15 +17,9 @@ all ranks, gradients averaged over all W ranks by DDP/FSDP/ZeRO as before) makes
 process on the whole sequences. The step's target-token count, which every rank of a group carries for the whole
 batch, is divided by N so that the sum over ranks counts each token once.
 
-Why not DeepSpeed's ``UlyssesSPAttentionHF`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py, 0.19.8), whose
-exchange this follows: it fixes the micro-batch size when it is built (and asserts every batch's shape), talks
-through ``deepspeed.comm`` (not started under gym_fsdp or gym_ddp), replaces transformers' ``sdpa`` entry for every
-model of the process, and drops the attention mask while sdpa's ``is_causal`` ignores document boundaries, so
-packed rows would attend across documents (its flex_attention path also rebuilds a plain causal mask). Here the
-exchange is registered under its own attention name, set on this model's config for training steps only, and
-packed documents are kept apart (``causal_attention``). Validation, test and prediction run every rank of a group
-on the whole (same) sequences with the model's own ``sdpa``: no activations are kept there, and generation needs
-whole prompts.
+Validation, test and prediction run every rank of a group on the whole (same) sequences with the model's own
+``sdpa``: no activations are kept there, and generation needs whole prompts. Why not DeepSpeed's own
+``UlyssesSPAttentionHF``: :func:`register_ulysses_attention`.
 """
 
 from __future__ import annotations
@@ -292,7 +286,16 @@ def no_mask(*args: Any, **kwargs: Any) -> None:
 
 
 def register_ulysses_attention() -> None:
-    """Register the exchange with transformers under ``ULYSSES_ATTENTION`` (idempotent)."""
+    """Register the exchange with transformers under ``ULYSSES_ATTENTION`` (idempotent).
+
+    Why not DeepSpeed's ``UlyssesSPAttentionHF`` (deepspeed/runtime/sequence_parallel/ulysses_sp.py, 0.19.8), whose
+    exchange this follows: it fixes the micro-batch size when it is built (and asserts every batch's shape), talks
+    through ``deepspeed.comm`` (not started under gym_fsdp or gym_ddp), replaces transformers' ``sdpa`` entry for every
+    model of the process, and drops the attention mask while sdpa's ``is_causal`` ignores document boundaries, so packed
+    rows would attend across documents (its flex_attention path also rebuilds a plain causal mask). Here the exchange is
+    registered under its own attention name, set on this model's config for training steps only, and packed documents
+    are kept apart (``causal_attention``).
+    """
     from transformers import AttentionInterface
     from transformers.masking_utils import AttentionMaskInterface
 

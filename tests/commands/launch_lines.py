@@ -6,7 +6,9 @@ is cut to 2 optimizer steps with its output under the test's temporary folder; a
 ``remove`` with the reason. Nothing else is changed: ``gym train`` promises the same flags as the HF Trainer, TRL and
 LLaMA-Factory, so ``trl sft``, ``python run_clm.py``, ``python trl/scripts/sft.py``, ``llamafactory-cli train`` and
 the ``deepspeed``/``torchrun``/``accelerate launch`` launchers in front of a script all become ``gym train`` with the
-line's own flags (the test starts the ranks with torchrun, which is how gym train learns the world size).
+line's own flags (the test starts the ranks with torchrun, which is how gym train learns the world size); TRL's
+``trl dpo``/``trl kto`` (and its ``trl/scripts/dpo.py``) are ``gym train --stage dpo``/``--stage kto``, the stage
+being what the command names.
 
 Placeholders in substituted values: ``{model}`` the tiny model folder, ``{data}`` the folder of the local data (a
 Hub data set ``owner/name`` becomes the folder ``{data}/owner/name`` holding its splits as ``train``/``test``/...
@@ -39,6 +41,8 @@ TRANSFORMERS_DEEPSPEED_DOC = (
 TRL = "https://github.com/huggingface/trl/blob/f2cd57710ae345ea6428ae95363267fcf38a3dc8/"
 PEFT = "https://github.com/huggingface/peft/blob/5d602fdbff04c33c1c4de55cda9d4ae1d7cb7e40/"
 LLAMA_FACTORY = "https://github.com/hiyouga/LLaMA-Factory/blob/000526908ae92cc1567130559f04a3436855e0cd/"
+# TRL's trl/scripts/dpo.py docstring is the same text in that commit and in the trl 1.16.0 wheel (the version the
+# preference objectives follow); its docs/ are quoted at that commit (the newest snapshot read, 1.10.0.dev).
 # The snapshot read on 2026-12-05 for the qwen3 pretraining example (its file is unchanged since 95ac3f2).
 LLAMA_FACTORY_LATEST = "https://github.com/hiyouga/LLaMA-Factory/blob/ff6d4d12eeb035d6ce06805a5733dd7b29f2ac30/"
 GYM_README = "README.md of this repository"
@@ -457,9 +461,123 @@ resume_from_checkpoint: null
 # eval_strategy: steps
 # eval_steps: 500
 """
-# data/dataset_info.json's c4_demo entry ({"text": ...} records read through the alpaca prompt column), verbatim; the
-# test writes it with the local c4_demo.jsonl into the data folder, which the pretraining lines name as dataset_dir.
-LLAMA_FACTORY_DATASET_INFO = {"c4_demo": {"file_name": "c4_demo.jsonl", "columns": {"prompt": "text"}}}
+# examples/train_lora/llama3_lora_dpo.yaml and llama3_lora_kto.yaml: stage dpo on dpo_en_demo (sharegpt ranking
+# pairs), stage kto on kto_en_demo (chats with a kto_tag column), both LoRA (the reference: the base, adapters off).
+_LF_LORA_DPO = """\
+### model
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+trust_remote_code: true
+
+### method
+stage: dpo
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+pref_beta: 0.1
+pref_loss: sigmoid  # choices: [sigmoid (dpo), orpo, simpo]
+
+### dataset
+dataset: dpo_en_demo
+template: llama3
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+
+### output
+output_dir: saves/llama3-8b/lora/dpo
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+save_only_model: false
+report_to: none  # choices: [none, wandb, tensorboard, swanlab, mlflow]
+
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 5.0e-6
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+resume_from_checkpoint: null
+
+### eval
+# eval_dataset: dpo_en_demo
+# val_size: 0.1
+# per_device_eval_batch_size: 1
+# eval_strategy: steps
+# eval_steps: 500
+"""
+_LF_LORA_KTO = """\
+### model
+model_name_or_path: meta-llama/Meta-Llama-3-8B-Instruct
+trust_remote_code: true
+
+### method
+stage: kto
+do_train: true
+finetuning_type: lora
+lora_rank: 8
+lora_target: all
+pref_beta: 0.1
+
+### dataset
+dataset: kto_en_demo
+template: llama3
+cutoff_len: 2048
+max_samples: 1000
+overwrite_cache: true
+preprocessing_num_workers: 16
+dataloader_num_workers: 4
+
+### output
+output_dir: saves/llama3-8b/lora/kto
+logging_steps: 10
+save_steps: 500
+plot_loss: true
+overwrite_output_dir: true
+report_to: none  # choices: [none, wandb, tensorboard, swanlab, mlflow]
+
+### train
+per_device_train_batch_size: 1
+gradient_accumulation_steps: 8
+learning_rate: 5.0e-6
+num_train_epochs: 3.0
+lr_scheduler_type: cosine
+warmup_ratio: 0.1
+bf16: true
+ddp_timeout: 180000000
+
+### eval
+# val_size: 0.1
+# per_device_eval_batch_size: 1
+# eval_strategy: steps
+# eval_steps: 500
+"""
+# data/dataset_info.json's entries the lines name, verbatim: c4_demo ({"text": ...} records read through the alpaca
+# prompt column), dpo_en_demo (sharegpt ranking: conversations, chosen/rejected turns) and kto_en_demo (OpenAI-style
+# messages with a kto_tag column, label). The test writes them with local stand-in files into the data folder, which
+# those lines name as dataset_dir.
+LLAMA_FACTORY_DATASET_INFO = {
+    "c4_demo": {"file_name": "c4_demo.jsonl", "columns": {"prompt": "text"}},
+    "dpo_en_demo": {
+        "file_name": "dpo_en_demo.json",
+        "ranking": True,
+        "formatting": "sharegpt",
+        "columns": {"messages": "conversations", "chosen": "chosen", "rejected": "rejected"},
+    },
+    "kto_en_demo": {
+        "file_name": "kto_en_demo.json",
+        "formatting": "sharegpt",
+        "columns": {"messages": "messages", "kto_tag": "label"},
+        "tags": {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"},
+    },
+}
 _LF_CHANGES: dict[str, Any] = {
     "model_name_or_path": "{model}",
     "dataset": "{data}/identity.json,{data}/alpaca_en_demo.json",
@@ -646,6 +764,53 @@ python trl/scripts/sft.py \\
         adapter_only=True,
     ),
     LaunchLine(
+        name="trl_dpo_quickstart",
+        source=TRL + 'docs/source/quickstart.md ("Command Line Interface", DPO)',
+        original="""\
+trl dpo --model_name_or_path Qwen/Qwen2.5-0.5B-Instruct \\
+    --dataset_name trl-lib/ultrafeedback_binarized""",
+        replace={"--model_name_or_path": "{model}", "--dataset_name": "{data}/trl-lib/ultrafeedback_binarized"},
+        # A full finetune: the reference is a frozen copy of the model (whole on each rank: DDP replicates).
+        add={**FEW_STEPS, "--output_dir": "{out}"},
+    ),
+    LaunchLine(
+        name="trl_dpo_script_lora",
+        source=TRL + 'trl/scripts/dpo.py (module docstring, "# LoRA"; the same in the trl 1.16.0 wheel)',
+        original="""\
+python trl/scripts/dpo.py \\
+    --dataset_name trl-lib/ultrafeedback_binarized \\
+    --model_name_or_path Qwen/Qwen2-0.5B-Instruct \\
+    --learning_rate 5.0e-6 \\
+    --num_train_epochs 1 \\
+    --per_device_train_batch_size 2 \\
+    --max_steps 1000 \\
+    --gradient_accumulation_steps 8 \\
+    --eval_strategy steps \\
+    --eval_steps 50 \\
+    --output_dir Qwen2-0.5B-DPO \\
+    --no_remove_unused_columns \\
+    --use_peft \\
+    --lora_r 32 \\
+    --lora_alpha 16""",
+        replace={
+            "--model_name_or_path": "{model}",
+            "--dataset_name": "{data}/trl-lib/ultrafeedback_binarized",
+            "--output_dir": "{out}",
+            "--max_steps": "2",  # the line's own flag: 1000 steps become the matrix's 2
+        },
+        adapter_only=True,
+    ),
+    LaunchLine(
+        name="trl_kto_cli",
+        source=TRL + 'docs/source/clis.md ("Basic Usage", KTO)',
+        original="""\
+trl kto \\
+  --model_name_or_path Qwen/Qwen2.5-0.5B \\
+  --dataset_name trl-lib/kto-mix-14k""",
+        replace={"--model_name_or_path": "{model}", "--dataset_name": "{data}/trl-lib/kto-mix-14k"},
+        add={**FEW_STEPS, "--output_dir": "{out}"},
+    ),
+    LaunchLine(
         name="peft_fsdp_qlora",
         source=PEFT + 'docs/source/accelerate/fsdp.md ("Use PEFT QLoRA and FSDP for finetuning large models")',
         original="""\
@@ -747,6 +912,29 @@ accelerate launch --config_file "configs/fsdp_config_qlora.yaml"  train.py \\
         add={"dataset_dir": "{data}", "max_steps": 2},
         adapter_only=True,
     ),
+    LaunchLine(
+        name="llamafactory_lora_dpo",
+        source=LLAMA_FACTORY
+        + "examples/README.md (LoRA Fine-Tuning, DPO/ORPO/SimPO Training), "
+        + "examples/train_lora/llama3_lora_dpo.yaml and data/dataset_info.json (dpo_en_demo)",
+        original="llamafactory-cli train examples/train_lora/llama3_lora_dpo.yaml",
+        config=_LF_LORA_DPO,
+        # dataset: dpo_en_demo stays: the name is read from dataset_info.json in dataset_dir (LLaMA-Factory's data/).
+        replace={"model_name_or_path": "{model}", "output_dir": "{out}"},
+        add={"dataset_dir": "{data}", "max_steps": 2},
+        adapter_only=True,
+    ),
+    LaunchLine(
+        name="llamafactory_lora_kto",
+        source=LLAMA_FACTORY
+        + "examples/README.md (LoRA Fine-Tuning, KTO Training), "
+        + "examples/train_lora/llama3_lora_kto.yaml and data/dataset_info.json (kto_en_demo)",
+        original="llamafactory-cli train examples/train_lora/llama3_lora_kto.yaml",
+        config=_LF_LORA_KTO,
+        replace={"model_name_or_path": "{model}", "output_dir": "{out}"},
+        add={"dataset_dir": "{data}", "max_steps": 2},
+        adapter_only=True,
+    ),
     # ---------------------------------------------------------------------------------------------- this README
     LaunchLine(
         name="readme_gym_train_zero3",
@@ -794,20 +982,24 @@ LLAMA_FACTORY_QWEN3_PRETRAIN = LaunchLine(
     adapter_only=True,
 )
 
-# Launcher words in front of the training program: everything up to and including them is the launcher's.
-_PROGRAMS = (("trl", "sft"), ("llamafactory-cli", "train"), ("gym", "train"), ("gym_lightning", "train"))
+# Launcher words in front of the training program: everything up to and including them is the launcher's; TRL's
+# commands and scripts of the preference stages name their stage.
+_PROGRAMS = {("trl", "sft"): [], ("trl", "dpo"): ["--stage", "dpo"], ("trl", "kto"): ["--stage", "kto"]}
+_PROGRAMS |= {("llamafactory-cli", "train"): [], ("gym", "train"): [], ("gym_lightning", "train"): []}
+_SCRIPTS = {"trl/scripts/dpo.py": ["--stage", "dpo"], "trl/scripts/kto.py": ["--stage", "kto"]}
 
 
 def program_args(command: str) -> tuple[str, list[str]]:
     """``("train" | "fit", the program's own arguments)`` of a shell line: environment assignments, the launcher
     (deepspeed, torchrun, accelerate launch, python -m ...) and the program (``run_clm.py``, ``trl sft``,
-    ``llamafactory-cli train``, ``gym train``) are dropped, the program's flags kept in order."""
+    ``llamafactory-cli train``, ``gym train``) are dropped, the program's flags kept in order (after the stage that
+    ``trl dpo``/``trl kto`` or TRL's ``scripts/dpo.py`` names)."""
     tokens = shlex.split(command.replace("\\\n", " "))
     for index, token in enumerate(tokens):
         if token.endswith(".py"):
-            return "train", tokens[index + 1 :]
-        if tuple(tokens[index : index + 2]) in _PROGRAMS:
-            return "train", tokens[index + 2 :]
+            return "train", [*_SCRIPTS.get(token, []), *tokens[index + 1 :]]
+        if (program := tuple(tokens[index : index + 2])) in _PROGRAMS:
+            return "train", [*_PROGRAMS[program], *tokens[index + 2 :]]
         if token == "gym_lightning" and tokens[index + 1 : index + 2] == ["fit"]:
             return "fit", tokens[index + 2 :]
     raise ValueError(f"no training program in {command!r}")

@@ -44,7 +44,17 @@ LLAMA3_SPECIAL = ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>
 RECORDS = 64
 STEPS = 2
 NPROCS = (1, 2)
-LAUNCH_TIMEOUT = 420  # seconds per launch; the whole matrix takes ~2 minutes on 2 cores when every line runs
+LAUNCH_TIMEOUT = 420  # seconds per launch; the whole matrix takes ~3 minutes on 2 cores when every line runs
+# The preference lines' objective, and its loss before the first update, where the policy is its own reference (a
+# frozen copy of the model, or the base with the adapters off): DPO's -log sigmoid(0) = log 2, KTO's 1 - sigmoid(0).
+PREFERENCE_LINES = {
+    "trl_dpo_quickstart": "dpo.DPO",
+    "trl_dpo_script_lora": "dpo.DPO",
+    "trl_kto_cli": "kto.KTO",
+    "llamafactory_lora_dpo": "dpo.DPO",
+    "llamafactory_lora_kto": "kto.KTO",
+}
+FIRST_LOSS = {"dpo.DPO": math.log(2), "kto.KTO": 0.5}
 
 
 # ---------------------------------------------------------------------------------------------------- fixtures
@@ -137,7 +147,41 @@ def write_data(folder: Path) -> Path:
     pages = [{"text": f"Page {i}: the river runs past the town of {i * 3} people."} for i in numbers]
     _jsonl(folder / "c4_demo.jsonl", pages)
     (folder / "dataset_info.json").write_text(json.dumps(LLAMA_FACTORY_DATASET_INFO, indent=2))
+    _preference_data(folder, numbers, train_test)
     return folder
+
+
+def _preference_data(folder: Path, numbers: range, train_test: dict[str, slice]) -> None:
+    """Preference stand-ins: trl-lib/ultrafeedback_binarized (conversational pairs, implicit prompt: chosen and
+    rejected chats sharing the user turn, with their scores), trl-lib/kto-mix-14k (a prompt chat, a completion chat,
+    a label), LLaMA-Factory's dpo_en_demo.json (sharegpt turns, chosen/rejected gpt turns) and kto_en_demo.json
+    (role/content messages, a label)."""
+
+    def chat(i: int, answer: int) -> list[dict[str, str]]:
+        question = {"role": "user", "content": f"What is {i} plus {i + 1}?"}
+        return [question, {"role": "assistant", "content": f"{i} plus {i + 1} is {answer}."}]
+
+    pairs = [
+        {"chosen": chat(i, 2 * i + 1), "rejected": chat(i, 2 * i + 3), "score_chosen": 9.0, "score_rejected": 2.0}
+        for i in numbers
+    ]
+    _splits(folder / "trl-lib" / "ultrafeedback_binarized", pairs, ".jsonl", train_test)
+    feedback = [
+        {"prompt": chat(i, 0)[:1], "completion": chat(i, 2 * i + 1 + 2 * (i % 2))[1:], "label": i % 2 == 0}
+        for i in numbers
+    ]
+    _splits(folder / "trl-lib" / "kto-mix-14k", feedback, ".jsonl", train_test)
+    dpo_en_demo = [
+        {
+            "conversations": [{"from": "human", "value": f"What is {i} plus {i + 1}?"}],
+            "chosen": {"from": "gpt", "value": f"It is {2 * i + 1}."},
+            "rejected": {"from": "gpt", "value": f"It is {2 * i + 3}."},
+        }
+        for i in range(RECORDS)
+    ]
+    (folder / "dpo_en_demo.json").write_text(json.dumps(dpo_en_demo, indent=2))
+    kto_en_demo = [{"messages": chat(i, 2 * i + 1 + 2 * (i % 3 == 0)), "label": i % 3 != 0} for i in range(RECORDS)]
+    (folder / "kto_en_demo.json").write_text(json.dumps(kto_en_demo, indent=2))
 
 
 @dataclass(frozen=True)
@@ -186,6 +230,8 @@ def launch_all(root: Path, places: dict[str, str], nproc: int) -> Launch:
     results_file = spec.with_name(f"{spec.name}.rank0.json")
     results = json.loads(results_file.read_text()) if results_file.is_file() else {}
     print(f"launch of {len(LINES)} lines on {nproc} rank(s): {seconds:.0f} s", file=sys.stderr)
+    for name, result in results.items():  # each line's own time in the launch (rank 0's)
+        print(f"  {name}: {result['seconds']} s", file=sys.stderr)
     return Launch(nproc, seconds, results, outs, log)
 
 
@@ -223,9 +269,11 @@ def assert_exported(line: LaunchLine, export: Path) -> None:
 
 
 def test_the_matrix_covers_every_source() -> None:
-    # At least eight lines, from the HF Trainer's, TRL's, LLaMA-Factory's and this README's documentation.
+    # At least eight lines, from the HF Trainer's, TRL's, LLaMA-Factory's and this README's documentation, TRL's
+    # `trl dpo` and LLaMA-Factory's DPO and KTO examples among them.
     sources = {line.name.split("_")[0] for line in LINES}
     assert len(LINES) >= 8 and {"hf", "trl", "llamafactory", "readme"} <= sources
+    assert set(PREFERENCE_LINES) <= {line.name for line in LINES}
 
 
 def test_the_readme_lines_are_quoted_as_the_readme_prints_them() -> None:
@@ -248,6 +296,10 @@ def test_launch_line_trains_and_exports(launches: dict[int, Launch], line: Launc
     fit = program_args(line.original)[0] == "fit"
     losses = _losses_of_metrics(out) if fit else _losses_of_trainer_state(out)
     assert len(losses) == STEPS and all(math.isfinite(loss) for loss in losses), f"{line.name}: losses {losses}"
+    (config,) = out.glob("lightning_logs/version_*/config.yaml")
+    settings = yaml.safe_load(config.read_text())
     if line.bf16:  # the line's --bf16 True / bf16: true trains in bf16 here too (CPU autocast)
-        (config,) = out.glob("lightning_logs/version_*/config.yaml")
-        assert yaml.safe_load(config.read_text())["trainer"]["precision"] == "bf16-mixed", line.name
+        assert settings["trainer"]["precision"] == "bf16-mixed", line.name
+    if (objective := PREFERENCE_LINES.get(line.name)) is not None:  # the stage's objective, its reference the policy
+        assert settings["model"]["objective"]["class_path"] == f"gym_lightning.objectives.{objective}", line.name
+        assert losses[0] == pytest.approx(FIRST_LOSS[objective], abs=1e-5), f"{line.name}: losses {losses}"

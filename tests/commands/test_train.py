@@ -768,7 +768,7 @@ def test_dataset_name_takes_files_folders_with_splits_and_hub_sets(tmp_path: Pat
         (["--chat_template_path", "t.jinja"], "--chat_template_path 't.jinja' is not supported"),
         (["--lora_task_type", "SEQ_CLS"], "--lora_task_type 'SEQ_CLS' is not supported"),
         (["--loss_type", "dft"], "--loss_type 'dft' is not supported"),
-        (["--stage", "dpo"], "--stage dpo (direct preference optimisation): DPO arrives with the preference stage"),
+        (["--stage", "rm"], "--stage rm (reward modelling): a reward model is a sequence classifier"),
         (["--finetuning_type", "freeze"], "--finetuning_type 'freeze' is not supported"),
         (["--quantization_bit", "8"], "--quantization_bit 8 is not supported"),
         (["--quantization_method", "gptq"], "--quantization_method 'gptq' is not supported"),
@@ -917,7 +917,7 @@ def test_llama_factory_qlora_and_dataset_info(tmp_path: Path, llama3_tokenizer: 
         {"path": [str(tmp_path / "data" / "chats" / "part-0.jsonl")], "format": "sharegpt", "max_samples": 1000},
     ]
     (tmp_path / "pairs.yaml").write_text(text.replace("qa,chats", "pairs"))
-    with pytest.raises(GymUserError, match="pairs: ranking not read by gym_lightning"):
+    with pytest.raises(GymUserError, match=r"pairs: preference data \(ranking: true\): train it with --stage dpo"):
         to_cli_args(parse_train_args([str(tmp_path / "pairs.yaml")]))
     (tmp_path / "pt.yaml").write_text(text.replace("stage: sft", "stage: pt"))
     with pytest.raises(GymUserError, match=r"qa: .*raw text is one column here"):  # stage pt reads raw text

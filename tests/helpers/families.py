@@ -44,20 +44,22 @@ class LogitsProbe(pl.Callback):
         self.seen: dict[str, Any] = {}
 
     def on_train_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.seen["start"] = self._logits(pl_module)
+        self.seen["start"], _ = self._logits(pl_module)
         pl_module.model.train()
 
     def on_fit_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
-        self.seen["end"] = self._logits(pl_module)
+        self.seen["end"], dtype = self._logits(pl_module)
         if trainer.is_global_zero:
-            weights = next(p for p in pl_module.model.parameters() if p.is_floating_point())
-            torch.save({**self.seen, "dtype": str(weights.dtype)}, self.path)
+            torch.save({**self.seen, "dtype": str(dtype)}, self.path)
 
     @staticmethod
-    def _logits(pl_module: pl.LightningModule) -> torch.Tensor:
+    def _logits(pl_module: pl.LightningModule) -> tuple[torch.Tensor, torch.dtype]:
+        """The probe's logits (fp32, on the host) and the dtype the model computed them in: the dtype its weights
+        are held in for compute (gym_fsdp's bf16 gathered parameters, not its fp32 shards; ZeRO-3's bf16 module)."""
         pl_module.model.eval()
         with torch.no_grad():
-            return pl_module.model(input_ids=PROBE_IDS.to(pl_module.device), use_cache=False).logits.float().cpu()
+            logits = pl_module.model(input_ids=PROBE_IDS.to(pl_module.device), use_cache=False).logits
+        return logits.float().cpu(), logits.dtype
 
 
 class StepLossProbe(pl.Callback):

@@ -16,7 +16,8 @@ from torch._dynamo.utils import counters
 
 from gym_lightning import CausalLMDataModule, CausalLMModule
 from gym_lightning.errors import GymUserError
-from gym_lightning.models.compiled import CompileArgs, compile_layers, decoder_layers
+from gym_lightning.models.compiled import CompileArgs, compile_layers
+from gym_lightning.models.decoder_layers import decoder_layers
 
 SMALL = {"num_hidden_layers": 3, "hidden_size": 32, "intermediate_size": 64}
 

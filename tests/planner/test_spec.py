@@ -103,7 +103,7 @@ def test_the_stage_s_extra_forward_is_in_the_step(monkeypatch: pytest.MonkeyPatc
 
 def test_fsdp_units_are_data_in_either_layout() -> None:
     spec = RunSpec()
-    assert LAYOUT == "root"  # today's gym_fsdp; "split" once the embedding and the head are units of their own
+    assert LAYOUT == "split"  # gym_fsdp: the embedding and the norm + head units of their own (issue 55)
     root = fsdp_units(LLAMA, spec, 2, layout="root")
     split = fsdp_units(LLAMA, spec, 2, layout="split")
     embedding = LLAMA.embedding_params()
@@ -114,6 +114,6 @@ def test_fsdp_units_are_data_in_either_layout() -> None:
     # The split layout gathers the embedding and the head one at a time: less held at once.
     fsdp = STRATEGY_BY_KEY["fsdp_full"]
     model = cost_model(fsdp, LLAMA, spec)
-    held_root = model.buffers()
-    model.units = lambda: fsdp_units(LLAMA, spec, 2, layout="split")  # type: ignore[method-assign]
-    assert model.buffers() < held_root
+    held_split = model.buffers()
+    model.units = lambda: fsdp_units(LLAMA, spec, 2, layout="root")  # type: ignore[method-assign]
+    assert held_split < model.buffers()

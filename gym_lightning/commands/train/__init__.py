@@ -3,6 +3,7 @@
     gym train --model_name_or_path Qwen/Qwen3-0.6B --deepspeed configs/deepspeed/ds_zero3.json \\
         --train_file data.jsonl --per_device_train_batch_size 1 --gradient_accumulation_steps 16 --bf16 True
     gym train --stage pt --model_name_or_path ... --dataset_name corpus.jsonl   # continued pretraining
+    gym train --stage dpo --model_name_or_path ... --dataset_name pairs/ --beta 0.1   # trl dpo (kto, orpo, simpo)
     torchrun --nproc_per_node 2 -m gym_lightning train ...   # (or deepspeed, accelerate launch, srun) no --devices
     gym train run.yaml                                        # every flag from one YAML or JSON file
 
@@ -10,8 +11,9 @@ Nothing here trains: the flags (``parser``) become dotted LightningCLI arguments
 through ``gym_lightning.cli.run_lightning_cli``, the code path of ``gym fit``; ``--print_config`` prints that run as
 YAML. The tables say how each field of each source is read (``rows.Row``: mapped, accepted, or refused with a
 reason): ``hf`` (``TrainingArguments``, ``run_clm.py``), ``trl`` (``ScriptArguments``, ``ModelConfig``, ``SFTConfig``,
-``DPOConfig``, ``KTOConfig``), ``peft_script``, ``llama_factory_table``, ``launchers``, and ``stages`` (what each
-stage trains: a row plus an objective). The manual is docs/gym-train.md, generated from the tables (``docs``).
+``DPOConfig``, ``KTOConfig``, ``ORPOConfig``, ``CPOConfig``), ``peft_script``, ``llama_factory_table``, ``launchers``,
+and ``stages`` (what each stage trains: a row plus an objective; ``preference`` turns the preference stages' flags
+into their objectives' settings). The manual is docs/gym-train.md, generated from the tables (``docs``).
 """
 
 from __future__ import annotations

@@ -19,7 +19,9 @@ One list of local files with one format becomes ``data.train_files`` (concatenat
 an interleave mix) ``data.sources`` with ``data.mix``, LLaMA-Factory's ``mix_strategy`` (``interleave_probs`` the
 weights). A validation fraction (``--validation_split_percentage``, LLaMA-Factory's ``val_size``, TRL's
 ``test_split_size``) is ``data.val_split``. A stage that reads raw text (``pt``) reads a ``dataset_info.json`` entry's
-``prompt`` column as the text, as LLaMA-Factory's ``stage: pt`` does (``c4_demo``).
+``prompt`` column as the text, as LLaMA-Factory's ``stage: pt`` does (``c4_demo``); its ranking entries (``ranking:
+true``, chosen/rejected columns) are ``preference`` records and its ``kto_tag`` entries ``kto`` records, read by the
+preference stages (``kto`` unpairs a ranking entry's pairs, as TRL's KTO does).
 """
 
 from __future__ import annotations
@@ -42,11 +44,17 @@ ALPACA_COLUMNS = {"prompt": "instruction", "query": "input", "response": "output
 ALPACA_COLUMNS |= {"history": "history"}
 # Its sharegpt/openai columns -> the fields of gym_lightning's sharegpt (``conversations``) or messages format.
 CHAT_COLUMNS = {"system": "system", "tools": "tools"}
+# Its preference columns: a ranking entry's answers, a kto_tag entry's desirable flag (gym_lightning's label).
+RANKING_COLUMNS = {"chosen": "chosen", "rejected": "rejected"}
+KTO_COLUMNS = {"kto_tag": "label"}
+# What its ranking/kto_tag entries are (the preference formats of gym_lightning.data.preference) and who reads them.
+ENTRY_KINDS = {"preference": "ranking: true", "kto": "a kto_tag column"}
+PREFERENCE_STAGES = "--stage dpo, orpo or simpo (ranking entries) or kto"
 # The turn keys and role names gym_lightning's chat formats read: sharegpt from/value, messages role/content.
 SHAREGPT_TAGS = {"role_tag": "from", "content_tag": "value", "user_tag": "human", "assistant_tag": "gpt"}
 OPENAI_TAGS = {"role_tag": "role", "content_tag": "content", "user_tag": "user", "assistant_tag": "assistant"}
-# dataset_info.json keys gym_lightning reads; the others are refused when set (e.g. ranking: preference data).
-INFO_KEYS = frozenset(["file_name", "hf_hub_url", "formatting", "columns", "tags", "subset", "split"])
+# dataset_info.json keys gym_lightning reads; the others are refused when set (e.g. ms_hub_url, folder).
+INFO_KEYS = frozenset(["file_name", "hf_hub_url", "formatting", "columns", "tags", "subset", "split", "ranking"])
 # The flags that name the training data -> their argument names.
 TRAIN_DATA_FLAGS = {"--dataset": "dataset", "--train_file": "train_file", "--dataset_name": "dataset_name"}
 TRAIN_DATA_FLAGS |= {"--datasets": "datasets"}
@@ -97,6 +105,8 @@ def plan_data(args: argparse.Namespace, eval_on: bool) -> DataPlan:
     val_files = list(_as_list(args.validation_file)) or None
     if args.dataset in BUNDLED_DATASETS:
         plan.values |= {"data.dataset": args.dataset, "data.train_files": None}
+        if (wanted := _stage_format(args)) in ENTRY_KINDS:
+            plan.problems.append(f"--dataset {args.dataset} holds SFT records; the stage reads {wanted} records.")
         if fraction:
             plan.problems.append("a validation fraction splits training files; the bundled data set has its own.")
     else:
@@ -144,12 +154,13 @@ def _training_sources(args: argparse.Namespace, plan: DataPlan, need_test: bool)
             "data.sources (path, split, subset, weight)."
         )
         return [], []
-    return _lf_sources(args.dataset, args.dataset_dir, plan, "--dataset", _reads_text(args)), []
+    return _lf_sources(args.dataset, args.dataset_dir, plan, "--dataset", _stage_format(args)), []
 
 
-def _reads_text(args: argparse.Namespace) -> bool:
-    """Whether the stage reads raw text only (``pt``): a dataset_info.json entry's prompt column is the text."""
-    return resolved_data(args)["format"] == "text"
+def _stage_format(args: argparse.Namespace) -> str:
+    """The record format the stage reads (``text`` for pt: a dataset_info.json entry's prompt column is the text;
+    ``preference``/``kto`` for the preference stages; ``auto`` for sft)."""
+    return str(resolved_data(args)["format"])
 
 
 def _is_local(path: str) -> bool:
@@ -206,7 +217,7 @@ def folder_splits(folder: str) -> dict[str, list[str]]:
     return {split: sorted(files) for split, files in splits.items() if files}
 
 
-def _lf_sources(names: str, dataset_dir: str, plan: DataPlan, flag: str, text: bool = False) -> list[Source]:
+def _lf_sources(names: str, dataset_dir: str, plan: DataPlan, flag: str, wanted: str = "auto") -> list[Source]:
     """LLaMA-Factory's comma list of data sets: paths, or names of ``<dataset_dir>/dataset_info.json``."""
     info = _dataset_info(dataset_dir, plan)
     sources = []
@@ -214,7 +225,7 @@ def _lf_sources(names: str, dataset_dir: str, plan: DataPlan, flag: str, text: b
         if dataset_dir == "ONLINE":
             sources.append(Source(name, hub=True))
         elif info is not None and name in info:
-            sources += _info_source(name, info[name], dataset_dir, plan, text)
+            sources += _info_source(name, info[name], dataset_dir, plan, wanted)
         elif glob.has_magic(name) or Path(name).exists():
             sources.append(Source(_folder_files(name) or name))
         else:
@@ -245,14 +256,17 @@ def _dataset_info(dataset_dir: str, plan: DataPlan) -> dict[str, Any] | None:
     return info if isinstance(info, dict) else None
 
 
-def _info_source(name: str, entry: dict[str, Any], dataset_dir: str, plan: DataPlan, text: bool) -> list[Source]:
-    """A dataset_info.json entry as a source: its file (under ``dataset_dir``) or Hub set, format and columns
-    (``text``: the stage reads raw text, its prompt column)."""
+def _info_source(name: str, entry: dict[str, Any], dataset_dir: str, plan: DataPlan, wanted: str) -> list[Source]:
+    """A dataset_info.json entry as a source: its file (under ``dataset_dir``) or Hub set, format and columns, for a
+    stage that reads ``wanted`` records (``text``: raw text, the entry's prompt column)."""
     where = f"{Path(dataset_dir) / DATASET_INFO} {name}"
     if unread := sorted(key for key, value in entry.items() if key not in INFO_KEYS and value not in (None, False)):
-        plan.problems.append(f"{where}: {', '.join(unread)} not read by gym_lightning (SFT data: files or Hub sets).")
+        plan.problems.append(f"{where}: {', '.join(unread)} not read by gym_lightning (files or Hub sets).")
         return []
-    format, columns, problem = _text_format(entry) if text else _info_format(entry)
+    format, columns, problem = _text_format(entry) if wanted == "text" else _info_format(entry)
+    problem = _kind_problem(entry, wanted) or problem
+    if format == "preference" and wanted == "kto":  # its pairs become a desirable and an undesirable example (TRL)
+        format = "kto"
     if problem:
         plan.problems.append(f"{where}: {problem}")
         return []
@@ -278,14 +292,39 @@ def _text_format(entry: dict[str, Any]) -> tuple[str, dict[str, str], str | None
     return "text", ({"text": column} if column != "text" else {}), None
 
 
+def _entry_kind(entry: dict[str, Any]) -> str | None:
+    """``preference`` for a ranking entry, ``kto`` for one with a kto_tag column, ``None`` for SFT data."""
+    if entry.get("ranking"):
+        return "preference"
+    return "kto" if "kto_tag" in (entry.get("columns") or {}) else None
+
+
+def _kind_problem(entry: dict[str, Any], wanted: str) -> str | None:
+    """Why an entry's records are not what the stage reads (``wanted``: its record format); ``None`` if they are."""
+    kind = _entry_kind(entry)
+    if entry.get("ranking") and "kto_tag" in (entry.get("columns") or {}):
+        return "both ranking: true and a kto_tag column; keep the one its records are."
+    if kind is not None and wanted not in ENTRY_KINDS:
+        return f"preference data ({ENTRY_KINDS[kind]}): train it with {PREFERENCE_STAGES}."
+    if kind is None and wanted in ENTRY_KINDS:
+        return f"SFT data (neither ranking: true nor a kto_tag column): the stage reads {wanted} records."
+    if kind == "kto" and wanted == "preference":
+        return "unpaired feedback (a kto_tag column): train it with --stage kto, or give it as ranking pairs."
+    return None
+
+
 def _info_format(entry: dict[str, Any]) -> tuple[str, dict[str, str], str | None]:
-    """``(format, columns, problem)`` of an entry's ``formatting``, ``columns`` and ``tags``."""
+    """``(format, columns, problem)`` of an entry's ``formatting``, ``columns``, ``tags`` and ``ranking``."""
     formatting, columns, tags = entry.get("formatting", "alpaca"), entry.get("columns") or {}, entry.get("tags") or {}
+    kind = _entry_kind(entry)
+    extra = RANKING_COLUMNS if kind == "preference" else KTO_COLUMNS if kind == "kto" else {}
     if formatting == "alpaca":
-        unread = sorted(set(columns) - set(ALPACA_COLUMNS))
-        mapped = {ALPACA_COLUMNS[key]: value for key, value in columns.items() if key in ALPACA_COLUMNS}
+        known = {key: name for key, name in ALPACA_COLUMNS.items() if not (kind == "preference" and key == "response")}
+        known |= extra
+        unread = sorted(set(columns) - set(known))
+        mapped = {known[key]: value for key, value in columns.items() if key in known}
         problem = f"columns {', '.join(unread)} are not alpaca columns gym_lightning reads" if unread else None
-        return "alpaca", {k: v for k, v in mapped.items() if k != v}, problem
+        return kind or "alpaca", {k: v for k, v in mapped.items() if k != v}, problem
     if formatting not in ("sharegpt", "openai"):
         return "auto", {}, f"formatting {formatting!r}: gym_lightning reads alpaca, sharegpt and openai."
     defaults = OPENAI_TAGS if formatting == "openai" else SHAREGPT_TAGS
@@ -293,11 +332,12 @@ def _info_format(entry: dict[str, Any]) -> tuple[str, dict[str, str], str | None
     format = "messages" if tags == OPENAI_TAGS else "sharegpt" if tags == SHAREGPT_TAGS else None
     if format is None:
         return "auto", {}, f"tags {tags}: gym_lightning reads turns as from/value (human/gpt) or role/content."
-    unread = sorted(set(columns) - {"messages", *CHAT_COLUMNS})
+    known = CHAT_COLUMNS | extra
+    unread = sorted(set(columns) - {"messages", *known})
     mapped = {"conversations" if format == "sharegpt" else "messages": columns.get("messages", "conversations")}
-    mapped |= {CHAT_COLUMNS[key]: value for key, value in columns.items() if key in CHAT_COLUMNS}
+    mapped |= {known[key]: value for key, value in columns.items() if key in known}
     problem = f"columns {', '.join(unread)} are not chat columns gym_lightning reads" if unread else None
-    return format, {k: v for k, v in mapped.items() if k != v}, problem
+    return kind or format, {k: v for k, v in mapped.items() if k != v}, problem
 
 
 def _add_sources(sources: list[Source], args: argparse.Namespace, plan: DataPlan) -> None:
@@ -339,7 +379,7 @@ def _eval_dataset(args: argparse.Namespace, plan: DataPlan, val_files: list[str]
         return val_files
     if val_files:
         plan.problems.append("--eval_dataset and --validation_file both choose the validation data; pass one.")
-    sources = _lf_sources(args.eval_dataset, args.dataset_dir, plan, "--eval_dataset", _reads_text(args))
+    sources = _lf_sources(args.eval_dataset, args.dataset_dir, plan, "--eval_dataset", _stage_format(args))
     if any(s.hub for s in sources):
         plan.problems.append("--eval_dataset: gym_lightning reads validation data from files, not the Hub.")
     return [path for s in sources if not s.hub for path in _as_list(s.path)] or None

@@ -15,12 +15,18 @@ from gym_lightning.commands.train import hf, llama_factory_table, trl
 from gym_lightning.commands.train.launchers import LAUNCHERS
 from gym_lightning.commands.train.parser import GYM
 from gym_lightning.commands.train.peft_script import PEFT_SCRIPT
+from gym_lightning.commands.train.preference import STAGE_KEYS
 from gym_lightning.commands.train.rows import KINDS, Row, counts
 from gym_lightning.commands.train.stages import STAGES
 
 DOC = Path(__file__).resolve().parents[3] / "docs" / "gym-train.md"
 BEGIN = "<!-- BEGIN TABLES: written by `python -m gym_lightning.commands.train.docs`, do not edit by hand -->"
 END = "<!-- END TABLES -->"
+
+
+def preference_key_rows() -> dict[str, Row]:
+    """``STAGE_KEYS`` as one table: ``stage: key`` -> its row."""
+    return {f"{stage}: {key}": row for stage, rows in STAGE_KEYS.items() for key, row in rows.items()}
 
 
 def source_tables() -> dict[str, tuple[str, Mapping[str, Row]]]:
@@ -35,8 +41,21 @@ def source_tables() -> dict[str, tuple[str, Mapping[str, Row]]]:
         "TRL `ScriptArguments`, `DatasetMixtureConfig`": ("the data (`trl sft`, `trl dpo`, ...)", trl.SCRIPT_ARGUMENTS),
         "TRL `ModelConfig`": ("the model, LoRA and the 4-bit base", trl.MODEL_CONFIG),
         "TRL `SFTConfig`": ("the fields beyond `TrainingArguments` (stages sft and pt)", trl.SFT_CONFIG),
-        "TRL `DPOConfig`": ("the fields beyond `TrainingArguments` (stages dpo, orpo, simpo)", trl.DPO_CONFIG),
+        "TRL `DPOConfig`": ("the fields beyond `TrainingArguments` (stage dpo)", trl.DPO_CONFIG),
         "TRL `KTOConfig`": ("the fields beyond `TrainingArguments` (stage kto)", trl.KTO_CONFIG),
+        "TRL `ORPOConfig` (`trl.experimental.orpo`)": (
+            "the fields beyond `TrainingArguments` (stage orpo)",
+            trl.ORPO_CONFIG,
+        ),
+        "TRL `CPOConfig` (`trl.experimental.cpo`)": (
+            "the fields beyond `TrainingArguments` (stage simpo: its `loss_type simpo`)",
+            trl.CPO_CONFIG,
+        ),
+        "The preference stages' other keys": (
+            "what each preference stage makes of LLaMA-Factory's keys and gym's flags that are no field of its TRL "
+            "config (a stage not listed for a key refuses it unless at LLaMA-Factory's default)",
+            preference_key_rows(),
+        ),
         "PEFT `examples/sft/train.py`": (
             "its model and data arguments (its training arguments: SFTConfig)",
             PEFT_SCRIPT,

@@ -124,7 +124,10 @@ TRAINING_ARGUMENTS: dict[str, Row] = {
     "dataloader_prefetch_factor": refused(_LOADER),
     "dataloader_multiprocessing_context": refused(_LOADER),
     "dataloader_in_order": refused("batches come in the sampler's order"),
-    "remove_unused_columns": refused("the data module keeps the token columns only"),
+    "remove_unused_columns": accepted(
+        "the data module builds every batch from its format's fields, whatever the data set's other columns (TRL's "
+        "preference scripts pass --no_remove_unused_columns)"
+    ),
     "label_names": refused("the labels are the data module's (labels)"),
     "train_sampling_strategy": refused("the training data is shuffled every epoch (random)"),
     "length_column_name": refused("batches are not grouped by length"),

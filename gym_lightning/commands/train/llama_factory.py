@@ -75,6 +75,20 @@ class LlamaFactoryArguments:
     interleave_probs: str | None = field(
         default=None, metadata={"help": "LLaMA-Factory: one probability per data set of an interleave mix."}
     )
+    pref_loss: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["sigmoid", "hinge", "ipo", "kto_pair", "orpo", "simpo"],
+            "help": "LLaMA-Factory's stage dpo loss: sigmoid, hinge, ipo (DPO's loss_type), orpo, simpo (stages orpo, "
+            "simpo); kto_pair refused.",
+        },
+    )
+    pref_ftx: float | None = field(
+        default=None, metadata={"help": "LLaMA-Factory: the chosen completions' NLL weight (stages dpo, simpo)."}
+    )
+    dpo_label_smoothing: float | None = field(
+        default=None, metadata={"help": "LLaMA-Factory: the sigmoid loss's label smoothing (cDPO), in [0, 0.5)."}
+    )
     mask_history: bool = field(default=False, metadata={"help": "LLaMA-Factory; refused."})
     tool_format: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})
     default_system: str | None = field(default=None, metadata={"help": "LLaMA-Factory; refused."})

@@ -12,8 +12,8 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Any
 
-from gym_lightning.commands.train.rows import Row, accepted, mapped, preference, refused
-from gym_lightning.commands.train.trl import MODEL_CONFIG
+from gym_lightning.commands.train.rows import Row, accepted, mapped, refused
+from gym_lightning.commands.train.trl import DPO_CONFIG, MODEL_CONFIG
 
 
 def _off(why: str, default: Any = False) -> Row:
@@ -157,27 +157,46 @@ FINETUNING: dict[str, Row] = {
     "use_dora": MODEL_CONFIG["use_dora"],
     "pissa_init": refused("PiSSA initialisation is not wired in"),
     **dict.fromkeys(("pissa_iter", "pissa_convert"), accepted(_ONLY_WITH.format("pissa_init"))),
-    "pref_beta": preference("pref_beta (DPO/KTO's beta)", 0.1),
-    "pref_ftx": preference("pref_ftx (the SFT term's weight)", 0.0),
-    "pref_bco_weight": preference("pref_bco_weight", 0.0),
-    "pref_loss": preference("pref_loss (sigmoid, hinge, ipo, kto_pair, orpo, simpo)", "sigmoid"),
-    "dpo_label_smoothing": preference("dpo_label_smoothing", 0.0),
-    "kto_chosen_weight": preference("kto_chosen_weight", 1.0),
-    "kto_rejected_weight": preference("kto_rejected_weight", 1.0),
-    "simpo_gamma": preference("simpo_gamma", 0.5),
+    "pref_beta": mapped("model.objective's beta (TRL's --beta; default 0.1)", flag="beta"),
+    "pref_ftx": mapped(
+        "the chosen completions' NLL, each completion's token mean over pairs, at this weight: stage dpo's loss_type "
+        "sft (sft_average sequence), pref_loss simpo's cpo_alpha; refused with pref_loss orpo (its loss holds that "
+        "NLL already) and stage kto"
+    ),
+    "pref_bco_weight": _off(
+        "BCO's running reward baseline is not wired in (TRL's loss_type bco_pair is the pairwise loss without it)", 0.0
+    ),
+    "pref_loss": mapped(
+        "sigmoid, hinge, ipo: stage dpo's loss_type (ipo per token, as LLaMA-Factory's); orpo, simpo: stages orpo, "
+        "simpo; kto_pair refused (train stage kto on the pairs)"
+    ),
+    "dpo_label_smoothing": mapped(
+        "cDPO's smoothing e of the sigmoid loss: loss_type [sigmoid, robust] weighted [2(1-e), -(1-2e)] with "
+        "label_smoothing e, which is the same loss"
+    ),
+    "kto_chosen_weight": mapped("model.objective's desirable_weight (stage kto)", flag="desirable_weight"),
+    "kto_rejected_weight": mapped("model.objective's undesirable_weight (stage kto)", flag="undesirable_weight"),
+    "simpo_gamma": mapped("model.objective's simpo_gamma (pref_loss simpo; default 0.5)"),
     "ppo_buffer_size": _off(_PPO, 1),
     "ppo_epochs": _off(_PPO, 4),
     "ppo_score_norm": _off(_PPO),
     "ppo_target": _off(_PPO, 6.0),
     "ppo_whiten_rewards": _off(_PPO),
-    "ref_model": preference("ref_model (the preference stages' reference)", None),
-    "ref_model_adapters": preference("ref_model_adapters", None),
-    "ref_model_quantization_bit": preference("ref_model_quantization_bit", None),
+    "ref_model": mapped(
+        "model.objective's ref_model (stages dpo, kto): the reference's folder; default: the policy's source, or with "
+        "LoRA the base with the adapters off"
+    ),
+    "ref_model_adapters": _off(
+        "the reference is ref_model's folder as it is: merge the adapters into it first (peft's merge_and_unload)", None
+    ),
+    "ref_model_quantization_bit": _off(
+        "the reference is held in the policy's dtype (under QLoRA it is the 4-bit base with the adapters off)", None
+    ),
     "reward_model": _off(_PPO, None),
     "reward_model_adapters": _off(_PPO, None),
     "reward_model_quantization_bit": _off(_PPO, None),
     "reward_model_type": _off(_PPO, "lora"),
-    "ld_alpha": preference("ld_alpha (LD-DPO)", None),
+    "ld_alpha": DPO_CONFIG["ld_alpha"],
     "use_galore": refused("GaLore is not wired in"),
     **dict.fromkeys(
         ("galore_target", "galore_rank", "galore_update_interval", "galore_scale", "galore_proj_type"),
@@ -208,7 +227,7 @@ FINETUNING: dict[str, Row] = {
         accepted(_ONLY_WITH.format("use_swanlab")),
     ),
     "pure_bf16": refused("use --bf16 (mixed) or --torch_dtype bfloat16"),
-    "stage": mapped("the stage (--stage): sft and pt run, dpo and kto arrive with the preference stage, rm and ppo no"),
+    "stage": mapped("the stage (--stage): pt, sft, dpo (pref_loss orpo, simpo: stages orpo, simpo), kto; rm, ppo no"),
     "finetuning_type": refused("gym train trains LoRA adapters (lora) or the whole model (full)", None, "lora", "full"),
     "use_llama_pro": refused("LLaMA Pro is not wired in"),
     "use_adam_mini": refused("use --optim (adamw_torch_fused, adamw_torch, sgd, adagrad, rmsprop, adafactor)"),

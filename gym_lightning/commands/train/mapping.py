@@ -18,7 +18,7 @@ from gym_lightning.commands.train.launchers import topology_values
 from gym_lightning.commands.train.llama_factory import template_note
 from gym_lightning.commands.train.model import model_values
 from gym_lightning.commands.train.problems import flag_problems
-from gym_lightning.commands.train.stages import resolved_data
+from gym_lightning.commands.train.stages import resolved_data, stage_of
 from gym_lightning.commands.train.trainer import eval_strategy, trainer_values
 from gym_lightning.errors import raise_if_problems
 from gym_lightning.strategies.zero.config import load_deepspeed_json
@@ -66,11 +66,18 @@ def data_values(args: argparse.Namespace) -> dict[str, Any]:
         "data.num_workers": args.dataloader_num_workers,
         "data.seed": args.seed if args.data_seed is None else args.data_seed,
     }
+    if args.truncation_mode != "keep_start":  # TRL's preference rows: the stages that read it (others refuse it)
+        values["data.truncation_mode"] = args.truncation_mode
+    if args.max_prompt_length is not None:
+        values["data.max_prompt_length"] = args.max_prompt_length
     if args.dataset_num_proc is not None:
         values["data.num_proc"] = args.dataset_num_proc
     if args.dataset_streaming:
         values["data.streaming"] = True
     return values
+
+
+HF_LEARNING_RATE = 5e-5  # TrainingArguments' learning_rate, which TRL's preference configs lower to 1e-6
 
 
 def flag_notes(args: argparse.Namespace) -> list[str]:
@@ -81,6 +88,19 @@ def flag_notes(args: argparse.Namespace) -> list[str]:
             f"--chat_template_format {args.chat_template_format}: chats are rendered with the tokenizer's own chat "
             "template and vocabulary (PEFT's script would set that template, add its tokens and resize the "
             "embeddings), and --dataset_text_field names no column (that script writes the rendered chats there)."
+        )
+    stage = stage_of(args)
+    if stage.trl != "SFTConfig" and stage.refusal is None and args.learning_rate == HF_LEARNING_RATE:
+        notes.append(
+            f"--learning_rate {HF_LEARNING_RATE:g} is TrainingArguments' default, which gym train keeps; TRL's "
+            f"{stage.trl} defaults to 1e-06 (and logging_steps 10, gradient_checkpointing, bf16): pass them for "
+            "TRL's run."
+        )
+    if (smoothing := args.dpo_label_smoothing) and stage.name == "dpo":
+        notes.append(
+            f"--dpo_label_smoothing {smoothing:g}: LLaMA-Factory's smoothed sigmoid (cDPO) is TRL 1.16's loss types "
+            f"[sigmoid, robust] weighted [{2 * (1 - smoothing):g}, {-(1 - 2 * smoothing):g}] with label_smoothing "
+            f"{smoothing:g} here: the same loss."
         )
     if str(args.stage) == "pt":
         notes.append(

@@ -80,6 +80,9 @@ GYM: dict[str, Row] = {
     "overwrite_output_dir": mapped("nothing: <output_dir> is reused as it is (transformers < 5's flag)"),
     "print_config": mapped("prints the gym fit YAML of the run and exits (gym fit --config repeats it)"),
     "config": mapped("a YAML/JSON file of flags (TRL's --config; gym train FILE too); flags override it"),
+    "max_prompt_length": mapped(
+        "data.max_prompt_length in the preference stages: keep the last N prompt tokens (older TRL's field)"
+    ),
 }
 DATACLASSES = (
     hf.ModelArguments,

@@ -19,10 +19,10 @@ from gym_lightning.commands.train.llama_factory import template_problem
 from gym_lightning.commands.train.model import four_bit, lora_on
 from gym_lightning.commands.train.parser import build_parser, parser_defaults
 from gym_lightning.commands.train.peft_script import PEFT_SCRIPT
-from gym_lightning.commands.train.rows import PREFERENCE_STAGE, Row, merged, refusal
-from gym_lightning.commands.train.stages import resolved_data, stage_of, stage_problems
+from gym_lightning.commands.train.rows import Row, merged, refusal
+from gym_lightning.commands.train.stages import foreign_rows, resolved_data, stage_of, stage_problems
 from gym_lightning.commands.train.trainer import LOGGERS, eval_strategy, report_to
-from gym_lightning.commands.train.trl import PREFERENCE_FIELDS, TRL_COMMON
+from gym_lightning.commands.train.trl import TRL_COMMON
 from gym_lightning.data.sources import MIX_STRATEGIES
 from gym_lightning.optim import HFSchedulerName, OptimizerName
 from gym_lightning.vocabulary import AUTO_STRATEGY
@@ -57,7 +57,8 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
             f"feed to schedules; use one of {', '.join(SCHEDULERS)}."
         )
     problems += _ratio_problems(args) + _report_to_problems(args) + _adapter_problems(args) + _loss_problems(args)
-    if args.padding_free and not resolved_data(args)["packing"]:
+    padding_free = stage_of(args).fields.get("padding_free")  # the preference stages refuse it in their rows
+    if args.padding_free and not resolved_data(args)["packing"] and padding_free and padding_free.kind == "mapped":
         problems.append(
             "--padding_free True is not supported without --packing: a batch is padded to its longest row here; "
             "--packing makes padding-free rows (as TRL's packing does)."
@@ -72,9 +73,11 @@ def flag_problems(args: argparse.Namespace) -> list[str]:
 
 
 def flag_rows(args: argparse.Namespace) -> dict[str, Row]:
-    """The row of each flag that is not a ``TrainingArguments`` field, by the argument it sets: the stage's TRL
-    config first (its ``loss_type``), then TRL's model and data fields, PEFT's script and LLaMA-Factory's keys."""
-    tables = [stage_of(args).fields, PREFERENCE_FIELDS, TRL_COMMON, PEFT_SCRIPT, *llama_factory_table.TABLES.values()]
+    """The row of each flag that is not a ``TrainingArguments`` field, by the argument it sets: the stage's fields
+    first (its TRL config's ``loss_type``, the preference keys it reads), then the refusals of other stages' fields,
+    TRL's model and data fields, PEFT's script and LLaMA-Factory's keys."""
+    stage = stage_of(args)
+    tables = [stage.fields, foreign_rows(stage), TRL_COMMON, PEFT_SCRIPT, *llama_factory_table.TABLES.values()]
     rows: dict[str, Row] = {}
     for name, row in merged(*tables).items():
         rows.setdefault(row.flag or name, row)
@@ -96,9 +99,11 @@ def refused_flags(args: argparse.Namespace) -> list[str]:
         # False vs "no"); both count as unset.
         if not (row.takes(value, default) or row.takes(value, defaults.get(spec.name, default))):
             problems.append(refusal(spec.name, value, row))
-    stage_refused = stage_of(args).refusal is not None  # its one line says it all
+    stage = stage_of(args)
+    # A refused stage's one line says it all: the stages' fields are not checked against it.
+    skipped = CHECKED_ELSEWHERE | (set(stage.fields) | set(foreign_rows(stage)) if stage.refusal else set())
     for dest, row in flag_rows(args).items():
-        if dest not in defaults or dest in CHECKED_ELSEWHERE or (stage_refused and PREFERENCE_STAGE in row.note):
+        if dest not in defaults or dest in skipped:
             continue
         value = getattr(args, dest)
         if not row.takes(value, defaults[dest]):

@@ -20,8 +20,6 @@ from typing import Any, Literal
 
 Kind = Literal["mapped", "accepted", "refused"]
 KINDS: tuple[Kind, ...] = ("mapped", "accepted", "refused")
-# The one reason of every field of the preference stages until they land (the next stage table rows).
-PREFERENCE_STAGE = "arrives with the preference stage (dpo, kto, orpo, simpo)"
 NO_DEFAULT = object()  # ``Row.default`` of a field that is a gym train flag (the parser's default counts)
 
 
@@ -67,11 +65,6 @@ def refused(why: str, *allowed: Any, default: Any = NO_DEFAULT) -> Row:
     return Row("refused", why, allowed=tuple(allowed), default=default)
 
 
-def preference(what: str, default: Any = NO_DEFAULT) -> Row:
-    """A field of the preference stages (DPO, KTO, ORPO, SimPO): placed, refused until they land."""
-    return refused(f"{what}; {PREFERENCE_STAGE}", default=default)
-
-
 def refusal(name: str, value: Any, row: Row) -> str:
     """The one line of a refused value."""
     shown = value[0] if isinstance(value, list) and len(value) == 1 else value
@@ -95,14 +88,12 @@ def merged(*tables: Mapping[str, Row]) -> dict[str, Row]:
 __all__ = [
     "KINDS",
     "NO_DEFAULT",
-    "PREFERENCE_STAGE",
     "Kind",
     "Row",
     "accepted",
     "counts",
     "mapped",
     "merged",
-    "preference",
     "refusal",
     "refused",
 ]

@@ -1,25 +1,28 @@
 """TRL's flags: ``ScriptArguments`` and ``DatasetMixtureConfig`` (the data), ``ModelConfig`` (the model, LoRA, 4 bits)
 and the fields each trainer's config adds to ``TrainingArguments``: ``SFTConfig`` (stages sft and pt), ``DPOConfig``
-and ``KTOConfig`` (the preference stages, placed and refused until they land).
+(dpo), ``KTOConfig`` (kto), ``trl.experimental``'s ``ORPOConfig`` (orpo) and ``CPOConfig`` (simpo, its loss_type
+simpo).
 
-A field's meaning depends on the config, as in TRL: ``loss_type`` is ``nll``/``dft`` in ``SFTConfig`` and
-``sigmoid``, ``ipo``, ... in ``DPOConfig``; the stage (``stages.STAGES``) says which table reads the flags. The fields
-only the preference configs have are flags (``PreferenceArguments``) so that a line that sets them is refused with
-its reason rather than an unknown flag.
+A field's meaning depends on the config, as in TRL: ``loss_type`` is ``nll``/``dft`` in ``SFTConfig``, ``sigmoid``,
+``ipo``, ... in ``DPOConfig``, ``kto`` in ``KTOConfig``; the stage (``stages.STAGES``) says which table reads the
+flags, and a field of another stage's config is refused unless at TRL's default (``FIELD_DEFAULTS``). The fields only
+the preference configs have are flags (``PreferenceArguments``), with LLaMA-Factory's names of the same settings as
+aliases (``pref_beta`` is ``--beta``); ``preference`` turns them into the objective's settings.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
-from gym_lightning.commands.train.rows import Row, accepted, mapped, merged, preference, refused
+from gym_lightning.commands.train.rows import Row, accepted, mapped, merged, refused
 from gym_lightning.quant.config import COMPUTE_DTYPES, QUANT_STORAGES, QUANT_TYPES
 
 # transformers' BitsAndBytesConfig takes a compute dtype as any torch attribute name: these are torch's other names.
 DTYPE_ALIASES = {"half": "float16", "float": "float32", "double": "float64"}
 _ONLY_NLL = (
     "SFTConfig's loss_type is nll here (chunked for large vocabularies; dft is not wired in); DPOConfig's loss types "
-    "(sigmoid, ipo, hinge, ...) are --stage dpo's, which arrives with the preference stage"
+    "(sigmoid, ipo, hinge, ...) are --stage dpo's, KTOConfig's --stage kto's"
 )
 
 
@@ -119,34 +122,79 @@ class TrlDataArguments:
     pad_token: str | None = field(default=None, metadata={"help": "TRL: a token of the vocabulary to pad with."})
     dataset_kwargs: str | None = field(default=None, metadata={"help": "TRL; refused."})
     loss_type: list[str] | None = field(
-        default=None, metadata={"help": "TRL: the stage's loss (SFTConfig: nll; DPOConfig's arrive with dpo)."}
+        default=None,
+        metadata={"help": "TRL: the stage's loss (SFTConfig: nll; DPOConfig: sigmoid, ipo, ...; KTOConfig: kto)."},
     )
     activation_offloading: bool = field(default=False, metadata={"help": "TRL; refused."})
     model_init_kwargs: str | None = field(default=None, metadata={"help": "TRL; refused."})
-    router_aux_loss_coef: float | None = field(default=None, metadata={"help": "TRL; refused."})
+    router_aux_loss_coef: float | None = field(
+        default=None, metadata={"help": "TRL: DPO/KTO's router loss weight (stages sft, pt: refused)."}
+    )
     ignore_bias_buffers: bool = field(default=False, metadata={"help": "TRL; accepted, no effect (as in trl sft)."})
 
 
 @dataclass
 class PreferenceArguments:
-    """The fields only TRL's ``DPOConfig``/``KTOConfig`` have: placed, refused until the preference stage lands."""
+    """The fields of TRL's preference configs (``DPOConfig``, ``KTOConfig``, ``ORPOConfig``, ``CPOConfig``) that
+    ``SFTConfig`` lacks, LLaMA-Factory's names of the same settings as aliases, and ``ref_model`` and
+    ``max_prompt_length`` (LLaMA-Factory's and older TRL's). ``None``: the objective's default (TRL's)."""
 
-    beta: float | None = field(default=None, metadata={"help": "DPO/KTO: the KL weight (TRL: 0.1)."})
-    label_smoothing: float | None = field(default=None, metadata={"help": "DPO: robust DPO's label noise."})
-    loss_weights: list[float] | None = field(default=None, metadata={"help": "DPO: weights of several loss_type."})
-    precompute_ref_log_probs: bool | None = field(default=None, metadata={"help": "DPO/KTO: one reference pass."})
-    precompute_ref_batch_size: int | None = field(default=None, metadata={"help": "DPO/KTO: its batch size."})
-    disable_dropout: bool | None = field(default=None, metadata={"help": "DPO/KTO: dropout off (TRL: True)."})
-    use_weighting: bool | None = field(default=None, metadata={"help": "DPO: WPO's weighting."})
-    ld_alpha: float | None = field(default=None, metadata={"help": "DPO: LD-DPO's verbose-token weight."})
-    f_divergence_type: str | None = field(default=None, metadata={"help": "DPO: the f-divergence."})
-    f_alpha_divergence_coef: float | None = field(default=None, metadata={"help": "DPO: its alpha."})
+    beta: float | None = field(
+        default=None,
+        metadata={
+            "aliases": ["--pref_beta"],
+            "help": "DPO/KTO: the deviation from the reference; ORPO: the odds ratio's weight; SimPO: the reward "
+            "scale (TRL's 0.1; LLaMA-Factory: pref_beta).",
+        },
+    )
+    loss_weights: list[float] | None = field(default=None, metadata={"help": "DPO: one weight per --loss_type."})
+    label_smoothing: float | None = field(default=None, metadata={"help": "DPO robust/EXO, SimPO: label noise."})
+    precompute_ref_log_probs: bool | None = field(
+        default=None, metadata={"help": "DPO/KTO: one reference pass before training, stored with the data."}
+    )
+    precompute_ref_batch_size: int | None = field(default=None, metadata={"help": "DPO/KTO: refused."})
+    disable_dropout: bool = field(
+        default=True, metadata={"help": "Preference stages: dropout off (TRL's default; --no_disable_dropout)."}
+    )
+    use_weighting: bool | None = field(default=None, metadata={"help": "DPO: WPO's weighting; refused."})
+    ld_alpha: float | None = field(default=None, metadata={"help": "DPO: LD-DPO (LLaMA-Factory too); refused."})
+    f_divergence_type: str | None = field(
+        default=None,
+        metadata={
+            "choices": ["reverse_kl", "forward_kl", "js_divergence", "alpha_divergence"],
+            "help": "DPO: the f-divergence (f-DPO).",
+        },
+    )
+    f_alpha_divergence_coef: float | None = field(default=None, metadata={"help": "DPO: alpha_divergence's alpha."})
     discopop_tau: float | None = field(default=None, metadata={"help": "DPO: DiscoPOP's temperature."})
-    sync_ref_model: bool | None = field(default=None, metadata={"help": "DPO/KTO: TR-DPO's reference updates."})
-    ref_model_mixup_alpha: float | None = field(default=None, metadata={"help": "DPO/KTO: their mix."})
-    ref_model_sync_steps: int | None = field(default=None, metadata={"help": "DPO/KTO: their interval."})
-    desirable_weight: float | None = field(default=None, metadata={"help": "KTO: weight of desirable examples."})
-    undesirable_weight: float | None = field(default=None, metadata={"help": "KTO: of undesirable ones."})
+    sync_ref_model: bool | None = field(default=None, metadata={"help": "DPO/KTO: TR-DPO's updates; refused."})
+    ref_model_mixup_alpha: float | None = field(default=None, metadata={"help": "DPO/KTO: with sync_ref_model."})
+    ref_model_sync_steps: int | None = field(default=None, metadata={"help": "DPO/KTO: with sync_ref_model."})
+    desirable_weight: float | None = field(
+        default=None, metadata={"aliases": ["--kto_chosen_weight"], "help": "KTO: weight of desirable examples."}
+    )
+    undesirable_weight: float | None = field(
+        default=None, metadata={"aliases": ["--kto_rejected_weight"], "help": "KTO: weight of undesirable ones."}
+    )
+    simpo_gamma: float | None = field(default=None, metadata={"help": "SimPO: the target reward margin (0.5)."})
+    cpo_alpha: float | None = field(
+        default=None, metadata={"help": "SimPO: the chosen completions' NLL weight (CPO-SimPO; default 0: SimPO)."}
+    )
+    alpha: float | None = field(default=None, metadata={"help": "SimPO: AlphaPO's reward shape (0: SimPO)."})
+    max_completion_length: int | None = field(default=None, metadata={"help": "ORPO/CPO: encoder-decoder only."})
+    padding_value: int | None = field(default=None, metadata={"help": "ORPO: accepted (padding is masked out)."})
+    generate_during_eval: bool | None = field(default=None, metadata={"help": "ORPO/CPO: refused (gym predict)."})
+    is_encoder_decoder: bool | None = field(default=None, metadata={"help": "ORPO/CPO: causal LMs only."})
+    ref_model: str | None = field(
+        default=None,
+        metadata={
+            "help": "DPO/KTO: the reference model's folder or hub name (LLaMA-Factory's ref_model; default: the "
+            "policy's source, or with LoRA the base with the adapters off)."
+        },
+    )
+    max_prompt_length: int | None = field(
+        default=None, metadata={"help": "Preference stages: keep at most the last N prompt tokens (older TRL's)."}
+    )
 
 
 SCRIPT_ARGUMENTS: dict[str, Row] = {
@@ -215,61 +263,164 @@ SFT_CONFIG: dict[str, Row] = _SHARED | {
     "assistant_only_loss": mapped("data.mask_prompt (assistant turns are the targets)"),
     "loss_type": refused(_ONLY_NLL, "nll", "chunked_nll"),
 }
-# The fields of the preference configs that SFTConfig lacks (refused in every stage until those land).
-PREFERENCE_FIELDS: dict[str, Row] = {
-    "beta": preference("DPOConfig's/KTOConfig's beta"),
-    "label_smoothing": preference("DPOConfig's label_smoothing"),
-    "loss_weights": preference("DPOConfig's loss_weights"),
-    "precompute_ref_log_probs": preference("DPOConfig's/KTOConfig's precompute_ref_log_probs"),
-    "precompute_ref_batch_size": preference("DPOConfig's/KTOConfig's precompute_ref_batch_size"),
-    "disable_dropout": preference("DPOConfig's/KTOConfig's disable_dropout"),
-    "use_weighting": preference("DPOConfig's use_weighting"),
-    "ld_alpha": preference("DPOConfig's ld_alpha"),
-    "f_divergence_type": preference("DPOConfig's f_divergence_type"),
-    "f_alpha_divergence_coef": preference("DPOConfig's f_alpha_divergence_coef"),
-    "discopop_tau": preference("DPOConfig's discopop_tau"),
-    "sync_ref_model": preference("DPOConfig's/KTOConfig's sync_ref_model"),
-    "ref_model_mixup_alpha": preference("DPOConfig's/KTOConfig's ref_model_mixup_alpha"),
-    "ref_model_sync_steps": preference("DPOConfig's/KTOConfig's ref_model_sync_steps"),
-    "desirable_weight": preference("KTOConfig's desirable_weight"),
-    "undesirable_weight": preference("KTOConfig's undesirable_weight"),
+# The preference configs' rows (DPOConfig, KTOConfig, ORPOConfig, CPOConfig): most set the init_args of
+# model.objective (``preference`` computes them, LLaMA-Factory's keys with them).
+_REFERENCE_FIXED = (
+    "TR-DPO mixes the policy into the reference during training; the reference here is frozen (or absent: LoRA, "
+    "precompute_ref_log_probs)"
+)
+_PREFERENCE_SHARED: dict[str, Row] = {
+    "model_init_kwargs": _SHARED["model_init_kwargs"],
+    "trust_remote_code": _SHARED["trust_remote_code"],
+    "dataset_num_proc": _SHARED["dataset_num_proc"],
+    "max_length": mapped("data.max_seq_length: prompt + answer per row (default 1024, TRL's)", flag="max_seq_length"),
+    "disable_dropout": mapped("model.objective's disable_dropout (on unless False, as TRL's)"),
 }
-_DPO_ONLY = (
-    *("disable_dropout", "precompute_ref_log_probs", "precompute_ref_batch_size", "loss_weights", "ld_alpha"),
-    *("f_divergence_type", "f_alpha_divergence_coef", "label_smoothing", "beta", "use_weighting", "discopop_tau"),
-    *("sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"),
-)
-_KTO_ONLY = (
-    *("disable_dropout", "precompute_ref_log_probs", "precompute_ref_batch_size", "beta", "desirable_weight"),
-    *("undesirable_weight", "sync_ref_model", "ref_model_mixup_alpha", "ref_model_sync_steps"),
-)
+_REFERENCE: dict[str, Row] = {
+    "router_aux_loss_coef": mapped("model.objective's router_aux_loss_coef (None: the model config's)"),
+    "pad_to_multiple_of": _SHARED["pad_to_multiple_of"],
+    "precompute_ref_log_probs": mapped(
+        "model.objective's precompute_ref_log_probs: one reference pass before training, stored with the prepared "
+        "data (a resume reuses it); training then holds no reference"
+    ),
+    "precompute_ref_batch_size": refused(
+        "the reference pass runs in batches of --per_device_eval_batch_size (data.eval_batch_size): set that"
+    ),
+    "beta": mapped("model.objective's beta: the deviation from the reference (default 0.1, TRL's)"),
+    "activation_offloading": _SHARED["activation_offloading"],
+    "sync_ref_model": refused(_REFERENCE_FIXED, False),
+    "ref_model_mixup_alpha": accepted("read only with sync_ref_model (refused here)"),
+    "ref_model_sync_steps": accepted("read only with sync_ref_model (refused here)"),
+}
 DPO_CONFIG: dict[str, Row] = (
-    _SHARED
-    | {name: PREFERENCE_FIELDS[name] for name in _DPO_ONLY}
-    | {"loss_type": preference("DPOConfig's loss_type (sigmoid, ipo, hinge, robust, sft, ...)")}
+    _PREFERENCE_SHARED
+    | _REFERENCE
+    | {
+        "truncation_mode": mapped(
+            "data.truncation_mode: keep_start cuts a row's end (examples whose prompt fills max_length are dropped), "
+            "keep_end its start"
+        ),
+        "padding_free": refused(
+            "preference rows are padded (the chosen and rejected rows in one batch); padding-free rows are not "
+            "wired in for them",
+            False,
+        ),
+        "loss_type": mapped(
+            "model.objective's loss_type: sigmoid, hinge, ipo, robust, exo_pair, nca_pair, bco_pair, sppo_hard, "
+            "apo_zero, apo_down, discopop, sigmoid_norm, sft (aot and aot_unpaired are refused: they sort within a "
+            "micro-batch, so the loss would depend on how ranks split the batch)"
+        ),
+        "loss_weights": mapped("model.objective's loss_weights (one per loss_type, summed as TRL's MPO)"),
+        "ld_alpha": refused(
+            "LD-DPO weights the tokens beyond the shorter completion, which needs per-token log-probabilities; the "
+            "engine sums each sequence's"
+        ),
+        "f_divergence_type": mapped("model.objective's f_divergence_type (f-DPO)"),
+        "f_alpha_divergence_coef": mapped("model.objective's f_alpha_divergence_coef"),
+        "label_smoothing": mapped("model.objective's label_smoothing: robust's flip probability, EXO's epsilon"),
+        "use_weighting": refused("WPO weights pairs by per-token probabilities the engine does not return", False),
+        "discopop_tau": mapped("model.objective's discopop_tau"),
+        "pad_token": _SHARED["pad_token"],
+    }
 )
 KTO_CONFIG: dict[str, Row] = (
-    {name: row for name, row in _SHARED.items() if name not in ("truncation_mode", "padding_free", "pad_token")}
-    | {name: PREFERENCE_FIELDS[name] for name in _KTO_ONLY}
-    | {"loss_type": preference("KTOConfig's loss_type (kto)")}
+    _PREFERENCE_SHARED
+    | _REFERENCE
+    | {
+        "loss_type": mapped("model.objective's loss_type: kto, or apo_zero_unpaired (no KL term)"),
+        "desirable_weight": mapped("model.objective's desirable_weight (LLaMA-Factory's kto_chosen_weight)"),
+        "undesirable_weight": mapped("model.objective's undesirable_weight (LLaMA-Factory's kto_rejected_weight)"),
+    }
 )
+# The fields only trl.experimental's ORPOConfig and CPOConfig have (their trainers' older tokenization).
+_REFERENCE_FREE: dict[str, Row] = {
+    "max_completion_length": accepted("TRL reads it for encoder-decoder models only; gym train trains causal LMs"),
+    "generate_during_eval": refused("validation computes the loss and TRL's metrics; gym predict generates", False),
+    "is_encoder_decoder": refused("gym train trains causal LMs (decoder-only)", False),
+}
+ORPO_CONFIG: dict[str, Row] = (
+    _PREFERENCE_SHARED
+    | _REFERENCE_FREE
+    | {
+        "beta": mapped("model.objective's beta: the odds ratio loss's weight (the paper's lambda; default 0.1)"),
+        "padding_value": accepted("padded positions are masked out (they hold the tokenizer's pad token here)"),
+    }
+)
+CPO_CONFIG: dict[str, Row] = (
+    _PREFERENCE_SHARED
+    | _REFERENCE_FREE
+    | {
+        "beta": mapped("model.objective's beta: the reward scale (default 0.1)"),
+        "label_smoothing": mapped("model.objective's label_smoothing: the conservative form's, in [0, 0.5)"),
+        "loss_type": mapped(
+            "simpo (SimPO) or alphapo (simpo with cpo_alpha 0, as TRL's); CPO's own sigmoid, hinge and ipo are "
+            "refused (--stage simpo trains SimPO)"
+        ),
+        "cpo_alpha": mapped(
+            "model.objective's cpo_alpha: the chosen completions' NLL weight (CPO-SimPO); 0 unless given (SimPO, "
+            "as TRL's docs set it), where CPOConfig's own default is 1.0"
+        ),
+        "simpo_gamma": mapped("model.objective's simpo_gamma: the target reward margin (default 0.5)"),
+        "alpha": mapped("model.objective's alpha: AlphaPO's reward shape (0: SimPO's log-probability)"),
+    }
+)
+# TRL 1.16's default of each field that not every config has: a stage whose config lacks the field takes it at these
+# values (they change nothing there) and refuses others.
+FIELD_DEFAULTS: dict[str, tuple[Any, ...]] = {
+    **dict.fromkeys(("chat_template_path", "dataset_kwargs", "eos_token", "eval_packing", "pad_token"), (None,)),
+    **dict.fromkeys(("completion_only_loss", "router_aux_loss_coef", "precompute_ref_batch_size"), (None,)),
+    **dict.fromkeys(("loss_weights", "ld_alpha", "max_completion_length", "padding_value"), (None,)),
+    **dict.fromkeys(("shuffle_dataset", "packing", "padding_free", "activation_offloading"), (False,)),
+    **dict.fromkeys(("assistant_only_loss", "precompute_ref_log_probs", "use_weighting", "sync_ref_model"), (False,)),
+    **dict.fromkeys(("generate_during_eval", "is_encoder_decoder"), (False, None)),
+    "dataset_text_field": ("text",),
+    "truncation_mode": ("keep_start",),
+    "packing_strategy": ("bfd",),
+    "pad_to_multiple_of": ("auto",),
+    "loss_type": ("nll", "sigmoid", "kto"),
+    "disable_dropout": (True,),
+    "f_divergence_type": ("reverse_kl",),
+    "f_alpha_divergence_coef": (0.5,),
+    "label_smoothing": (0.0,),
+    "beta": (0.1,),
+    "discopop_tau": (0.05,),
+    "ref_model_mixup_alpha": (0.6,),
+    "ref_model_sync_steps": (512,),
+    "desirable_weight": (1.0,),
+    "undesirable_weight": (1.0,),
+    "cpo_alpha": (1.0,),
+    "simpo_gamma": (0.5,),
+    "alpha": (0.0,),
+}
 # Every TRL table, for the checks that do not depend on the stage (model and data flags).
 TRL_COMMON = merged(SCRIPT_ARGUMENTS, MODEL_CONFIG)
-TRL_CONFIGS: dict[str, dict[str, Row]] = {"SFTConfig": SFT_CONFIG, "DPOConfig": DPO_CONFIG, "KTOConfig": KTO_CONFIG}
+TRL_CONFIGS: dict[str, dict[str, Row]] = {
+    "SFTConfig": SFT_CONFIG,
+    "DPOConfig": DPO_CONFIG,
+    "KTOConfig": KTO_CONFIG,
+    "ORPOConfig": ORPO_CONFIG,
+    "CPOConfig": CPO_CONFIG,
+}
+# Where TRL 1.16 defines each config (the field tables' test reads them; ORPO and CPO are experimental there).
+TRL_CONFIG_PATHS = {name: f"trl.{name}" for name in ("SFTConfig", "DPOConfig", "KTOConfig")}
+TRL_CONFIG_PATHS |= {"ORPOConfig": "trl.experimental.orpo.ORPOConfig", "CPOConfig": "trl.experimental.cpo.CPOConfig"}
 # TrainingArguments defaults each TRL config changes (gym train keeps HF's: pass these to get TRL's).
-TRL_DEFAULTS = {"learning_rate": "2e-5 (SFT), 1e-6 (DPO, KTO)", "logging_steps": "10", "gradient_checkpointing": "True"}
-TRL_DEFAULTS |= {"bf16": "True where supported"}
+TRL_DEFAULTS = {"learning_rate": "2e-5 (SFT), 1e-6 (DPO, KTO, ORPO, CPO)", "logging_steps": "10"}
+TRL_DEFAULTS |= {"gradient_checkpointing": "True", "bf16": "True where supported"}
 
 __all__ = [
+    "CPO_CONFIG",
     "DPO_CONFIG",
     "DTYPE_ALIASES",
+    "FIELD_DEFAULTS",
     "KTO_CONFIG",
     "MODEL_CONFIG",
-    "PREFERENCE_FIELDS",
+    "ORPO_CONFIG",
     "SCRIPT_ARGUMENTS",
     "SFT_CONFIG",
     "TRL_COMMON",
     "TRL_CONFIGS",
+    "TRL_CONFIG_PATHS",
     "TRL_DEFAULTS",
     "PreferenceArguments",
     "TrlDataArguments",

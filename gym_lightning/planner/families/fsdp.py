@@ -37,9 +37,10 @@ from gym_lightning.planner.params import frozen_bytes, layer_bytes, param_counts
 from gym_lightning.planner.spec import RunSpec
 
 Layout = Literal["root", "split"]
-# gym_fsdp's units besides the decoder layers: "root" (embedding + norm + head gathered together, the strategy as it
-# is on this branch) or "split" (the embedding, and the norm with the head, as units of their own; torchtitan's).
-LAYOUT: Layout = "root"
+# gym_fsdp's units besides the decoder layers: "split" (strategies.fsdp: an untied embedding, and the norm with the
+# head, as units of their own, torchtitan's layout; a tied pair stays in the root unit) or "root" (embedding + norm
+# + head gathered together, the strategy before issue 55; kept for comparison).
+LAYOUT: Layout = "split"
 
 
 @dataclass(frozen=True)
@@ -61,14 +62,16 @@ def fsdp_units(shape: ModelShape, spec: RunSpec, per_element: int, layout: Layou
     full = spec.lora_r == 0
     layer = Unit("layer", counts.layer, _layer_trainable(shape, spec), layer_bytes(shape, spec, per_element))
     head = 0 if shape.tied_embeddings else embedding
+    layers = [layer] * shape.num_layers
     if layout == "root":
         root = embedding + head  # the final norm is negligible
-        root_unit = Unit("root", root, root if full else 0, per_element * root, kept=True)
-        return [root_unit, *[layer] * shape.num_layers]
+        return [Unit("root", root, root if full else 0, per_element * root, kept=True), *layers]
+    if shape.tied_embeddings:  # one weight for both: it stays in the root unit, gathered from forward to backward
+        return [Unit("root", embedding, embedding if full else 0, per_element * embedding, kept=True), *layers]
     tail = head + h
     return [
         Unit("embedding", embedding, embedding if full else 0, per_element * embedding),
-        *[layer] * shape.num_layers,
+        *layers,
         Unit("norm+head", tail, tail if full else 0, per_element * tail, kept=True),
     ]
 
@@ -108,17 +111,20 @@ class FSDP(CostModel):
             whole = compute * self.counts.trainable + frozen_bytes(self.shape, self.spec, compute)
             return whole + gradient
         layer = layer_bytes(self.shape, self.spec, self.gathered_bytes())
-        largest = max(u.gathered for u in units)
         if self.spec.accelerator == "cpu":
             # gloo receives into a temporary of the gathered size: the largest unit's output and gloo's copy, beside
+            # an untied head kept gathered through backward (while the embedding is gathered again for its own) and
             # the previous forward's last all-gather output, which FSDP2 frees only at the next unit's copy-out.
-            return 2 * largest + layer + gradient
+            head = sum(u.gathered for u in units if u.kept and u.name == "norm+head")
+            other = max(u.gathered for u in units if u.name != "norm+head")
+            return head + 2 * other + layer + gradient
         kept = sum(u.gathered for u in units if u.kept)
-        resharded = max(u.gathered for u in units if not u.kept)
-        # NCCL gathers in place: the kept units beside the unit in use and the one prefetched, and at least the two
-        # largest modules (the rule before kept units were counted).
+        vocabulary = max((u.gathered for u in units if not u.kept and u.name != "layer"), default=0.0)
+        # NCCL gathers in place: the kept units beside the layer in use and the one prefetched, or beside the
+        # embedding gathered again for its backward, and at least the two largest modules (the rule before kept
+        # units were counted).
         two_largest = 2 * unit_bytes(self.shape, self.spec, self.gathered_bytes())
-        return max(kept + 2 * resharded, two_largest) + gradient
+        return max(kept + 2 * layer, kept + vocabulary, two_largest) + gradient
 
     def load_peak(self) -> PhasePeak:
         if self.spec.quantization != "none":

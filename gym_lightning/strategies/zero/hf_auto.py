@@ -4,38 +4,7 @@ Users bring DeepSpeed files written for the Hugging Face Trainer or LLaMA-Factor
 of ``"auto"``. The rules here are those of transformers' ``HfTrainerDeepSpeedConfig``
 (``transformers/integrations/deepspeed.py``: ``trainer_config_process`` and ``trainer_config_finalize``), with
 the Trainer and what the module/data module state (``gym_lightning.protocols``) in the place of
-``TrainingArguments``. Settings are named as ``gym fit`` names them (``model.*`` are the module's
-``OptimizerFacts``, ``data.batch_size`` is the data module's ``micro_batch_size``):
-
-==============================================  =================================================================
-JSON key                                        ``"auto"`` becomes (an explicit value must equal it)
-==============================================  =================================================================
-``train_micro_batch_size_per_gpu``              ``data.batch_size`` (else the training DataLoader's batch size)
-``gradient_accumulation_steps``                 ``trainer.accumulate_grad_batches`` (see "One setting" below)
-``train_batch_size``                            world size x micro-batch x accumulation
-``gradient_clipping``                           ``trainer.gradient_clip_val`` (see "One setting" below)
-``optimizer.params.lr``                         ``model.lr``
-``optimizer.params.betas`` / ``eps``            ``model.betas`` / ``model.eps``
-``optimizer.params.weight_decay``               ``model.weight_decay``
-``scheduler.params.warmup_min_lr``              0 (never checked)
-``scheduler.params.warmup_max_lr``              ``model.lr``
-``scheduler.params.warmup_num_steps``           max(1, warm-up steps) (DeepSpeed >= 0.19.6 rejects 0)
-``scheduler.params.total_num_steps``            the Trainer's estimated optimizer steps
-``fp16.enabled`` / ``bf16.enabled``             ``trainer.precision`` is ``16-*`` / ``bf16-*``
-``zero_optimization.reduce_bucket_size``        hidden_size² (never checked)
-``zero_optimization.stage3_prefetch_bucket_size``       one decoder layer's elements (``model`` states it), else
-                                                HF's 0.9 x hidden_size² (never checked)
-``zero_optimization.stage3_param_persistence_threshold``  10 x hidden_size (never checked)
-``zero_optimization.stage3_max_live_parameters``          2 x one decoder layer's elements (never checked)
-``zero_optimization.stage3_max_reuse_distance``           one decoder layer's elements (never checked)
-==============================================  =================================================================
-
-The last two are not resolved by HF (its JSONs write DeepSpeed's default, 1e9, for both). ``sizing.stage3_limits``
-explains the numbers: with 1e9 a model under a billion elements stays gathered from the end of its forward to its
-backward.
-
-A module without ``optimizer_facts()`` leaves the ``model.*`` rows unknown: ``"auto"`` there is an error naming the
-key, an explicit value is used unchecked.
+``TrainingArguments``. :func:`resolve_hf_deepspeed_config` lists the keys and what each ``"auto"`` becomes.
 
 One setting, never two: Lightning's ``accumulate_grad_batches`` and the JSON's ``gradient_accumulation_steps``
 are the same thing, and so are ``gradient_clip_val`` and ``gradient_clipping``. An explicit JSON value is adopted
@@ -163,6 +132,39 @@ def resolve_hf_deepspeed_config(config: str | Path | dict[str, Any], facts: Trai
     Returns a new dict (the input is not modified) that always holds ``gradient_accumulation_steps`` and
     ``gradient_clipping``. Raises one ``GymUserError`` listing every conflict (both values and the fix), every
     ``"auto"`` that ``facts`` cannot fill, and every ``"auto"`` on a key that is not resolvable at all.
+
+    Settings are named as ``gym fit`` names them (``model.*`` are the module's ``OptimizerFacts``, ``data.batch_size``
+    is the data module's ``micro_batch_size``):
+
+    ==============================================  =================================================================
+    JSON key                                        ``"auto"`` becomes (an explicit value must equal it)
+    ==============================================  =================================================================
+    ``train_micro_batch_size_per_gpu``              ``data.batch_size`` (else the training DataLoader's batch size)
+    ``gradient_accumulation_steps``                 ``trainer.accumulate_grad_batches`` (module doc: "One setting")
+    ``train_batch_size``                            world size x micro-batch x accumulation
+    ``gradient_clipping``                           ``trainer.gradient_clip_val`` (module doc: "One setting")
+    ``optimizer.params.lr``                         ``model.lr``
+    ``optimizer.params.betas`` / ``eps``            ``model.betas`` / ``model.eps``
+    ``optimizer.params.weight_decay``               ``model.weight_decay``
+    ``scheduler.params.warmup_min_lr``              0 (never checked)
+    ``scheduler.params.warmup_max_lr``              ``model.lr``
+    ``scheduler.params.warmup_num_steps``           max(1, warm-up steps) (DeepSpeed >= 0.19.6 rejects 0)
+    ``scheduler.params.total_num_steps``            the Trainer's estimated optimizer steps
+    ``fp16.enabled`` / ``bf16.enabled``             ``trainer.precision`` is ``16-*`` / ``bf16-*``
+    ``zero_optimization.reduce_bucket_size``        hidden_size² (never checked)
+    ``zero_optimization.stage3_prefetch_bucket_size``       one decoder layer's elements (``model`` states it), else
+                                                    HF's 0.9 x hidden_size² (never checked)
+    ``zero_optimization.stage3_param_persistence_threshold``  10 x hidden_size (never checked)
+    ``zero_optimization.stage3_max_live_parameters``          2 x one decoder layer's elements (never checked)
+    ``zero_optimization.stage3_max_reuse_distance``           one decoder layer's elements (never checked)
+    ==============================================  =================================================================
+
+    The last two are not resolved by HF (its JSONs write DeepSpeed's default, 1e9, for both). ``sizing.stage3_limits``
+    explains the numbers: with 1e9 a model under a billion elements stays gathered from the end of its forward to its
+    backward.
+
+    A module without ``optimizer_facts()`` leaves the ``model.*`` rows unknown: ``"auto"`` there is an error naming the
+    key, an explicit value is used unchecked.
     """
     resolver = _Resolver(load_deepspeed_json(config))
     accumulation = resolver.fill_adoptable("gradient_accumulation_steps", facts.accumulate_grad_batches, default=1)

@@ -3,8 +3,8 @@
 DeepSpeed JIT-compiles its ops on first use (torch's ``cpp_extension.load``) under ``TORCH_EXTENSIONS_DIR``. torch's
 build decision is ninja's, and ninja rebuilds whenever a compile command changes; the commands name the op's sources
 and headers by their absolute paths inside the environment's ``site-packages``. So every new virtual environment
-(CI builds three; a fresh clone builds one) compiles the same sources again: measured here, cold, on 2 cores: the
-CPU shared-memory collective 35 s, the fused CPU Adam 58 s, async I/O for NVMe offload 256 s.
+(CI builds three; a fresh clone builds one) compiles the same sources again, for minutes on a small machine
+(docs/benchmarks-history.md, "DeepSpeed op builds").
 
 Here the built library is kept under a key that names what makes it what it is and nothing that depends on where it
 was built: the DeepSpeed and torch builds, the Python ABI, the machine, the op, its compiler flags and the contents
@@ -170,7 +170,7 @@ def ops_needed(device_type: str, cpu_optimizer: str, nvme: bool, config: dict[st
 def builds_cpu_adam(config: dict[str, Any]) -> bool:
     """Whether DeepSpeed makes its own ``DeepSpeedCPUAdam``: a JSON ``optimizer`` block of the Adam family with the
     optimizer offloaded (HF's ``ds_config_zero2/3.json``). Not loaded from the cache first, DeepSpeed compiled it into
-    ``~/.cache/torch_extensions`` in the middle of the run (111 s the first time on 2 cores, measured)."""
+    ``~/.cache/torch_extensions`` in the middle of the run (docs/benchmarks-history.md, "DeepSpeed op builds")."""
     optimizer = config.get("optimizer")
     offload = (config.get("zero_optimization") or {}).get("offload_optimizer")
     device = offload.get("device") if isinstance(offload, dict) else None

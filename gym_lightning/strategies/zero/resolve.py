@@ -6,8 +6,9 @@ Three moments of ``strategies.zero.strategy``:
   ``config.zero_config`` for the arguments, through ``config.apply_gym_defaults``) and :func:`remote_device`. The
   base config is what ``setup_environment`` (ops, ZeRO++ checks) and ``needs_total_steps`` read.
 - Once per run, before the model is built (under ZeRO-3 it is built inside ``zero.Init``, which reads the config):
-  :func:`run_config` fills every ``"auto"`` from the ``hf_auto.TrainingFacts`` (bucket sizes and ZeRO-3's limits
-  from the layer size, Hugging Face's rules for the rest) and checks the explicit values against them.
+  :func:`run_config` fills every ``"auto"`` from the ``hf_auto.TrainingFacts`` (bucket sizes, ZeRO-3's limits and
+  optimizer sub-group from the layer size, ``rule.fill_from_rule``; Hugging Face's rules for the rest) and checks the
+  explicit values against them.
 - After the build: only ``sizing.cap_bucket_sizes``, by the model's element count. Neither the Trainer nor the
   module states that count before ``configure_model`` has run (``ModelFacts`` holds one layer's size, and a LoRA
   adapter or a head changes the total), so it cannot be one of the facts :func:`run_config` reads.
@@ -26,7 +27,6 @@ from gym_lightning.strategies.parallel_dims import size_problems
 from gym_lightning.strategies.zero.config import STAGE3_DERIVED_KEYS, zero_problems
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts, drop_autos, resolve_hf_deepspeed_config
 from gym_lightning.strategies.zero.rule import ZeroShape, fill_from_rule, zero_rule
-from gym_lightning.strategies.zero.sizing import derived_bucket_size, fill_bucket_sizes, layer_sized_sub_group
 
 
 def checked_stage(
@@ -115,22 +115,20 @@ def run_config(config: dict[str, Any], facts: TrainingFacts, generated: bool) ->
     """The DeepSpeed config of the run: the base ``config`` with every ``"auto"`` filled from ``facts``
     and its explicit values checked against them (one ``GymUserError`` lists every problem); a new dict.
 
-    The values nobody set come from ``rule.zero_rule`` (``rule.fill_from_rule``). In gym_lightning's own config
-    the buckets are one decoder layer (2e8 elements when the module states no layer
-    size, ``sizing.derived_bucket_size``), ZeRO-3's optimizer sub-group too (``sizing.layer_sized_sub_group``), and
-    ZeRO-3's limits nobody states fall back to DeepSpeed's defaults; a user's JSON follows the Hugging Face rules
-    (``hf_auto``). No bucket ``"auto"`` survives: ``hf_auto`` fills or refuses the user's.
+    The values nobody set come from ``rule.zero_rule``, written by ``rule.fill_from_rule`` alone. In gym_lightning's
+    own config the buckets are one decoder layer (2e8 elements when the module states no layer size,
+    ``sizing.derived_bucket_size``), ZeRO-3's optimizer sub-group too unless the optimizer is offloaded
+    (``sizing.optimizer_sub_group``), and ZeRO-3's limits nobody states fall back to DeepSpeed's defaults; a user's
+    JSON follows the Hugging Face rules (``hf_auto``). No bucket ``"auto"`` survives: ``hf_auto`` fills or refuses
+    the user's.
 
     Args:
         config: The base config.
         facts: What the Trainer, the module and the data module state.
         generated: Whether gym_lightning wrote ``config`` (no user JSON).
     """
-    if generated:
-        config = fill_bucket_sizes(config, derived_bucket_size(facts.layer_numel))
-        config = layer_sized_sub_group(config, facts.layer_numel)
-        if facts.layer_numel is None:
-            config = drop_autos(config, tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS))
+    if generated and facts.layer_numel is None:
+        config = drop_autos(config, tuple(f"zero_optimization.{key}" for key in STAGE3_DERIVED_KEYS))
     config = fill_from_rule(config, zero_rule(_shape(config, facts)), generated)
     config = resolve_hf_deepspeed_config(config, facts)
     # DeepSpeed needs a micro-batch (it only logs throughput with it here); 1 when unknown, as Lightning's.
@@ -140,14 +138,14 @@ def run_config(config: dict[str, Any], facts: TrainingFacts, generated: bool) ->
 
 def _shape(config: dict[str, Any], facts: TrainingFacts) -> ZeroShape:
     """The rule's view of the run before the model is built (its element count is not known yet)."""
-    stage = (config.get("zero_optimization") or {}).get("stage", 0)
+    zero = config.get("zero_optimization") or {}
+    stage = zero.get("stage", 0)
     return ZeroShape(
-        model_numel=None,
         layer_numel=facts.layer_numel,
         hidden_size=facts.hidden_size,
-        num_layers=None,
         world_size=facts.world_size,
         stage=stage if stage in (0, 1, 2, 3) else 0,
+        offload_optimizer=bool(zero.get("offload_optimizer")),
     )
 
 

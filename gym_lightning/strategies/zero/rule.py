@@ -1,12 +1,14 @@
 """Every ZeRO setting gym_lightning chooses, from the model's shape and the run's world size (one pure function).
 
-:func:`zero_rule` gives the ``zero_optimization`` values and whether decoder layers become ZeRO-3 leaf modules. The
-strategy fills only what the user left unset (gym_lightning's own config) or ``"auto"`` (a user's JSON): the user's
-values always win (``resolve.run_config``, ``strategy.mark_decoder_leaf_modules``).
+:func:`zero_rule` gives the ``zero_optimization`` values, and :func:`fill_from_rule` is the one place that writes
+them into a config, before the model is built: only what the user left unset (gym_lightning's own config) or
+``"auto"`` (a user's JSON), so the user's values always win (``resolve.run_config``). After the build only
+``sizing.cap_bucket_sizes`` changes the buckets, by the model's element count. Which decoder layers become ZeRO-3
+leaf modules is the strategy's (``strategy.mark_decoder_leaf_modules``).
 
 The unit is one decoder layer (``layer_numel``), the unit FSDP shards: ZeRO-3 gathers one layer and prefetches the
 next (``sizing.stage3_limits``), buckets and optimizer sub-groups hold one layer (``sizing.derived_bucket_size``,
-``sizing.layer_sized_sub_group``). Gathered buffers hold whole tensors, so none of these depends on the world size;
+``sizing.optimizer_sub_group``). Gathered buffers hold whole tensors, so none of these depends on the world size;
 what does is the sharded part (states / N), which DeepSpeed computes itself. Nothing here tests ``world_size == 1``.
 
 Per-rank memory the rule adds at any world size (elements of the 16/32-bit parameter dtype): at most
@@ -21,31 +23,28 @@ from dataclasses import dataclass
 from typing import Any
 
 from gym_lightning.strategies.zero.config import AUTO
-from gym_lightning.strategies.zero.sizing import derived_bucket_size, stage3_limits
+from gym_lightning.strategies.zero.sizing import derived_bucket_size, optimizer_sub_group, stage3_limits
 from gym_lightning.vocabulary import ZERO3_PERSIST_WIDTHS
 
 
 @dataclass(frozen=True)
 class ZeroShape:
-    """What the rule reads; ``None``: not known (the setting then stays DeepSpeed's default).
+    """What the rule reads, before the model is built; ``None``: not known (the setting then stays DeepSpeed's
+    default).
 
     Args:
-        model_numel: Elements of the whole model (with adapters and heads); known only after the build.
         layer_numel: Elements of the largest decoder layer.
         hidden_size: The model width.
-        num_layers: Number of decoder layers.
         world_size: Ranks ZeRO partitions over.
         stage: ZeRO stage (0-3).
-        device_type: ``"cuda"`` or ``"cpu"`` (DeepSpeed overlaps communication only on devices with streams).
+        offload_optimizer: Whether the optimizer is offloaded (its swapping works in DeepSpeed's own sub-groups).
     """
 
-    model_numel: int | None
     layer_numel: int | None
     hidden_size: int | None
-    num_layers: int | None
     world_size: int
     stage: int
-    device_type: str = "cuda"
+    offload_optimizer: bool = False
 
 
 @dataclass(frozen=True)
@@ -54,12 +53,9 @@ class ZeroRule:
 
     Args:
         zero: ``zero_optimization`` keys and values (only those the shape decides).
-        leaf_decoder_layers: Whether ZeRO-3 gathers each decoder layer whole at its pre-forward hook and installs no
-            hooks on the layer's children (``deepspeed.utils.set_z3_leaf_modules`` on the decoder layer classes).
     """
 
     zero: dict[str, Any]
-    leaf_decoder_layers: bool
 
 
 def zero_rule(shape: ZeroShape) -> ZeroRule:
@@ -71,8 +67,6 @@ def zero_rule(shape: ZeroShape) -> ZeroRule:
     if shape.world_size < 1 or shape.stage not in (0, 1, 2, 3):
         raise ValueError(f"world_size must be >= 1 and stage 0-3, got {shape.world_size} and {shape.stage}")
     bucket = derived_bucket_size(shape.layer_numel)
-    if shape.model_numel is not None:
-        bucket = min(bucket, max(2, shape.model_numel + shape.model_numel % 2))  # DeepSpeed wants even sizes
     zero: dict[str, Any] = {
         # Stage 1 under caller-managed accumulation reduces in step(); DeepSpeed overlaps only from stage 2.
         "overlap_comm": shape.stage >= 2,
@@ -83,7 +77,7 @@ def zero_rule(shape: ZeroShape) -> ZeroRule:
     }
     if shape.stage == 3:
         zero.update(_stage3(shape))
-    return ZeroRule(zero=zero, leaf_decoder_layers=shape.stage == 3 and shape.layer_numel is not None)
+    return ZeroRule(zero=zero)
 
 
 def _stage3(shape: ZeroShape) -> dict[str, Any]:
@@ -91,7 +85,8 @@ def _stage3(shape: ZeroShape) -> dict[str, Any]:
     settings: dict[str, Any] = {}
     if shape.layer_numel is not None:
         settings.update(stage3_limits(shape.layer_numel))
-        settings["sub_group_size"] = shape.layer_numel
+        if (group := optimizer_sub_group(shape.layer_numel, shape.offload_optimizer)) is not None:
+            settings["sub_group_size"] = group
         # The budget of persisted elements per rank: one layer, so that persistence never costs more than one
         # more gathered layer whatever the per-tensor threshold lets through.
         settings["stage3_model_persistence_threshold"] = shape.layer_numel
@@ -107,9 +102,8 @@ RULE_ONLY_AUTO_KEYS: tuple[str, ...] = ("stage3_model_persistence_threshold",)
 def fill_from_rule(config: dict[str, Any], rule: ZeroRule, generated: bool) -> dict[str, Any]:
     """``config`` with the rule's values where the user left them open; a new dict, ``config`` is not modified.
 
-    In gym_lightning's own config (``generated``) every key that is absent or ``"auto"`` is filled (``sub_group_size``
-    excepted: ``sizing.layer_sized_sub_group`` leaves it to DeepSpeed under optimizer offload); in a user's JSON only
-    the ``"auto"`` keys of :data:`RULE_ONLY_AUTO_KEYS` (the rest follow the Hugging Face rules). A value the rule
+    In gym_lightning's own config (``generated``) every key that is absent or ``"auto"`` is filled; in a user's JSON
+    only the ``"auto"`` keys of :data:`RULE_ONLY_AUTO_KEYS` (the rest follow the Hugging Face rules). A value the rule
     cannot give (a fact unknown) stays open: absent means DeepSpeed's default, and an ``"auto"`` is dropped.
 
     Args:
@@ -121,7 +115,7 @@ def fill_from_rule(config: dict[str, Any], rule: ZeroRule, generated: bool) -> d
     if not isinstance(zero, dict):
         return config
     zero = dict(zero)
-    keys = [key for key in rule.zero if key != "sub_group_size"] if generated else list(RULE_ONLY_AUTO_KEYS)
+    keys = list(rule.zero) if generated else list(RULE_ONLY_AUTO_KEYS)
     for key in keys:
         if (generated and key not in zero) or zero.get(key) == AUTO:
             zero[key] = rule.zero.get(key, AUTO)

@@ -3,14 +3,13 @@ sub-groups, all derived from the size of one decoder layer (pure functions).
 
 The unit is the model's largest decoder layer (``models.facts.ModelFacts.layer_numel``), the unit FSDP shards and
 ZeRO-3 gathers: DeepSpeed's defaults (2e8-element buckets, 1e9-element limits and sub-groups) are sized for models of
-billions of parameters and, below that, hold memory that is never used or keep the whole model gathered.
+billions of parameters and, below that, hold memory that is never used or keep the whole model gathered. These
+functions size; ``rule.zero_rule`` puts the sizes together and ``rule.fill_from_rule`` writes them into a config.
 """
 
 from __future__ import annotations
 
 from typing import Any
-
-from gym_lightning.strategies.zero.config import AUTO
 
 # Elements per ZeRO bucket when the module states no layer size: Lightning's and DeepSpeed's configs' usual value.
 DEFAULT_BUCKET_SIZE = 200_000_000
@@ -23,11 +22,10 @@ def stage3_limits(layer_numel: int) -> dict[str, int]:
     DeepSpeed gathers a module's parameters when it runs and, after it, frees them unless the module runs again
     within ``stage3_max_reuse_distance`` elements of the recorded trace. Its default, 1e9, keeps every parameter of a
     model under 1e9 elements gathered from its forward use to its backward use: the whole model, fp32, on every rank
-    at the forward/backward turn (1 GB for a 246M model: the measured zero3 step peak of the step-transient figures
-    in docs/benchmarks.md). One layer keeps only the last layer's, which backward needs first.
-    ``stage3_max_live_parameters`` (default 1e9) caps what prefetching may hold: the layer that runs plus the one
-    prefetched (``stage3_prefetch_bucket_size``: one layer ahead). A module larger than the limits (the embedding,
-    an untied LM head) is still gathered when it runs, alone.
+    at the forward/backward turn (docs/benchmarks-history.md, "ZeRO buffers sized by one layer"). One layer keeps
+    only the last layer's, which backward needs first. ``stage3_max_live_parameters`` (default 1e9) caps what
+    prefetching may hold: the layer that runs plus the one prefetched (``stage3_prefetch_bucket_size``: one layer
+    ahead). A module larger than the limits (the embedding, an untied LM head) is still gathered when it runs, alone.
     """
     return {
         "stage3_prefetch_bucket_size": layer_numel,
@@ -49,17 +47,20 @@ def derived_bucket_size(layer_numel: int | None) -> int:
     return DEFAULT_BUCKET_SIZE if layer_numel is None else layer_numel
 
 
-def fill_bucket_sizes(config: dict[str, Any], elements: int) -> dict[str, Any]:
-    """``config`` with its ``"auto"`` reduce / all-gather bucket sizes set to ``elements``."""
-    zero = config.get("zero_optimization")
-    if not isinstance(zero, dict) or not any(zero.get(key) == AUTO for key in BUCKET_KEYS):
-        return config
-    filled = {key: elements for key in BUCKET_KEYS if zero.get(key) == AUTO}
-    return {**config, "zero_optimization": {**zero, **filled}}
+def optimizer_sub_group(layer_numel: int, offload_optimizer: bool) -> int | None:
+    """ZeRO-3's ``sub_group_size``: one decoder layer's elements; ``None`` (DeepSpeed's default) with optimizer
+    offload, whose swapping works in DeepSpeed's own sub-groups.
+
+    ZeRO-3 runs the optimizer step one sub-group of the rank's partition at a time and converts that sub-group's
+    gradients to an fp32 copy for it. DeepSpeed's default sub-group, 1e9 elements, is the whole partition of any
+    model under 1e9 x N parameters: 4 bytes x Psi / N held at once (docs/benchmarks-history.md, "ZeRO buffers sized
+    by one layer"). One layer bounds it like the stage-3 gathered-parameter limits."""
+    return None if offload_optimizer else layer_numel
 
 
 def cap_bucket_sizes(config: dict[str, Any], model_numel: int) -> dict[str, Any]:
-    """``config`` with its reduce/all-gather bucket sizes capped at the model's element count.
+    """``config`` with its reduce/all-gather bucket sizes capped at the model's element count: the one change to
+    the buckets after the build, when that count is known.
 
     DeepSpeed allocates its reduce bucket up front at the configured size (Lightning's and our default, 2e8
     elements, is 763 MiB of fp32 per rank): for a model smaller than that the excess is never used, only held.
@@ -72,30 +73,11 @@ def cap_bucket_sizes(config: dict[str, Any], model_numel: int) -> dict[str, Any]
     return {**config, "zero_optimization": zero} if zero else config
 
 
-def layer_sized_sub_group(config: dict[str, Any], layer_numel: int | None) -> dict[str, Any]:
-    """``config`` with ZeRO-3's ``sub_group_size`` set to one decoder layer's elements (unless already set).
-
-    ZeRO-3 runs the optimizer step one sub-group of the rank's partition at a time and converts that sub-group's
-    gradients to an fp32 copy for it. DeepSpeed's default sub-group, 1e9 elements, is the whole partition of any
-    model under 1e9 x N parameters: 4 bytes x Psi / N held at once, 1.8 GiB per rank for a 946M model on 2 ranks
-    (benchmarks/scale.py: that run was killed for memory on the shared 24 GiB host; with one layer it trained at
-    8.6 GiB per rank, with the allocator fix of ``strategies._common.return_freed_host_memory``). One layer bounds
-    it like the stage-3 gathered-parameter limits. Left alone with optimizer offload (its swapping works in
-    sub-groups) or when the layer size is unknown."""
-    zero = config.get("zero_optimization")
-    if not isinstance(zero, dict) or zero.get("stage") != 3 or layer_numel is None:
-        return config
-    if "sub_group_size" in zero or zero.get("offload_optimizer"):
-        return config
-    return {**config, "zero_optimization": {**zero, "sub_group_size": layer_numel}}
-
-
 __all__ = [
     "BUCKET_KEYS",
     "DEFAULT_BUCKET_SIZE",
     "cap_bucket_sizes",
     "derived_bucket_size",
-    "fill_bucket_sizes",
-    "layer_sized_sub_group",
+    "optimizer_sub_group",
     "stage3_limits",
 ]

@@ -97,7 +97,8 @@ def draw_partitioned_adapters(model: nn.Module) -> None:
 
     Why: under ``zero.Init`` the adapters peft creates are partitioned as they are created, with ``nn.Linear``'s
     random initialisation, and peft's reset then writes into the empty placeholders, which changes nothing; the
-    adapters kept ``lora_B != 0`` and a LoRA run started 0.8 logits away from its base model (tiny models, measured).
+    adapters kept ``lora_B != 0`` and a LoRA run did not start from its base model (docs/benchmarks-history.md,
+    "ZeRO-3's LoRA initialisation").
     """
     try:
         from peft.tuners.lora import LoraLayer
@@ -117,8 +118,8 @@ def _reset_partitioned(module: nn.Module) -> None:
     peft's reset draws into plain fp32 CPU stand-ins, which are then copied into the gathered partitions: a gathered
     parameter lives on the GPU, where peft's draw would use the CUDA generator (the other strategies draw on the CPU,
     ``lora.draw_adapters``, so ZeRO-3 adapters differed from theirs on a GPU), and in the adapters' dtype, where
-    torch's ``uniform_`` draws bf16 values differently (7 of 4,096 elements of a 64 x 64 kaiming draw come out at
-    -bound instead of +bound, measured)."""
+    torch's ``uniform_`` draws bf16 values differently (a few elements of a kaiming draw come out at -bound instead
+    of +bound; docs/benchmarks-history.md, "ZeRO-3's LoRA initialisation")."""
     import deepspeed
 
     entries = [

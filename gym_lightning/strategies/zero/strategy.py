@@ -69,7 +69,7 @@ from gym_lightning.checkpointing.safe_load import use_weights_only_engine
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.loss import AgreedCounts, start_max_counts
-from gym_lightning.models.compiled import decoder_layer_names, decoder_layers
+from gym_lightning.models.decoder_layers import decoder_layer_names, decoder_layers
 from gym_lightning.models.facts import ModelFacts, model_facts_of
 from gym_lightning.models.moe import moe_block_classes, moe_blocks
 from gym_lightning.models.plan import BuildPlan, WeightsSource

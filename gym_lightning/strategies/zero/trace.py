@@ -6,9 +6,8 @@ the next submodules need and keeps those reused soon gathered. Before each submo
 deepspeed/runtime/zero/partitioned_param_coordinator.py) and throws the whole trace away on a mismatch.
 torchmetrics' ``Metric`` overloads ``!=`` to build a ``CompositionalMetric``, an object that is always truthy, so a
 metric called in ``training_step`` (``self.train_acc(preds, target)``, the usual Lightning pattern) invalidates the
-trace on every step: no prefetch, and every partitioned parameter is gathered again at each use. Measured on 2 CPU
-ranks (tiny Llama shape, hidden 256, 4 layers; see docs/benchmarks.md): 55 instead of 28 parameter all-gathers per
-step, and 0.74 of the tokens/s of DeepSpeed's engine driven by a plain loop.
+trace on every step: no prefetch, and every partitioned parameter is gathered again at each use, about twice the
+all-gathers per step (docs/benchmarks-history.md, "ZeRO-3's trace with torchmetrics").
 
 Such a metric owns no parameters, so ZeRO-3 has nothing to gather for it. Removing DeepSpeed's hooks from it (and
 only from it) leaves it out of the trace and changes nothing else. A metric that owns parameters (a learned metric

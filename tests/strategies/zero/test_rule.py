@@ -11,13 +11,14 @@ from gym_lightning.strategies.zero.config import AUTO, apply_gym_defaults, zero_
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts
 from gym_lightning.strategies.zero.resolve import run_config
 from gym_lightning.strategies.zero.rule import ZeroShape, fill_from_rule, persisted_numel, zero_rule
+from gym_lightning.strategies.zero.sizing import DEFAULT_BUCKET_SIZE
 from gym_lightning.strategies.zero.strategy import mark_decoder_leaf_modules
 
 SIZES = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "sub_group_size")
 
 
-def _shape(layer: int, world: int = 8, stage: int = 3, hidden: int = 2048) -> ZeroShape:
-    return ZeroShape(30 * layer, layer, hidden, 28, world, stage)
+def _shape(layer: int, world: int = 8, stage: int = 3, hidden: int = 2048, offload: bool = False) -> ZeroShape:
+    return ZeroShape(layer_numel=layer, hidden_size=hidden, world_size=world, stage=stage, offload_optimizer=offload)
 
 
 def test_sizes_grow_with_the_layer_and_do_not_depend_on_the_world_size() -> None:
@@ -35,14 +36,26 @@ def test_persistence_keeps_vectors_whole_within_one_layer() -> None:
     assert persisted_numel([10, 10, 10_000, 10], param_threshold=100, model_threshold=25) == 20
 
 
-def test_lower_stages_get_no_stage3_keys_and_no_leaf_layers() -> None:
+def test_lower_stages_get_no_stage3_keys_and_no_sub_group() -> None:
     for stage in (0, 1, 2):
         rule = zero_rule(_shape(10**6, stage=stage))
-        assert not rule.leaf_decoder_layers and not any(key.startswith("stage3_") for key in rule.zero)
+        assert not any(key.startswith("stage3_") or key == "sub_group_size" for key in rule.zero)
         assert rule.zero["overlap_comm"] is (stage == 2)
-    assert zero_rule(_shape(10**6)).leaf_decoder_layers
     with pytest.raises(ValueError, match="world_size"):
         zero_rule(_shape(10**6, world=0))
+
+
+def test_the_rule_alone_sizes_buckets_and_sub_group_and_fill_from_rule_writes_them() -> None:
+    # One place decides them (rule.zero_rule) and one writes them (fill_from_rule): the sub-group is one layer, left
+    # to DeepSpeed under optimizer offload (its swapping works in DeepSpeed's sub-groups).
+    assert zero_rule(_shape(600)).zero["sub_group_size"] == 600
+    assert "sub_group_size" not in zero_rule(_shape(600, offload=True)).zero
+    generated = {"zero_optimization": {"stage": 3, "reduce_bucket_size": AUTO, "allgather_bucket_size": AUTO}}
+    zero = fill_from_rule(generated, zero_rule(_shape(600)), generated=True)["zero_optimization"]
+    assert zero["sub_group_size"] == zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == 600
+    unknown = ZeroShape(layer_numel=None, hidden_size=None, world_size=2, stage=2)
+    zero = fill_from_rule(generated, zero_rule(unknown), generated=True)["zero_optimization"]
+    assert zero["reduce_bucket_size"] == zero["allgather_bucket_size"] == DEFAULT_BUCKET_SIZE
 
 
 def test_user_values_win_over_the_rule() -> None:

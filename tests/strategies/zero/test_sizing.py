@@ -14,11 +14,11 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.optim import adamw_kernel, build_optimizer
 from gym_lightning.strategies import ZeRO2Strategy, ZeRO3Strategy
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts, drop_autos, resolve_hf_deepspeed_config
+from gym_lightning.strategies.zero.resolve import run_config
 from gym_lightning.strategies.zero.sizing import (
     DEFAULT_BUCKET_SIZE,
     derived_bucket_size,
-    fill_bucket_sizes,
-    layer_sized_sub_group,
+    optimizer_sub_group,
     stage3_limits,
 )
 
@@ -85,27 +85,32 @@ def test_zero_buckets_default_to_one_decoder_layer() -> None:
     for strategy in (ZeRO2Strategy(), ZeRO3Strategy()):
         assert [strategy.config["zero_optimization"][key] for key in keys] == ["auto", "auto"]
     assert [ZeRO2Strategy(bucket_size=5000).config["zero_optimization"][key] for key in keys] == [5000, 5000]
-    filled = fill_bucket_sizes(ZeRO2Strategy().config, derived_bucket_size(1234))
+    filled = run_config(ZeRO2Strategy().config, TrainingFacts(layer_numel=1234), generated=True)
     assert [filled["zero_optimization"][key] for key in keys] == [1234, 1234]
     assert derived_bucket_size(None) == DEFAULT_BUCKET_SIZE  # no layer size stated: the former default
-    # Only "auto" is filled: a user's explicit value stays.
+    # Only "auto" is filled: an explicit value stays.
     mixed = {"zero_optimization": {"stage": 2, "reduce_bucket_size": 7, "allgather_bucket_size": "auto"}}
-    assert fill_bucket_sizes(mixed, 99)["zero_optimization"] == {
+    assert run_config(mixed, TrainingFacts(layer_numel=99), generated=True)["zero_optimization"] == {
         "stage": 2,
         "reduce_bucket_size": 7,
         "allgather_bucket_size": 99,
+        **{"overlap_comm": True, "contiguous_gradients": True, "reduce_scatter": True},  # absent: the rule's
     }
 
 
 def test_zero3_optimizer_sub_group_is_one_layer() -> None:
-    stage3 = {"zero_optimization": {"stage": 3}}
-    assert layer_sized_sub_group(stage3, 1234)["zero_optimization"]["sub_group_size"] == 1234
-    assert layer_sized_sub_group(stage3, None) == stage3  # unknown layer size: DeepSpeed's default
-    assert layer_sized_sub_group({"zero_optimization": {"stage": 2}}, 1234) == {"zero_optimization": {"stage": 2}}
-    explicit = {"zero_optimization": {"stage": 3, "sub_group_size": 7}}
-    assert layer_sized_sub_group(explicit, 1234) == explicit
-    offload = {"zero_optimization": {"stage": 3, "offload_optimizer": {"device": "cpu"}}}
-    assert layer_sized_sub_group(offload, 1234) == offload
+    assert optimizer_sub_group(1234, offload_optimizer=False) == 1234
+    assert optimizer_sub_group(1234, offload_optimizer=True) is None  # DeepSpeed's own sub-groups for its swapping
+
+    def sub_group(zero: dict, layer: int | None = 1234) -> object:
+        config = run_config({"zero_optimization": zero}, TrainingFacts(layer_numel=layer), generated=True)
+        return config["zero_optimization"].get("sub_group_size")
+
+    assert sub_group({"stage": 3}) == 1234
+    assert sub_group({"stage": 3}, layer=None) is None  # unknown layer size: DeepSpeed's default
+    assert sub_group({"stage": 2}) is None
+    assert sub_group({"stage": 3, "sub_group_size": 7}) == 7
+    assert sub_group({"stage": 3, "offload_optimizer": {"device": "cpu"}}) is None
 
 
 # The allocator pattern behind the 0.8-1.0 GiB that glibc kept per rank at 250M (strategies/_common.py): a large
