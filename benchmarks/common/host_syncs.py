@@ -226,6 +226,17 @@ def _mask_indexed(args: tuple[Any, ...]) -> bool:
     return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices)
 
 
+def aten_sync_kind(packet: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> str | None:
+    """The kind of host sync aten op ``packet`` (an overload packet) makes on CUDA by itself, or ``None``: the one
+    table of both censuses (this module's per step, ``sync_census``'s per call). Where its operands live and what
+    it copies is the caller's to judge."""
+    if packet in MASK_INDEXED and _mask_indexed(args):
+        return DATA_DEPENDENT
+    if packet is aten.repeat_interleave and kwargs.get("output_size") is None and len(args) == 1:
+        return DATA_DEPENDENT  # repeat_interleave.Tensor(repeats) sizes its output by the repeats' sum
+    return DISPATCH_SYNCS.get(packet)
+
+
 class _DispatchCensus(TorchDispatchMode):
     def __init__(self, counter: HostSyncCounter) -> None:
         super().__init__()
@@ -253,11 +264,7 @@ class _DispatchCensus(TorchDispatchMode):
         if packet is aten.copy_:
             self._copy(args, kwargs)
             return
-        kind = DISPATCH_SYNCS.get(packet)
-        if kind is None and packet in MASK_INDEXED and _mask_indexed(args):
-            kind = DATA_DEPENDENT
-        if packet is aten.repeat_interleave and kwargs.get("output_size") is None and len(args) == 1:
-            kind = DATA_DEPENDENT  # repeat_interleave.Tensor(repeats) sizes its output by the repeats' sum
+        kind = aten_sync_kind(packet, args, kwargs)
         if host and len(host) == len(inputs):
             _mark_host(out)  # host computation: no device involved on CUDA either
             return

@@ -7,7 +7,8 @@ moved ``.to(device)`` is no copy when the device is the CPU. So the census is tw
 - a TorchFunctionMode at the Python API: ``Tensor.tolist`` / ``numpy`` (a read of device data, kind ``read``) and
   every ``to`` / ``cuda`` / ``cpu`` / ``copy_`` naming another device or tensor (kind ``move``: a copy between host
   and device unless the tensor is already there; a CPU run cannot tell, so each is counted);
-- a TorchDispatchMode at aten level: ``_local_scalar_dense`` (``item``, ``bool``, ``int``, ``float``: ``read``);
+- a TorchDispatchMode at aten level, by ``host_syncs.aten_sync_kind``'s table (one for both censuses):
+  ``_local_scalar_dense`` (``item``, ``bool``, ``int``, ``float``) and ``equal`` (kind ``read``);
   ``nonzero``, boolean-mask indexing, ``masked_select``, ``unique``, ``bincount`` (its CUDA kernel reads the max
   index) and ``repeat_interleave`` without ``output_size`` (kind ``shape``: an output sized by the data, a read on
   CUDA); ``lift_fresh`` (``torch.tensor``, ``as_tensor``, ``new_tensor`` of Python data: host data becoming a
@@ -29,13 +30,12 @@ import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
+from benchmarks.common.host_syncs import DATA_DEPENDENT, HOST_TO_DEVICE, READ, aten_sync_kind
+
 aten = torch.ops.aten
-READS = {aten._local_scalar_dense.default}
-SHAPES = {aten.nonzero.default, aten.masked_select.default, aten._unique2.default, aten.unique_dim.default,
-          aten.unique_consecutive.default, aten.bincount.default}  # fmt: skip
-LIFTS = {aten.lift_fresh.default, aten.lift_fresh_copy.default}
+# host_syncs' kinds (its table of the aten ops that stop the host) under this census's labels.
+LABELS = {READ: "read", DATA_DEPENDENT: "shape", HOST_TO_DEVICE: "host data"}
 COPIES = {aten._to_copy.default, aten.copy_.default}
-INDEXING = {aten.index.Tensor, aten.index_put.default, aten.index_put_.default}
 FUNCTION_READS = {"tolist", "numpy"}
 MOVES = {"to", "cuda", "cpu"}
 
@@ -117,18 +117,9 @@ class _DispatchCensus(TorchDispatchMode):
 
 
 def _kind(func: Any, args: tuple, kwargs: dict) -> str | None:
-    if func in READS:
-        return "read"
-    if func in SHAPES:
-        return "shape"
-    if func in LIFTS:
-        return "host data"
-    if func is aten.repeat_interleave.Tensor and kwargs.get("output_size") is None:
-        return "shape"
-    if func in INDEXING and len(args) > 1:
-        indices = args[1] if isinstance(args[1], (list, tuple)) else []
-        if any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices):
-            return "shape"
+    kind = aten_sync_kind(func.overloadpacket, args, kwargs)
+    if kind is not None:
+        return LABELS[kind]
     if func in COPIES:
         source = args[1] if func is aten.copy_.default else args[0]
         target = args[0].device if func is aten.copy_.default else kwargs.get("device", source.device)
