@@ -41,6 +41,7 @@ from typing import Any
 import lightning.pytorch as pl
 
 from benchmarks.common.docs import replace_section
+from benchmarks.common.launch import spawn_gloo
 from benchmarks.common.paths import PLANNER_DOC, REPO_ROOT
 
 MIB = 2**20
@@ -220,15 +221,8 @@ def _comm_worker(rank: int, port: int, out: str, gradient_bytes: list[int]) -> N
 
 def measure_comm(gradient_bytes: list[int]) -> dict[str, Any]:
     """Both ranks' figures of :func:`_comm_worker`; the bandwidths are the slower rank's."""
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        port = sock.getsockname()[1]
     with tempfile.TemporaryDirectory() as out:
-        mp.spawn(_comm_worker, args=(port, out, gradient_bytes), nprocs=2, join=True)
+        spawn_gloo(_comm_worker, 2, (out, gradient_bytes))
         ranks = [json.loads(Path(out, f"comm{r}.json").read_text()) for r in (0, 1)]
     return {
         "bus_bandwidth": min(r["bus_bandwidth"] for r in ranks),
