@@ -103,6 +103,18 @@ def test_no_benchmark_edits_sys_path_or_imports_the_tests() -> None:
     assert not offenders
 
 
+def test_ports_are_picked_in_one_place() -> None:
+    """A free port comes from ``benchmarks.common.launch.free_port`` (``spawn_gloo``, ``torchrun_command``): no
+    benchmark binds a socket of its own to pick one."""
+    launch = BENCH / "common" / "launch.py"
+    offenders = [
+        str(path.relative_to(REPO_ROOT))
+        for path in BENCH.rglob("*.py")
+        if path != launch and re.search(r"def free_port\b|socket\.socket\(", path.read_text())
+    ]
+    assert not offenders
+
+
 def test_every_command_the_docs_cite_runs() -> None:
     """Each ``python -m benchmarks.X`` in the docs names an entry point; the old ``python benchmarks/X.py`` form
     (which needs the repository on the path) is gone from them."""
