@@ -107,9 +107,9 @@ class PolicyAsReference:
 
 class FrozenCopy:
     """A frozen model built from ``source`` (``None``: the policy's own source and settings) by the module's one
-    loader, held by the strategy where it shards (``protocols.HoldsFrozenModels``), else whole on the module's
-    device in eval mode. A random-initialised source (a preset, ``pretrained=false``) takes the policy's initial
-    values: no folder holds them.
+    loader, held by the strategy (``protocols.HoldsFrozenModels``: whole where it replicates the policy, sharded
+    where it shards it), else whole on the module's device in eval mode. A random-initialised source (a preset,
+    ``pretrained=false``) takes the policy's initial values: no folder holds them.
 
     Args:
         source: A folder or hub name of the reference model (TRL's ``ref_model``, LLaMA-Factory's ``ref_model``).
@@ -119,6 +119,7 @@ class FrozenCopy:
         self.source = source
         self.model: nn.Module | None = None
         self._initial: dict[str, torch.Tensor] | None = None
+        self._holder: object = None  # the strategy that holds ``model``: another fit's strategy builds it again
 
     def takes_policy_values(self, module: pl.LightningModule) -> bool:
         """Whether the copy's values are the policy's initial ones (its own source, randomly initialised)."""
@@ -126,25 +127,31 @@ class FrozenCopy:
         return own and (is_preset(module.model_source) or not module.hparams.pretrained)
 
     def remember_initial(self, module: pl.LightningModule) -> None:
-        """Keep the policy's initial values on the CPU where this copy takes them and is built whole: called from
-        ``configure_model``, because strategies that replicate the policy have Lightning restore a checkpoint into
-        it before ``on_fit_start`` (those that shard restore after it, and get the policy itself)."""
-        strategy = _strategy_of(module)
-        if not self.takes_policy_values(module) or isinstance(strategy, HoldsFrozenModels):
+        """Keep the policy's initial values on the CPU where this copy takes them and Lightning restores a checkpoint
+        into the policy before ``on_fit_start`` (strategies that replicate it: gym_ddp, one process): called from
+        ``configure_model``. Strategies that restore after ``on_fit_start`` (FSDP, DeepSpeed) hand over the policy
+        itself (``HoldsFrozenModels``' ``copy_of``), sharded as they hold it."""
+        if not self.takes_policy_values(module) or _restores_after_setup(_strategy_of(module)):
             return
         state = base_model_of(module.model).state_dict()
         if not any(t.is_meta for t in state.values()):
             self._initial = {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
 
     def setup(self, module: pl.LightningModule) -> None:
-        if self.model is not None:
+        strategy = _strategy_of(module)
+        if self.model is not None and self._holder is strategy:
             return
-        copy_of = base_model_of(module.model) if self.takes_policy_values(module) else None
+        initial, self._initial = self._initial, None
+        takes = self.takes_policy_values(module) and initial is None
+        copy_of = base_model_of(module.model) if takes else None
 
         def build(plan: BuildPlan) -> nn.Module:
-            return build_reference(module, self.source, plan)
+            model = build_reference(module, self.source, plan)
+            if initial is not None:
+                _load_initial(model, initial, plan)
+            return model
 
-        strategy = _strategy_of(module)
+        self._holder = strategy
         if isinstance(strategy, HoldsFrozenModels):
             self.model = strategy.hold_frozen(build, copy_of)
             return
@@ -157,8 +164,7 @@ class FrozenCopy:
             )
         model = build(BuildPlan())
         if copy_of is not None:
-            model.load_state_dict(self._initial if self._initial is not None else copy_of.state_dict())
-            self._initial = None
+            model.load_state_dict(copy_of.state_dict())
         if strategy is not None:
             model = module.trainer.precision_plugin.convert_module(model)
         self.model = model.to(module.device)
@@ -168,6 +174,16 @@ class FrozenCopy:
             self.setup(module)
         with torch.no_grad():
             return module.engine.sequence_logps(self.model, batch).logps
+
+
+def _load_initial(model: nn.Module, initial: dict[str, torch.Tensor], plan: BuildPlan) -> None:
+    """The policy's remembered initial values into a reference built with storage under ``plan``."""
+    if plan.on_meta or plan.record_random_init:
+        raise RuntimeError(
+            "The strategy restores checkpoints before on_fit_start (the policy's initial values were remembered) but "
+            "builds frozen models without storage or partitioned: it must hand over the policy as copy_of instead."
+        )
+    model.load_state_dict(initial)
 
 
 def build_reference(module: pl.LightningModule, source: str | None, plan: BuildPlan) -> nn.Module:
@@ -221,6 +237,12 @@ def _strategy_of(module: pl.LightningModule) -> object:
         return module.trainer.strategy if module.trainer is not None else None
     except RuntimeError:  # a LightningModule not attached to a Trainer
         return None
+
+
+def _restores_after_setup(strategy: object) -> bool:
+    """Whether Lightning restores a checkpoint into the policy only after ``on_fit_start`` under ``strategy`` (its
+    ``restore_checkpoint_after_setup``: FSDP, DeepSpeed); ``None`` (no Trainer) and DDP restore before."""
+    return bool(getattr(strategy, "restore_checkpoint_after_setup", False))
 
 
 def _shards_parameters(strategy: object) -> bool:

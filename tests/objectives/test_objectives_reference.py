@@ -157,6 +157,19 @@ def test_a_strategy_that_holds_frozen_models_builds_the_reference(folder: Path) 
     assert not model.training and not any(p.requires_grad for p in model.parameters())
 
 
+def test_another_fit_s_strategy_builds_the_reference_again(folder: Path) -> None:
+    """The reference belongs to the strategy that holds it: a second fit (a new Trainer, another strategy) with the
+    same objective asks its own strategy, and the same strategy is asked once."""
+    objective = DPO()
+    ours = harness(folder, objective)
+    first, second = HoldingStrategy(), HoldingStrategy()
+    for strategy in (first, first, second):
+        ours.trainer.strategy = strategy
+        objective.on_fit_start(ours)
+    assert (len(first.calls), len(second.calls)) == (1, 1)
+    assert objective._reference.model is not None
+
+
 def test_a_sharding_strategy_without_the_protocol_is_refused(folder: Path) -> None:
     from lightning.pytorch.strategies import ModelParallelStrategy
 

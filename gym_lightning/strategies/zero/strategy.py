@@ -79,6 +79,7 @@ from gym_lightning.protocols import (
     optimizer_facts_of,
 )
 from gym_lightning.strategies.base import GymStrategy
+from gym_lightning.strategies.frozen import Build, build_frozen, copy_values, freeze, hold_whole
 from gym_lightning.strategies.zero.config import (
     OffloadDevice,
     apply_gym_defaults,
@@ -87,6 +88,7 @@ from gym_lightning.strategies.zero.config import (
     zero_config,
     zero_plus_plus_problems,
 )
+from gym_lightning.strategies.zero.frozen import engine_dtype, with_inference_hooks, write_partition
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts, needs_total_steps
 from gym_lightning.strategies.zero.ops import load_ops, ops_needed
 from gym_lightning.strategies.zero.resolve import (
@@ -565,10 +567,26 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
             return super().start_agreed_counts(local)
         return start_max_counts(local)
 
-    def _fill_zero3_weights(self) -> None:
-        """Give the models built under ``zero.Init`` (recorded in the build plan) their weights, each rank its
-        partitions (``stage3.fill_partitions``: the one weight loader, ``models.fill``)."""
-        fill_partitions(self._build_plan.take(), self._without_zero_init)
+    def _fill_zero3_weights(self, plan: BuildPlan | None = None) -> None:
+        """Give the models built under ``zero.Init`` (recorded in ``plan``, default the strategy's) their weights, each
+        rank its partitions (``stage3.fill_partitions``: the one weight loader, ``models.fill``)."""
+        fill_partitions((plan or self._build_plan).take(), self._without_zero_init)
+
+    def hold_frozen(self, build: Build, copy_of: nn.Module | None = None) -> nn.Module:
+        """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) held as the policy
+        (``strategies.zero.frozen``): stages 0-2 whole on every rank in the engine's dtype; stage 3 built under
+        ``zero.Init`` with a build plan of its own, each rank filling its partitions from the source (or copying
+        ``copy_of``'s), its decoder layers leaf modules, gathered for each forward by an inference engine's hooks.
+        Collective: every rank calls it, and calls the returned model as it calls the policy."""
+        if not self.zero_stage_3:
+            return hold_whole(self, build, copy_of, engine_dtype(self.config))
+        plan = BuildPlan(record_random_init=True, fill_pretrained=True)
+        model = build_frozen(self, build, plan)
+        self._fill_zero3_weights(plan)
+        if copy_of is not None:
+            copy_values(model, copy_of, write_partition)
+        self._mark_leaf_modules(freeze(model), training=False)
+        return with_inference_hooks(model, self._deepspeed_args(), inference_config(self.config, True))
 
     def _without_zero_init(self, build: Callable[[WeightsSource], _T], source: WeightsSource) -> _T:
         """``build(source)`` with the transformers DeepSpeed integration off: with it on, ``from_config`` would build
