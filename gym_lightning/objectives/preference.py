@@ -25,7 +25,7 @@ over the step's pairs of every rank.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -50,6 +50,16 @@ STEP_PAIRS_KEY = "step_pairs"
 KTO_LABELS_KEY = "kto_labels"
 MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids")
 SftAverage = Literal["token", "sequence"]
+ReferenceDType = Literal["float32", "bfloat16", "float16"]
+REFERENCE_DTYPES: tuple[str, ...] = ReferenceDType.__args__
+
+
+class ReferenceSettings(NamedTuple):
+    """What an objective with a reference states about it (``PreferenceObjective.reference_settings``)."""
+
+    precompute: bool  # precompute_ref_log_probs
+    ref_model: str | None  # the reference's source; None: the policy's
+    dtype: ReferenceDType | None = None  # reference_dtype: a frozen copy's parameters; None: as the strategy holds
 
 
 # ----------------------------------------------------------------------------------------------- reference providers
@@ -113,10 +123,13 @@ class FrozenCopy:
 
     Args:
         source: A folder or hub name of the reference model (TRL's ``ref_model``, LLaMA-Factory's ``ref_model``).
+        dtype: The dtype of its parameters (an objective's ``reference_dtype``: ``bfloat16`` halves a full-precision
+            reference); ``None``: the policy's compute dtype as the strategy holds it.
     """
 
-    def __init__(self, source: str | None = None) -> None:
+    def __init__(self, source: str | None = None, dtype: ReferenceDType | None = None) -> None:
         self.source = source
+        self.dtype = dtype
         self.model: nn.Module | None = None
         self._initial: dict[str, torch.Tensor] | None = None
         self._holder: object = None  # the strategy that holds ``model``: another fit's strategy builds it again
@@ -153,7 +166,9 @@ class FrozenCopy:
 
         self._holder = strategy
         if isinstance(strategy, HoldsFrozenModels):
-            self.model = strategy.hold_frozen(build, copy_of)
+            self.model = strategy.hold_frozen(
+                build, copy_of, None if self.dtype is None else getattr(torch, self.dtype)
+            )
             return
         if _shards_parameters(strategy):
             raise GymUserError(
@@ -167,6 +182,8 @@ class FrozenCopy:
             model.load_state_dict(copy_of.state_dict())
         if strategy is not None:
             model = module.trainer.precision_plugin.convert_module(model)
+        if self.dtype is not None:
+            model = model.to(getattr(torch, self.dtype))
         self.model = model.to(module.device)
 
     def logps(self, module: pl.LightningModule, batch: dict[str, Any]) -> torch.Tensor:
@@ -213,22 +230,35 @@ def is_adapted(model: nn.Module | None) -> bool:
     return model is not None and hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
 
 
-def reference_for(module: pl.LightningModule, precompute: bool, ref_model: str | None) -> ReferenceLogps:
+def reference_for(
+    module: pl.LightningModule, precompute: bool, ref_model: str | None, dtype: ReferenceDType | None = None
+) -> ReferenceLogps:
     """The reference a DPO/KTO run uses: the batches' precomputed values, the policy with its adapters off (LoRA
-    without a separate ``ref_model``), else a frozen copy of ``ref_model`` or of the policy's source."""
+    without a separate ``ref_model``), else a frozen copy of ``ref_model`` or of the policy's source (in ``dtype``)."""
     if precompute:
         return Precomputed()
     if ref_model is None and is_adapted(module.model):
         return AdaptersOff()
-    return FrozenCopy(ref_model)
+    return FrozenCopy(ref_model, dtype)
 
 
-def precompute_reference(module: pl.LightningModule, ref_model: str | None = None) -> ReferenceLogps:
+def precompute_reference(
+    module: pl.LightningModule, ref_model: str | None = None, dtype: ReferenceDType | None = None
+) -> ReferenceLogps:
     """The reference for the pass that stores ``reference_logps`` with the data, before training: the policy with
-    its adapters off (LoRA), a frozen copy of ``ref_model``, else the policy itself (its first step not taken)."""
+    its adapters off (LoRA), a frozen copy of ``ref_model`` (in ``dtype``), else the policy itself (its first step
+    not taken)."""
     if ref_model is not None:
-        return FrozenCopy(ref_model)
+        return FrozenCopy(ref_model, dtype)
     return AdaptersOff() if is_adapted(module.model) else PolicyAsReference()
+
+
+def reference_dtype_problems(value: object) -> list[str]:
+    """``reference_dtype`` checked (``None`` or a floating dtype's torch name), for an objective's ``problems()``."""
+    if value is None or value in REFERENCE_DTYPES:
+        return []
+    return [f"reference_dtype must be one of {', '.join(REFERENCE_DTYPES)} or null (as the strategy holds the policy), "
+            f"got {value!r}"]  # fmt: skip
 
 
 def _strategy_of(module: pl.LightningModule) -> object:
@@ -411,8 +441,8 @@ class PreferenceObjective(Objective):
         if self.reference_settings() is not None and isinstance(reference := self.reference(module), FrozenCopy):
             reference.remember_initial(module)
 
-    def reference_settings(self) -> tuple[bool, str | None] | None:
-        """``(precompute_ref_log_probs, ref_model)`` of an objective with a reference; ``None``: reference-free."""
+    def reference_settings(self) -> ReferenceSettings | None:
+        """What an objective with a reference states about it; ``None``: reference-free."""
         return None
 
     @override
@@ -420,9 +450,9 @@ class PreferenceObjective(Objective):
         settings = self.reference_settings()
         if settings is None:
             return
-        if settings[0]:  # precompute_ref_log_probs: one pass now, stored with the data (objectives.reference_pass)
-            provider = precompute_reference(module, settings[1])
-            precompute_reference_pass(module, provider, settings[1], isinstance(provider, AdaptersOff))
+        if settings.precompute:  # one pass now, stored with the data (objectives.reference_pass)
+            provider = precompute_reference(module, settings.ref_model, settings.dtype)
+            precompute_reference_pass(module, provider, settings.ref_model, isinstance(provider, AdaptersOff))
         self.reference(module).setup(module)
 
     def reference(self, module: pl.LightningModule) -> ReferenceLogps:
@@ -491,6 +521,7 @@ def with_router_loss(
 
 __all__ = [
     "KTO_LABELS_KEY",
+    "REFERENCE_DTYPES",
     "REFERENCE_LOGPS_KEY",
     "STEP_PAIRS_KEY",
     "AdaptersOff",
@@ -498,9 +529,12 @@ __all__ = [
     "PolicyAsReference",
     "Precomputed",
     "PreferenceObjective",
+    "ReferenceDType",
     "ReferenceLogps",
+    "ReferenceSettings",
     "StepMetrics",
     "build_reference",
     "precompute_reference",
+    "reference_dtype_problems",
     "reference_for",
 ]

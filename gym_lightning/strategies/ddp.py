@@ -204,11 +204,14 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, GymStrategy, DDPStrategy):
         """This rank's gradients of ``module`` (for ``NonFiniteGuard``): every rank holds them all, as ``.grad``."""
         return [p.grad for p in module.parameters() if p.grad is not None]
 
-    def hold_frozen(self, build: Build, copy_of: nn.Module | None = None) -> nn.Module:
+    def hold_frozen(
+        self, build: Build, copy_of: nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
         """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) as every rank holds
         the policy: whole, on this rank's device, converted by the precision plugin as the policy was; not wrapped in
-        ``DistributedDataParallel``, which would only add buckets for gradients it never has."""
-        return hold_whole(self, build, copy_of)
+        ``DistributedDataParallel``, which would only add buckets for gradients it never has. ``dtype``: its
+        parameters' (under ``bf16-mixed`` autocast computes in bf16 whatever they are stored in)."""
+        return hold_whole(self, build, copy_of, dtype)
 
     @classmethod
     @override

@@ -10,7 +10,7 @@ LightningModule, so model code knows nothing of parallelism.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -276,29 +276,36 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
         if missing := unsharded_parameter_names(module):
             raise RuntimeError(f"FSDP left these parameters unsharded (they would not be synchronised): {missing}")
 
-    def hold_frozen(self, build: Build, copy_of: nn.Module | None = None) -> nn.Module:
+    def hold_frozen(
+        self, build: Build, copy_of: nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
         """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) sharded as the policy:
         built on the meta device under a build plan of its own (``setup`` took the policy's), sharded per decoder
         layer (:meth:`shard_frozen`), then each rank materialises and loads only its shards from the source
         (``strategies.materialize``); ``copy_of``'s shards are copied in where it gives the initial values. Under
-        ``bf16-mixed`` the parameters are stored in bf16, the dtype FSDP would gather them in for compute anyway.
-        Collective: every rank calls it, and calls the returned model as it calls the policy."""
+        ``bf16-mixed`` the parameters are stored in bf16, the dtype FSDP would gather them in for compute anyway;
+        ``dtype`` (the objective's ``reference_dtype``) replaces it, for storage and compute. Collective: every rank
+        calls it, and calls the returned model as it calls the policy."""
         plan = BuildPlan(device=META)
         model = self.precision_plugin.convert_module(build_frozen(self, build, plan))
-        cast_parameters(model, self._fully_shard_kwargs()["mp_policy"].param_dtype)
+        dtype = dtype or self._fully_shard_kwargs()["mp_policy"].param_dtype
+        cast_parameters(model, dtype)
         storage = shard_storage_device(self.root_device, self.cpu_offload)
         if storage == self.root_device and not has_meta_tensors(model):  # a non-safetensors folder: built whole
             model = model.to(storage)
-        self.shard_frozen(model)
+        self.shard_frozen(model, dtype)
         materialize(model, storage, plan.take())
         if copy_of is not None:
             copy_values(model, copy_of, write_shard)
         return freeze(model)
 
-    def shard_frozen(self, model: nn.Module) -> None:
+    def shard_frozen(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
         """``fully_shard`` a frozen model into the policy's units (each decoder layer, an untied embedding and LM head,
-        the rest in the root), every unit resharded after its forward: it has no backward to keep parameters for."""
+        the rest in the root), every unit resharded after its forward: it has no backward to keep parameters for;
+        gathered in ``dtype`` where given, else in the policy's."""
         kwargs = {**self._fully_shard_kwargs(), "reshard_after_forward": True}
+        if dtype is not None:
+            kwargs["mp_policy"] = replace(kwargs["mp_policy"], param_dtype=dtype)
         for layer in self._layers(model):
             fully_shard(layer, **kwargs)
         for unit in vocabulary_units(model):

@@ -127,10 +127,10 @@ def run(spec: dict[str, Any], builds: list[int]) -> None:
     pl.seed_everything(7, workers=True)
     before = builds[0]
     lora = LoRAArgs(r=4, alpha=8, target_modules=["q_proj", "v_proj"]) if spec.get("lora") else None
+    objective = DPO(beta=0.5, ref_model=spec.get("ref_model"), reference_dtype=spec.get("reference_dtype"))
     module = CausalLMModule(
         model=spec["model"], pretrained=spec.get("pretrained", True), lr=spec.get("lr", 3e-3),
-        scheduler="constant", lora=lora, objective=DPO(beta=0.5, ref_model=spec.get("ref_model")),
-        **spec.get("module_args", {}),
+        scheduler="constant", lora=lora, objective=objective, **spec.get("module_args", {}),
     )  # fmt: skip
     data = CausalLMDataModule(train_files=spec["data"], tokenizer=spec["model"], format="preference",
                               batch_size=spec["batch_size"], max_seq_length=32,

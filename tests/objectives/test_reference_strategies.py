@@ -47,6 +47,7 @@ CRASHED = ["gym_ddp", "gym_fsdp"]  # restored before on_fit_start (remembered va
 EXPORTED = INITIAL  # one per checkpoint format: a file, torch distributed checkpoint, DeepSpeed stages 2 and 3
 LORA = INITIAL
 BF16 = ["gym_fsdp", "zero2", "zero3"]
+REFERENCE_DTYPE = ["gym_ddp", "gym_fsdp"]  # reference_dtype: bfloat16 beside an fp32 policy (32-true)
 STEPS, KILL_STEP = 4, 2
 LOSS_ATOL, METRIC_ATOL, WEIGHT_ATOL = 1e-5, 1e-5, 1e-6
 WORKER = Path(__file__).with_name("reference_strategy_worker.py")
@@ -75,6 +76,8 @@ def specs(root: Path) -> dict[str, Any]:
     runs += [{**initial, "name": f"{s}-resume", "strategy": s, "resume": True, "ckpt": f"{s}-ckpt"} for s in CRASHED]
     runs += [{**lora, "name": f"{s}-lora", "strategy": s} for s in LORA]
     runs += [{**common, "name": f"{s}-bf16", "strategy": s, "precision": "bf16-mixed", "steps": 1} for s in BF16]
+    asked = {**common, "reference_dtype": "bfloat16", "steps": 1}
+    runs += [{**asked, "name": f"{s}-reference_dtype", "strategy": s} for s in REFERENCE_DTYPE]
     single = {"devices": 1, "batch_size": 4, "strategy": "single"}
     singles = [{**spec, **single, "name": name} for name, spec in (("folder", folder), ("initial", initial),
                ("lora", lora))]  # fmt: skip
@@ -250,3 +253,16 @@ def test_under_bf16_mixed_the_reference_holds_the_policy_s_compute_weights(resul
         assert rank["reference"]["buffer_dtypes"] == ["torch.float32"], rank
     first = result["metrics"][0]
     assert first["rewards/chosen"] == first["rewards/rejected"] == 0, first
+
+
+@pytest.mark.parametrize("strategy", REFERENCE_DTYPE)
+def test_reference_dtype_stores_the_reference_in_it_beside_an_fp32_policy(results: Path, strategy: str) -> None:
+    """``reference_dtype: bfloat16`` under ``32-true``: the reference's parameters in bf16 (whole under gym_ddp, half
+    on each rank under gym_fsdp, which also gathers them in bf16), the policy's in fp32; the reference of the policy's
+    own folder then differs from the policy by bf16's rounding only."""
+    result = load(results, f"{strategy}-reference_dtype")
+    for rank in result["holdings"]:
+        assert rank["reference"]["dtypes"] == ["torch.bfloat16"], rank
+        assert rank["policy"]["dtypes"] == ["torch.float32"], rank
+    first = result["metrics"][0]
+    assert 0 < abs(first["rewards/chosen"]) < 0.05, first

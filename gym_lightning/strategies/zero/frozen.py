@@ -17,6 +17,7 @@ import torch
 from torch import nn
 
 from gym_lightning._compat import zero3_full_shape, zero3_partition
+from gym_lightning.errors import GymUserError
 
 # Where a frozen ZeRO-3 model keeps its inference engine: DeepSpeed's engine removes the model's hooks when it is
 # collected (``DeepSpeedEngine.__del__`` -> ``destroy``), so it must live as long as the model. Set in the model's
@@ -33,6 +34,19 @@ def engine_dtype(config: dict[str, Any]) -> torch.dtype | None:
     if (config.get("fp16") or {}).get("enabled"):
         return torch.float16
     return None
+
+
+def check_zero3_dtype(config: dict[str, Any], dtype: torch.dtype | None) -> None:
+    """Refuse a frozen model's ``dtype`` other than the one ZeRO-3 partitions it in: ``zero.Init`` creates every
+    partition in the engine's dtype (:func:`engine_dtype`, fp32 without ``bf16``/``fp16``), the policy's too."""
+    held = engine_dtype(config) or torch.float32
+    if dtype is not None and dtype != held:
+        name = str(held).removeprefix("torch.")
+        raise GymUserError(
+            f"ZeRO-3 partitions the reference in the engine's dtype ({name}), not reference_dtype "
+            f"{str(dtype).removeprefix('torch.')}: set reference_dtype to {name} or null, or change the precision "
+            "(bf16-mixed holds a bf16 reference)."
+        )
 
 
 def with_inference_hooks(model: nn.Module, args: argparse.Namespace, config: dict[str, Any]) -> nn.Module:
@@ -67,4 +81,4 @@ def write_partition(target: torch.Tensor, source: torch.Tensor) -> None:
             target.data.copy_(source.detach())
 
 
-__all__ = ["INFERENCE_ENGINE", "engine_dtype", "with_inference_hooks", "write_partition"]
+__all__ = ["INFERENCE_ENGINE", "check_zero3_dtype", "engine_dtype", "with_inference_hooks", "write_partition"]

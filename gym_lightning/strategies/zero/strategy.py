@@ -75,7 +75,12 @@ from gym_lightning.strategies.zero.config import (
     zero_config,
     zero_plus_plus_problems,
 )
-from gym_lightning.strategies.zero.frozen import engine_dtype, with_inference_hooks, write_partition
+from gym_lightning.strategies.zero.frozen import (
+    check_zero3_dtype,
+    engine_dtype,
+    with_inference_hooks,
+    write_partition,
+)
 from gym_lightning.strategies.zero.leaf import mark_decoder_leaf_modules, mark_moe_leaf_modules
 from gym_lightning.strategies.zero.ops import load_ops, ops_needed
 from gym_lightning.strategies.zero.resolve import (
@@ -430,14 +435,18 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
         rank its partitions (``stage3.fill_partitions``: the one weight loader, ``models.fill``)."""
         fill_partitions((plan or self._build_plan).take(), self._without_zero_init)
 
-    def hold_frozen(self, build: Build, copy_of: nn.Module | None = None) -> nn.Module:
+    def hold_frozen(
+        self, build: Build, copy_of: nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
         """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) held as the policy
         (``strategies.zero.frozen``): stages 0-2 whole on every rank in the engine's dtype; stage 3 built under
         ``zero.Init`` with a build plan of its own, each rank filling its partitions from the source (or copying
         ``copy_of``'s), its decoder layers leaf modules, gathered for each forward by an inference engine's hooks.
+        ``dtype`` replaces the engine's dtype at stages 0-2; stage 3 refuses another (``check_zero3_dtype``).
         Collective: every rank calls it, and calls the returned model as it calls the policy."""
         if not self.zero_stage_3:
-            return hold_whole(self, build, copy_of, engine_dtype(self.config))
+            return hold_whole(self, build, copy_of, dtype or engine_dtype(self.config))
+        check_zero3_dtype(self.config, dtype)
         plan = BuildPlan(record_random_init=True, fill_pretrained=True)
         model = build_frozen(self, build, plan)
         self._fill_zero3_weights(plan)
