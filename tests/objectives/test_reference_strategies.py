@@ -13,7 +13,8 @@ FSDP2 shards, ZeRO-3 partitions, their initial-value copies) runs once, in as fe
   first step's rewards are 0. Under gym_ddp and gym_fsdp the run killed by SIGKILL on rank 1 after its second step and
   resumed gives the uninterrupted run's losses and weights: the resume builds the reference again from the policy's
   initial values, not from the restored policy.
-- LoRA (gym_ddp, gym_fsdp, zero2, zero3): the reference is the base with the adapters off; no reference model is built.
+- LoRA (gym_ddp, gym_fsdp, zero2, zero3) and QLoRA (gym_fsdp, zero3): the reference is the base with the adapters
+  off; no reference model is built.
 - ``bf16-mixed`` (gym_fsdp, zero2, zero3): the reference's parameters in the policy's compute dtype.
 
 One launch of two ranks runs everything (``reference_strategy_worker.py``): the killed runs in forked children of
@@ -36,7 +37,10 @@ from helpers.dist import free_port, rank_env
 from objective_harness import save_folder
 from reference_strategy_worker import run, write_pairs
 
+from gym_lightning.strategies.fsdp import fsdp2_holds_integer_parameters
+
 pytestmark = pytest.mark.slow
+FSDP_HOLDS_4BIT = fsdp2_holds_integer_parameters()
 
 STRATEGIES = ["gym_ddp", "gym_fsdp", "zero1", "zero2", "zero3", "zero3_offload"]
 SHARDED = {"gym_fsdp", "zero3", "zero3_offload"}
@@ -46,6 +50,7 @@ INITIAL = ["gym_ddp", "gym_fsdp", "zero2", "zero3"]
 CRASHED = ["gym_ddp", "gym_fsdp"]  # restored before on_fit_start (remembered values) and after it (copy_of)
 EXPORTED = INITIAL  # one per checkpoint format: a file, torch distributed checkpoint, DeepSpeed stages 2 and 3
 LORA = INITIAL
+QLORA = ["gym_fsdp", "zero3"]  # 4-bit base codes sharded or partitioned (torch >= 2.13's FSDP2 shards integers)
 BF16 = ["gym_fsdp", "zero2", "zero3"]
 REFERENCE_DTYPE = ["gym_ddp", "gym_fsdp"]  # reference_dtype: bfloat16 beside an fp32 policy (32-true)
 STEPS, KILL_STEP = 4, 2
@@ -60,6 +65,7 @@ def specs(root: Path) -> dict[str, Any]:
     folder = {**common, "ref_model": str(root / "reference"), "steps": 3}
     initial = {**common, "pretrained": False, "steps": STEPS}
     lora = {**common, "lora": True, "steps": 3, "lr": 3e-2}
+    qlora = {**lora, "module_args": {"quantization": {"compute_dtype": "float32"}, "torch_dtype": "float32"}}
     crashes = [
         {
             **initial,
@@ -75,12 +81,13 @@ def specs(root: Path) -> dict[str, Any]:
     runs += [{**initial, "name": f"{s}-initial", "strategy": s} for s in INITIAL]
     runs += [{**initial, "name": f"{s}-resume", "strategy": s, "resume": True, "ckpt": f"{s}-ckpt"} for s in CRASHED]
     runs += [{**lora, "name": f"{s}-lora", "strategy": s} for s in LORA]
+    runs += [{**qlora, "name": f"{s}-qlora", "strategy": s} for s in QLORA if s != "gym_fsdp" or FSDP_HOLDS_4BIT]
     runs += [{**common, "name": f"{s}-bf16", "strategy": s, "precision": "bf16-mixed", "steps": 1} for s in BF16]
     asked = {**common, "reference_dtype": "bfloat16", "steps": 1}
     runs += [{**asked, "name": f"{s}-reference_dtype", "strategy": s} for s in REFERENCE_DTYPE]
     single = {"devices": 1, "batch_size": 4, "strategy": "single"}
     singles = [{**spec, **single, "name": name} for name, spec in (("folder", folder), ("initial", initial),
-               ("lora", lora))]  # fmt: skip
+               ("lora", lora), ("qlora", qlora))]  # fmt: skip
     return {"out": common["out"], "crashes": crashes, "runs": runs, "singles": singles}
 
 
@@ -231,14 +238,17 @@ def test_checkpoints_hold_no_reference_and_export_writes_the_policy(
     assert any(not torch.equal(trained[k], v) for k, v in exported.items() if k in trained), "the policy trained"
 
 
-@pytest.mark.parametrize("strategy", LORA)
-def test_lora_s_reference_is_the_base_with_the_adapters_off(results: Path, strategy: str) -> None:
-    result = load(results, f"{strategy}-lora")
+@pytest.mark.parametrize(("strategy", "kind"), [(s, "lora") for s in LORA] + [(s, "qlora") for s in QLORA])
+def test_lora_s_reference_is_the_base_with_the_adapters_off(results: Path, strategy: str, kind: str) -> None:
+    """LoRA and QLoRA (NF4 base codes, fp32 compute): the reference is the base with the adapters off, no copy."""
+    if kind == "qlora" and strategy == "gym_fsdp" and not FSDP_HOLDS_4BIT:
+        pytest.skip("torch < 2.13's FSDP2 cannot shard 4-bit codes: gym_fsdp refuses QLoRA (tests/quant)")
+    result = load(results, f"{strategy}-{kind}")
     assert result["builds"] == 0, "no second copy of the model"
     assert {rank["provider"] for rank in result["holdings"]} == {"AdaptersOff"}
     assert all(rank["reference"]["numel"] == 0 for rank in result["holdings"])
-    assert_same_steps(result, load(results, "lora"))
-    assert load(results, "lora")["metrics"][-1]["rewards/margins"] != 0, "the adapters moved the policy"
+    assert_same_steps(result, load(results, kind))
+    assert load(results, kind)["metrics"][-1]["rewards/margins"] != 0, "the adapters moved the policy"
 
 
 @pytest.mark.parametrize("strategy", BF16)
