@@ -92,7 +92,7 @@ def _run_variant(args: argparse.Namespace, settings: dict[str, Any], leaf: bool)
     import deepspeed
     from deepspeed.runtime.zero.parameter_offload import DeepSpeedZeRoOffload
 
-    from gym_lightning.strategies.zero.strategy import mark_decoder_leaf_modules
+    from gym_lightning.strategies.zero.leaf import mark_decoder_leaf_modules
 
     model = _model(args)
     config = _config(model, settings)

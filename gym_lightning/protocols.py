@@ -121,21 +121,30 @@ class ProvidesLocalGradients(Protocol):
 class HoldsFrozenModels(Protocol):
     """A strategy that holds frozen models (a preference objective's reference) the way it holds the policy.
 
-    ``hold_frozen(build, copy_of)`` is called once the strategy has set the module up (``on_fit_start``), on every
-    rank. ``build(plan)`` builds the model with the module's one loader (``models.loading.build_causal_lm``) under
+    ``hold_frozen(build, copy_of, dtype)`` is called once the strategy has set the module up (``on_fit_start``), on
+    every rank. ``build(plan)`` builds the model with the module's one loader (``models.loading.build_causal_lm``) under
     ``plan``: the strategy passes its build plan and opens its construction context around the call, then shards or
     partitions the model as it does the policy (FSDP2 shards, ZeRO-3 partitions; a reduced dtype such as bf16 is
     allowed) and fills the weights the plan recorded, so that no rank that shards ever holds it whole. ``copy_of``,
-    when given, is the policy with its initial values (Lightning restores a checkpoint into a sharded policy only
-    after ``on_fit_start``), which the frozen model must take instead of the source's: a random initialisation,
-    which no folder holds. The answer is the module to call (gradients off,
-    eval mode; the same calls on every rank, as the policy's forward): never a registered submodule of the
-    LightningModule, so never in a checkpoint or the optimizer. Without this protocol the objective keeps a whole
-    copy on the module's device (``objectives.preference.FrozenCopy``), which only strategies that replicate the
-    policy can afford.
+    when given, is the policy with its initial values (Lightning restores a checkpoint into it only after
+    ``on_fit_start`` where ``restore_checkpoint_after_setup``: FSDP, DeepSpeed), which the frozen model must take
+    instead of the source's (copied into whatever holds each tensor): a random initialisation, which no folder holds.
+    Where Lightning restores before ``on_fit_start`` (DDP), the caller remembered those values when the policy was
+    built and ``build`` loads them itself (a default plan); ``copy_of`` is then ``None``. The answer is the module to
+    call (gradients off, eval mode; the same calls on every rank, as the policy's forward): never a registered
+    submodule of the LightningModule, so never in a checkpoint or the optimizer. ``dtype`` (the objective's
+    ``reference_dtype``) is its parameters' dtype, else the policy's compute dtype as the strategy holds it; a
+    strategy that cannot honour it refuses it in one line. gym_ddp, gym_fsdp and ZeRO provide
+    it (``strategies.frozen``). Without this protocol the objective keeps a whole copy on the module's device
+    (``objectives.preference.FrozenCopy``), which only strategies that replicate the policy can afford.
     """
 
-    def hold_frozen(self, build: Callable[[BuildPlan], nn.Module], copy_of: nn.Module | None = None) -> nn.Module: ...
+    def hold_frozen(
+        self,
+        build: Callable[[BuildPlan], nn.Module],
+        copy_of: nn.Module | None = None,
+        dtype: torch.dtype | None = None,
+    ) -> nn.Module: ...
 
 
 @runtime_checkable

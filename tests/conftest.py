@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+from helpers.floors import FLOORS
 from helpers.warm_deepspeed import ALL_OPS, warm
 
 # Nothing may be fetched from a model hub during tests: fail fast instead of waiting on the network.
@@ -106,3 +107,11 @@ def variable_length_jsonl(tmp_path: Path) -> Path:
         for i in range(16)
     ]
     return write_jsonl(tmp_path / "train.jsonl", records)
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Mark the tests :data:`FLOORS` names ``floors``."""
+    for item in items:
+        if item.nodeid.startswith(FLOORS):
+            item.add_marker(pytest.mark.floors)
+

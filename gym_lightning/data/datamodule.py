@@ -60,7 +60,7 @@ from gym_lightning.data.prepare import (
 )
 from gym_lightning.data.reference import LogpsFn, precompute
 from gym_lightning.data.sources import MIX_STRATEGIES, MixStrategy, read_records, source_fingerprint
-from gym_lightning.data.synthetic import BUNDLED_DATASETS
+from gym_lightning.data.synthetic import BUNDLED_DATASETS, BUNDLED_FORMATS
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
@@ -135,7 +135,8 @@ class CausalLMDataModule(LightningDataModule):
     has stored them beside the prepared data.
 
     Args:
-        dataset: Name of a bundled data set (``"addition"``: 2-digit additions with a fixed validation split).
+        dataset: Name of a bundled data set (``"addition"``: 2-digit additions with a fixed validation split;
+            ``"addition_preference"``: the same as preference pairs, for DPO after the quickstart).
             Mutually exclusive with ``train_files`` and ``sources``.
         train_files: Training files or glob patterns (``.jsonl``, ``.json``, ``.csv``, ``.parquet``, ``.txt``
             paragraphs, ``.arrow``) or a Hugging Face Hub data set name (its ``train`` split).
@@ -265,7 +266,9 @@ class CausalLMDataModule(LightningDataModule):
         data once it is there, else from the formats (``auto``: each source's first record, read as a stream)."""
         if self._splits is not None:
             return kind_of_columns(self._splits["train"].column_names)
-        if self.dataset is not None or not (self.train_files or self.sources):
+        if self.dataset is not None:
+            return kind_of_format(BUNDLED_FORMATS[self.dataset])
+        if not (self.train_files or self.sources):
             return "lm"
         kinds = {kind_of_format(peek_format(source, self.cache_dir)) for source in self._train_sources()}
         self._raise_kind_problems(kinds)
@@ -493,15 +496,13 @@ class CausalLMDataModule(LightningDataModule):
         if self.dataset is not None:
             bundled = BUNDLED_DATASETS[self.dataset]()
             rows = records_to_dataset(bundled.train)
-            train_parts = [self._tokenize(rows, "prompt_completion", False, self.dataset, staging / "train-0.arrow")]
+            train_parts = [self._tokenize(rows, bundled.format, False, self.dataset, staging / "train-0.arrow")]
             weights, val_parts = (
                 [1.0],
-                []
-                if self.val_files
-                else [(records_to_dataset(bundled.val), "prompt_completion", f"{self.dataset}[val]")],
+                [] if self.val_files else [(records_to_dataset(bundled.val), bundled.format, f"{self.dataset}[val]")],
             )
-            self._train_format = "prompt_completion"
-            self._raise_kind_problems({"lm"})
+            self._train_format = bundled.format
+            self._raise_kind_problems({kind_of_format(bundled.format)})
         else:
             train_parts, weights, val_parts = self._build_sources(staging)
         if self.val_files:

@@ -7,6 +7,11 @@ and each digit of the answer sits at the same distance from the operand digits i
 learns the task in a couple of epochs (with unpadded numbers it needed several times more steps), and the answer
 can be checked exactly. A fixed 10% of the pairs, chosen by a seeded permutation, is held out for validation;
 the two splits are disjoint and identical on every machine.
+
+``addition_preference``: the same prompts and splits as preference pairs ``{"prompt", "chosen", "rejected"}``: chosen
+is the right sum, rejected the sum off by 1 or 10 either way (seeded, never the right one and always 3 digits) --
+the second stage of the quickstart (``configs/dpo.yaml``), where a model that learned addition learns to prefer the
+right answer over a near miss.
 """
 
 from __future__ import annotations
@@ -22,10 +27,11 @@ ADDITION_SEED = 1234  # fixed forever: changing it changes the published validat
 
 
 class BundledDataset(NamedTuple):
-    """Train and validation records of a bundled data set."""
+    """Train and validation records of a bundled data set, in ``format``."""
 
     train: list[Record]
     val: list[Record]
+    format: str = "prompt_completion"
 
 
 def addition_record(a: int, b: int, origin: str) -> Record:
@@ -33,17 +39,46 @@ def addition_record(a: int, b: int, origin: str) -> Record:
     return Record({"prompt": f"{a:02d}+{b:02d}=", "completion": f"{a + b:03d}"}, origin)
 
 
-def addition() -> BundledDataset:
-    """All 10,000 pairs of 2-digit additions, split 90/10 into train/val by a seeded permutation."""
+def addition_splits() -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """The operand pairs of the train and validation splits (90/10, a seeded permutation)."""
     pairs = [(a, b) for a in range(100) for b in range(100)]
     # random.Random.shuffle is specified to give the same permutation for the same seed on every platform.
     random.Random(ADDITION_SEED).shuffle(pairs)
     num_val = round(len(pairs) * ADDITION_VAL_FRACTION)
-    val, train = pairs[:num_val], pairs[num_val:]
+    return pairs[num_val:], pairs[:num_val]
+
+
+def addition() -> BundledDataset:
+    """All 10,000 pairs of 2-digit additions, split 90/10 into train/val by a seeded permutation."""
+    train, val = addition_splits()
     return BundledDataset(
         train=[addition_record(a, b, f"addition[train][{i}]") for i, (a, b) in enumerate(train)],
         val=[addition_record(a, b, f"addition[val][{i}]") for i, (a, b) in enumerate(val)],
     )
 
 
-BUNDLED_DATASETS: dict[str, Callable[[], BundledDataset]] = {"addition": addition}
+def addition_pair(a: int, b: int, draw: random.Random, origin: str) -> Record:
+    """The preference record for ``a+b``: the right sum chosen, a near miss (off by 1 or 10, 3 digits) rejected."""
+    right = a + b
+    offsets = [o for o in (-10, -1, 1, 10) if 0 <= right + o <= 999]
+    wrong = right + draw.choice(offsets)
+    return Record({"prompt": f"{a:02d}+{b:02d}=", "chosen": f"{right:03d}", "rejected": f"{wrong:03d}"}, origin)
+
+
+def addition_preference() -> BundledDataset:
+    """``addition``'s splits as preference pairs (module docstring); the near misses are drawn from a fixed seed."""
+    train, val = addition_splits()
+    draw = random.Random(ADDITION_SEED + 1)
+    name = "addition_preference"
+    return BundledDataset(
+        train=[addition_pair(a, b, draw, f"{name}[train][{i}]") for i, (a, b) in enumerate(train)],
+        val=[addition_pair(a, b, draw, f"{name}[val][{i}]") for i, (a, b) in enumerate(val)],
+        format="preference",
+    )
+
+
+BUNDLED_DATASETS: dict[str, Callable[[], BundledDataset]] = {
+    "addition": addition,
+    "addition_preference": addition_preference,
+}
+BUNDLED_FORMATS = {"addition": "prompt_completion", "addition_preference": "preference"}

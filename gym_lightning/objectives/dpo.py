@@ -21,12 +21,15 @@ from typing_extensions import override
 from gym_lightning.objectives.base import ValidationLoss, register_objective
 from gym_lightning.objectives.preference import (
     PreferenceObjective,
+    ReferenceDType,
+    ReferenceSettings,
     SftAverage,
     check_padded,
     completion_tokens,
     count_of,
     log_validation_metrics,
     pair_metrics,
+    reference_dtype_problems,
     start_token_count,
     token_mean_scale,
     with_router_loss,
@@ -136,6 +139,8 @@ class DPO(PreferenceObjective):
             computed in one pass before training) instead of running a reference.
         ref_model: The reference's folder or hub name; default: the policy's source (full finetune: a frozen copy)
             or, with LoRA, the policy with its adapters off [``ref_model``].
+        reference_dtype: The parameters' dtype of a frozen reference (``bfloat16``: half an fp32 reference's
+            memory); default: the policy's compute dtype as the strategy holds it. ZeRO-3 holds it in the engine's.
         disable_dropout: Set every dropout probability of the policy to 0 (TRL's default).
         router_aux_loss_coef: The weight of a mixture of experts' router loss when its forward returns one
             (``output_router_logits``); ``None``: the model config's.
@@ -158,6 +163,7 @@ class DPO(PreferenceObjective):
         discopop_tau: float = 0.05,
         precompute_ref_log_probs: bool = False,
         ref_model: str | None = None,
+        reference_dtype: ReferenceDType | None = None,
         disable_dropout: bool = True,
         router_aux_loss_coef: float | None = None,
         ld_alpha: float | None = None,
@@ -175,6 +181,7 @@ class DPO(PreferenceObjective):
         self.discopop_tau = discopop_tau
         self.precompute_ref_log_probs = precompute_ref_log_probs
         self.ref_model = ref_model
+        self.reference_dtype = reference_dtype
         self.disable_dropout = disable_dropout
         self.router_aux_loss_coef = router_aux_loss_coef
         self.ld_alpha = ld_alpha
@@ -218,7 +225,7 @@ class DPO(PreferenceObjective):
             found.append(
                 f"router_aux_loss_coef must be >= 0 or null (the model config's), got {self.router_aux_loss_coef}"
             )
-        return found + self._refused()
+        return found + self._refused() + reference_dtype_problems(self.reference_dtype)
 
     def _refused(self) -> list[str]:
         found = []
@@ -239,8 +246,8 @@ class DPO(PreferenceObjective):
         return found
 
     @override
-    def reference_settings(self) -> tuple[bool, str | None]:
-        return self.precompute_ref_log_probs, self.ref_model
+    def reference_settings(self) -> ReferenceSettings:
+        return ReferenceSettings(self.precompute_ref_log_probs, self.ref_model, self.reference_dtype)
 
     def weights(self) -> list[tuple[str, float]]:
         """``(loss type, weight)`` pairs, in order."""

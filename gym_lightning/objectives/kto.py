@@ -25,9 +25,12 @@ from gym_lightning.objectives.preference import (
     PendingSum,
     Precomputed,
     PreferenceObjective,
+    ReferenceDType,
+    ReferenceSettings,
     check_padded,
     count_of,
     log_validation_metrics,
+    reference_dtype_problems,
     rows_of,
     with_router_loss,
 )
@@ -52,6 +55,8 @@ class KTO(PreferenceObjective):
             (``reference_logps``) instead of running a reference.
         ref_model: The reference's folder or hub name; default: a frozen copy of the policy's source or, with LoRA,
             the policy with its adapters off [``ref_model``].
+        reference_dtype: The parameters' dtype of a frozen reference (``bfloat16``: half an fp32 reference's
+            memory); default: the policy's compute dtype as the strategy holds it. ZeRO-3 holds it in the engine's.
         disable_dropout: Set every dropout probability of the policy to 0 (TRL's default).
         router_aux_loss_coef: The weight of a mixture of experts' router loss when its forward returns one;
             ``None``: the model config's.
@@ -69,6 +74,7 @@ class KTO(PreferenceObjective):
         undesirable_weight: float = 1.0,
         precompute_ref_log_probs: bool = False,
         ref_model: str | None = None,
+        reference_dtype: ReferenceDType | None = None,
         disable_dropout: bool = True,
         router_aux_loss_coef: float | None = None,
         sync_ref_model: bool = False,
@@ -80,6 +86,7 @@ class KTO(PreferenceObjective):
         self.undesirable_weight = undesirable_weight
         self.precompute_ref_log_probs = precompute_ref_log_probs
         self.ref_model = ref_model
+        self.reference_dtype = reference_dtype
         self.disable_dropout = disable_dropout
         self.router_aux_loss_coef = router_aux_loss_coef
         self.sync_ref_model = sync_ref_model
@@ -103,11 +110,11 @@ class KTO(PreferenceObjective):
                 "sync_ref_model (TR-DPO) mixes the policy into the reference during training; the reference here is "
                 "frozen (or absent: LoRA, precompute_ref_log_probs): set it false"
             )
-        return found
+        return found + reference_dtype_problems(self.reference_dtype)
 
     @override
-    def reference_settings(self) -> tuple[bool, str | None]:
-        return self.precompute_ref_log_probs, self.ref_model
+    def reference_settings(self) -> ReferenceSettings:
+        return ReferenceSettings(self.precompute_ref_log_probs, self.ref_model, self.reference_dtype)
 
     @property
     def uses_kl(self) -> bool:

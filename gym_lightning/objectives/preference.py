@@ -25,7 +25,7 @@ over the step's pairs of every rank.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, NamedTuple, Protocol
 
 import torch
 from torch import nn
@@ -50,6 +50,16 @@ STEP_PAIRS_KEY = "step_pairs"
 KTO_LABELS_KEY = "kto_labels"
 MODEL_KEYS = ("input_ids", "attention_mask", "labels", "position_ids")
 SftAverage = Literal["token", "sequence"]
+ReferenceDType = Literal["float32", "bfloat16", "float16"]
+REFERENCE_DTYPES: tuple[str, ...] = ReferenceDType.__args__
+
+
+class ReferenceSettings(NamedTuple):
+    """What an objective with a reference states about it (``PreferenceObjective.reference_settings``)."""
+
+    precompute: bool  # precompute_ref_log_probs
+    ref_model: str | None  # the reference's source; None: the policy's
+    dtype: ReferenceDType | None = None  # reference_dtype: a frozen copy's parameters; None: as the strategy holds
 
 
 # ----------------------------------------------------------------------------------------------- reference providers
@@ -107,18 +117,22 @@ class PolicyAsReference:
 
 class FrozenCopy:
     """A frozen model built from ``source`` (``None``: the policy's own source and settings) by the module's one
-    loader, held by the strategy where it shards (``protocols.HoldsFrozenModels``), else whole on the module's
-    device in eval mode. A random-initialised source (a preset, ``pretrained=false``) takes the policy's initial
-    values: no folder holds them.
+    loader, held by the strategy (``protocols.HoldsFrozenModels``: whole where it replicates the policy, sharded
+    where it shards it), else whole on the module's device in eval mode. A random-initialised source (a preset,
+    ``pretrained=false``) takes the policy's initial values: no folder holds them.
 
     Args:
         source: A folder or hub name of the reference model (TRL's ``ref_model``, LLaMA-Factory's ``ref_model``).
+        dtype: The dtype of its parameters (an objective's ``reference_dtype``: ``bfloat16`` halves a full-precision
+            reference); ``None``: the policy's compute dtype as the strategy holds it.
     """
 
-    def __init__(self, source: str | None = None) -> None:
+    def __init__(self, source: str | None = None, dtype: ReferenceDType | None = None) -> None:
         self.source = source
+        self.dtype = dtype
         self.model: nn.Module | None = None
         self._initial: dict[str, torch.Tensor] | None = None
+        self._holder: object = None  # the strategy that holds ``model``: another fit's strategy builds it again
 
     def takes_policy_values(self, module: pl.LightningModule) -> bool:
         """Whether the copy's values are the policy's initial ones (its own source, randomly initialised)."""
@@ -126,27 +140,35 @@ class FrozenCopy:
         return own and (is_preset(module.model_source) or not module.hparams.pretrained)
 
     def remember_initial(self, module: pl.LightningModule) -> None:
-        """Keep the policy's initial values on the CPU where this copy takes them and is built whole: called from
-        ``configure_model``, because strategies that replicate the policy have Lightning restore a checkpoint into
-        it before ``on_fit_start`` (those that shard restore after it, and get the policy itself)."""
-        strategy = _strategy_of(module)
-        if not self.takes_policy_values(module) or isinstance(strategy, HoldsFrozenModels):
+        """Keep the policy's initial values on the CPU where this copy takes them and Lightning restores a checkpoint
+        into the policy before ``on_fit_start`` (strategies that replicate it: gym_ddp, one process): called from
+        ``configure_model``. Strategies that restore after ``on_fit_start`` (FSDP, DeepSpeed) hand over the policy
+        itself (``HoldsFrozenModels``' ``copy_of``), sharded as they hold it."""
+        if not self.takes_policy_values(module) or _restores_after_setup(_strategy_of(module)):
             return
         state = base_model_of(module.model).state_dict()
         if not any(t.is_meta for t in state.values()):
             self._initial = {key: value.detach().to("cpu", copy=True) for key, value in state.items()}
 
     def setup(self, module: pl.LightningModule) -> None:
-        if self.model is not None:
+        strategy = _strategy_of(module)
+        if self.model is not None and self._holder is strategy:
             return
-        copy_of = base_model_of(module.model) if self.takes_policy_values(module) else None
+        initial, self._initial = self._initial, None
+        takes = self.takes_policy_values(module) and initial is None
+        copy_of = base_model_of(module.model) if takes else None
 
         def build(plan: BuildPlan) -> nn.Module:
-            return build_reference(module, self.source, plan)
+            model = build_reference(module, self.source, plan)
+            if initial is not None:
+                _load_initial(model, initial, plan)
+            return model
 
-        strategy = _strategy_of(module)
+        self._holder = strategy
         if isinstance(strategy, HoldsFrozenModels):
-            self.model = strategy.hold_frozen(build, copy_of)
+            self.model = strategy.hold_frozen(
+                build, copy_of, None if self.dtype is None else getattr(torch, self.dtype)
+            )
             return
         if _shards_parameters(strategy):
             raise GymUserError(
@@ -157,10 +179,11 @@ class FrozenCopy:
             )
         model = build(BuildPlan())
         if copy_of is not None:
-            model.load_state_dict(self._initial if self._initial is not None else copy_of.state_dict())
-            self._initial = None
+            model.load_state_dict(copy_of.state_dict())
         if strategy is not None:
             model = module.trainer.precision_plugin.convert_module(model)
+        if self.dtype is not None:
+            model = model.to(getattr(torch, self.dtype))
         self.model = model.to(module.device)
 
     def logps(self, module: pl.LightningModule, batch: dict[str, Any]) -> torch.Tensor:
@@ -168,6 +191,16 @@ class FrozenCopy:
             self.setup(module)
         with torch.no_grad():
             return module.engine.sequence_logps(self.model, batch).logps
+
+
+def _load_initial(model: nn.Module, initial: dict[str, torch.Tensor], plan: BuildPlan) -> None:
+    """The policy's remembered initial values into a reference built with storage under ``plan``."""
+    if plan.on_meta or plan.record_random_init:
+        raise RuntimeError(
+            "The strategy restores checkpoints before on_fit_start (the policy's initial values were remembered) but "
+            "builds frozen models without storage or partitioned: it must hand over the policy as copy_of instead."
+        )
+    model.load_state_dict(initial)
 
 
 def build_reference(module: pl.LightningModule, source: str | None, plan: BuildPlan) -> nn.Module:
@@ -197,22 +230,35 @@ def is_adapted(model: nn.Module | None) -> bool:
     return model is not None and hasattr(model, "disable_adapter") and hasattr(model, "get_base_model")
 
 
-def reference_for(module: pl.LightningModule, precompute: bool, ref_model: str | None) -> ReferenceLogps:
+def reference_for(
+    module: pl.LightningModule, precompute: bool, ref_model: str | None, dtype: ReferenceDType | None = None
+) -> ReferenceLogps:
     """The reference a DPO/KTO run uses: the batches' precomputed values, the policy with its adapters off (LoRA
-    without a separate ``ref_model``), else a frozen copy of ``ref_model`` or of the policy's source."""
+    without a separate ``ref_model``), else a frozen copy of ``ref_model`` or of the policy's source (in ``dtype``)."""
     if precompute:
         return Precomputed()
     if ref_model is None and is_adapted(module.model):
         return AdaptersOff()
-    return FrozenCopy(ref_model)
+    return FrozenCopy(ref_model, dtype)
 
 
-def precompute_reference(module: pl.LightningModule, ref_model: str | None = None) -> ReferenceLogps:
+def precompute_reference(
+    module: pl.LightningModule, ref_model: str | None = None, dtype: ReferenceDType | None = None
+) -> ReferenceLogps:
     """The reference for the pass that stores ``reference_logps`` with the data, before training: the policy with
-    its adapters off (LoRA), a frozen copy of ``ref_model``, else the policy itself (its first step not taken)."""
+    its adapters off (LoRA), a frozen copy of ``ref_model`` (in ``dtype``), else the policy itself (its first step
+    not taken)."""
     if ref_model is not None:
-        return FrozenCopy(ref_model)
+        return FrozenCopy(ref_model, dtype)
     return AdaptersOff() if is_adapted(module.model) else PolicyAsReference()
+
+
+def reference_dtype_problems(value: object) -> list[str]:
+    """``reference_dtype`` checked (``None`` or a floating dtype's torch name), for an objective's ``problems()``."""
+    if value is None or value in REFERENCE_DTYPES:
+        return []
+    return [f"reference_dtype must be one of {', '.join(REFERENCE_DTYPES)} or null (as the strategy holds the policy), "
+            f"got {value!r}"]  # fmt: skip
 
 
 def _strategy_of(module: pl.LightningModule) -> object:
@@ -221,6 +267,12 @@ def _strategy_of(module: pl.LightningModule) -> object:
         return module.trainer.strategy if module.trainer is not None else None
     except RuntimeError:  # a LightningModule not attached to a Trainer
         return None
+
+
+def _restores_after_setup(strategy: object) -> bool:
+    """Whether Lightning restores a checkpoint into the policy only after ``on_fit_start`` under ``strategy`` (its
+    ``restore_checkpoint_after_setup``: FSDP, DeepSpeed); ``None`` (no Trainer) and DDP restore before."""
+    return bool(getattr(strategy, "restore_checkpoint_after_setup", False))
 
 
 def _shards_parameters(strategy: object) -> bool:
@@ -389,8 +441,8 @@ class PreferenceObjective(Objective):
         if self.reference_settings() is not None and isinstance(reference := self.reference(module), FrozenCopy):
             reference.remember_initial(module)
 
-    def reference_settings(self) -> tuple[bool, str | None] | None:
-        """``(precompute_ref_log_probs, ref_model)`` of an objective with a reference; ``None``: reference-free."""
+    def reference_settings(self) -> ReferenceSettings | None:
+        """What an objective with a reference states about it; ``None``: reference-free."""
         return None
 
     @override
@@ -398,9 +450,9 @@ class PreferenceObjective(Objective):
         settings = self.reference_settings()
         if settings is None:
             return
-        if settings[0]:  # precompute_ref_log_probs: one pass now, stored with the data (objectives.reference_pass)
-            provider = precompute_reference(module, settings[1])
-            precompute_reference_pass(module, provider, settings[1], isinstance(provider, AdaptersOff))
+        if settings.precompute:  # one pass now, stored with the data (objectives.reference_pass)
+            provider = precompute_reference(module, settings.ref_model, settings.dtype)
+            precompute_reference_pass(module, provider, settings.ref_model, isinstance(provider, AdaptersOff))
         self.reference(module).setup(module)
 
     def reference(self, module: pl.LightningModule) -> ReferenceLogps:
@@ -469,6 +521,7 @@ def with_router_loss(
 
 __all__ = [
     "KTO_LABELS_KEY",
+    "REFERENCE_DTYPES",
     "REFERENCE_LOGPS_KEY",
     "STEP_PAIRS_KEY",
     "AdaptersOff",
@@ -476,9 +529,12 @@ __all__ = [
     "PolicyAsReference",
     "Precomputed",
     "PreferenceObjective",
+    "ReferenceDType",
     "ReferenceLogps",
+    "ReferenceSettings",
     "StepMetrics",
     "build_reference",
     "precompute_reference",
+    "reference_dtype_problems",
     "reference_for",
 ]

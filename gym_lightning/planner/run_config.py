@@ -357,7 +357,7 @@ def _zero_json_layout(config: Any, run: RunSettings) -> dict[str, Any]:
 
 def _json_knobs(config: Any, run: RunSettings) -> dict[str, Any]:
     """The spec's knobs a DeepSpeed JSON states (``JSON_KNOBS``; ``auto`` is gym's rule, left to it); a
-    ``leaf_module`` of the user's own replaces gym's decoder-layer leaves (``strategy.mark_decoder_leaf_modules``)."""
+    ``leaf_module`` of the user's own replaces gym's decoder-layer leaves (``leaf.mark_decoder_leaf_modules``)."""
     try:
         data = config if isinstance(config, Mapping) else json.loads(Path(str(config)).read_text())
         zero = dict(data.get("zero_optimization") or {})

@@ -25,6 +25,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy
+from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks, powerSGD_hook
 from torch.nn.parallel import DistributedDataParallel
 from typing_extensions import override
@@ -35,6 +36,7 @@ from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights
 from gym_lightning.strategies._common import raise_strategy_problems
 from gym_lightning.strategies.base import GymStrategy
 from gym_lightning.strategies.comm_hooks import bf16_allreduce_hook
+from gym_lightning.strategies.frozen import Build, hold_whole
 from gym_lightning.strategies.parallel_dims import size_problems
 from gym_lightning.vocabulary import register_presets
 
@@ -201,6 +203,15 @@ class GymDDPStrategy(ClipsWithAnyOptimizer, GymStrategy, DDPStrategy):
     def local_gradients(self, module: torch.nn.Module) -> list[torch.Tensor] | None:
         """This rank's gradients of ``module`` (for ``NonFiniteGuard``): every rank holds them all, as ``.grad``."""
         return [p.grad for p in module.parameters() if p.grad is not None]
+
+    def hold_frozen(
+        self, build: Build, copy_of: nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
+        """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) as every rank holds
+        the policy: whole, on this rank's device, converted by the precision plugin as the policy was; not wrapped in
+        ``DistributedDataParallel``, which would only add buckets for gradients it never has. ``dtype``: its
+        parameters' (under ``bf16-mixed`` autocast computes in bf16 whatever they are stored in)."""
+        return hold_whole(self, build, copy_of, dtype)
 
     @classmethod
     @override

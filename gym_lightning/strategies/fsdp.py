@@ -10,7 +10,7 @@ LightningModule, so model code knows nothing of parallelism.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import timedelta
 from typing import Any, Literal
 
@@ -22,7 +22,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 from torch.distributed.fsdp import CPUOffloadPolicy, FSDPModule, MixedPrecisionPolicy, OffloadPolicy, fully_shard
-from torch.distributed.tensor import DTensor
+from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import PreTrainedModel
 from typing_extensions import override
 
@@ -36,6 +36,7 @@ from gym_lightning.models.plan import META, BuildPlan
 from gym_lightning.precision import ClipsWithAnyOptimizer, fp32_master_weights, shard_aware_scaler
 from gym_lightning.strategies._common import raise_strategy_problems
 from gym_lightning.strategies.base import GymStrategy
+from gym_lightning.strategies.frozen import Build, build_frozen, cast_parameters, copy_values, freeze
 from gym_lightning.strategies.materialize import has_meta_tensors, materialize
 from gym_lightning.strategies.parallel_dims import ParallelDims, size_problems
 from gym_lightning.strategies.placement import placed_after
@@ -275,6 +276,44 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
         if missing := unsharded_parameter_names(module):
             raise RuntimeError(f"FSDP left these parameters unsharded (they would not be synchronised): {missing}")
 
+    def hold_frozen(
+        self, build: Build, copy_of: nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
+        """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) sharded as the policy:
+        built on the meta device under a build plan of its own (``setup`` took the policy's), sharded per decoder
+        layer (:meth:`shard_frozen`), then each rank materialises and loads only its shards from the source
+        (``strategies.materialize``); ``copy_of``'s shards are copied in where it gives the initial values. Under
+        ``bf16-mixed`` the parameters are stored in bf16, the dtype FSDP would gather them in for compute anyway;
+        ``dtype`` (the objective's ``reference_dtype``) replaces it, for storage and compute. Collective: every rank
+        calls it, and calls the returned model as it calls the policy."""
+        plan = BuildPlan(device=META)
+        model = self.precision_plugin.convert_module(build_frozen(self, build, plan))
+        dtype = dtype or self._fully_shard_kwargs()["mp_policy"].param_dtype
+        cast_parameters(model, dtype)
+        storage = shard_storage_device(self.root_device, self.cpu_offload)
+        if storage == self.root_device and not has_meta_tensors(model):  # a non-safetensors folder: built whole
+            model = model.to(storage)
+        self.shard_frozen(model, dtype)
+        materialize(model, storage, plan.take())
+        if copy_of is not None:
+            copy_values(model, copy_of, write_shard)
+        return freeze(model)
+
+    def shard_frozen(self, model: nn.Module, dtype: torch.dtype | None = None) -> None:
+        """``fully_shard`` a frozen model into the policy's units (each decoder layer, an untied embedding and LM head,
+        the rest in the root), every unit resharded after its forward: it has no backward to keep parameters for;
+        gathered in ``dtype`` where given, else in the policy's."""
+        kwargs = {**self._fully_shard_kwargs(), "reshard_after_forward": True}
+        if dtype is not None:
+            kwargs["mp_policy"] = replace(kwargs["mp_policy"], param_dtype=dtype)
+        for layer in self._layers(model):
+            fully_shard(layer, **kwargs)
+        for unit in vocabulary_units(model):
+            fully_shard(unit.module, **kwargs)
+        fully_shard(model, **kwargs)
+        # torch < 2.13's fully_shard makes every shard a trainable parameter (FSDP2_INTEGER_PARAMETERS).
+        model.requires_grad_(False)
+
     def _layers(self, module: nn.Module) -> list[nn.Module]:
         names = find_layer_classes(module, self.layer_classes)
         layers = [m for m in module.modules() if type(m).__name__ in names and m is not module]
@@ -435,6 +474,25 @@ def _shard_vocabulary_unit(unit: VocabularyUnit, kwargs: dict[str, Any]) -> None
     sharded = fully_shard(unit.module, **{**kwargs, "reshard_after_forward": reshard})
     if not unit.first_in_forward:
         sharded.set_reshard_after_backward(False)
+
+
+def write_shard(target: torch.Tensor, source: torch.Tensor) -> None:
+    """``source``'s values into what this rank holds of ``target``: its local shard when ``target`` is a ``DTensor``
+    (copied shard to shard where both are sharded alike, no communication; else cut from the full tensor, which a
+    sharded ``source`` all-gathers)."""
+    if not isinstance(target, DTensor):
+        target.data.copy_(source.full_tensor() if isinstance(source, DTensor) else source.detach())
+        return
+    alike = isinstance(source, DTensor) and (source.device_mesh, source.placements) == (
+        target.device_mesh,
+        target.placements,
+    )
+    if alike:
+        target.to_local().copy_(source.to_local())
+        return
+    full = source.full_tensor() if isinstance(source, DTensor) else source.detach()
+    shard = distribute_tensor(full.to(target.device), target.device_mesh, target.placements, src_data_rank=None)
+    target.to_local().copy_(shard.to_local())
 
 
 def _full_tensor(value: torch.Tensor) -> LazyTensor:

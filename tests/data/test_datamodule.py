@@ -19,7 +19,7 @@ from gym_lightning.data.datamodule import CausalLMDataModule
 from gym_lightning.data.formats import FORMATS, TokenizedSample, detect_format, resolve_format, tokenize_prompt
 from gym_lightning.data.loader import STEP_TOKENS_KEY
 from gym_lightning.data.sources import Record, read_records
-from gym_lightning.data.synthetic import BUNDLED_DATASETS, addition
+from gym_lightning.data.synthetic import BUNDLED_DATASETS, addition, addition_preference
 from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
 
@@ -283,9 +283,25 @@ def test_addition_split_is_fixed_disjoint_and_complete():
     assert len(train) == 9000 and len(val) == 1000 and not train & val
     assert len(train | val) == 10_000
     assert {"prompt": "23+45=", "completion": "068"} in [r.data for r in first.train + first.val]
-    assert set(BUNDLED_DATASETS) == {"addition"}
+    assert set(BUNDLED_DATASETS) == {"addition", "addition_preference"}
     # The held-out pairs are a spread sample, not a block.
     assert len({r.data["prompt"].split("+")[0] for r in first.val}) > 90
+
+
+def test_addition_preference_pairs_the_right_sum_against_a_near_miss(tmp_path):
+    sums, pairs = addition(), addition_preference()
+    assert pairs.format == "preference" and addition_preference().train == pairs.train  # seeded, fixed
+    for plain, pair in zip(sums.train + sums.val, pairs.train + pairs.val, strict=True):
+        record = pair.data
+        assert record["prompt"] == plain.data["prompt"] and record["chosen"] == plain.data["completion"]
+        assert len(record["rejected"]) == 3 and abs(int(record["rejected"]) - int(record["chosen"])) in (1, 10)
+    assert len({int(p.data["rejected"]) - int(p.data["chosen"]) for p in pairs.train}) == 4  # all four near misses
+    dm = CausalLMDataModule(dataset="addition_preference", batch_size=4, eval_batch_size=3, cache_dir=str(tmp_path))
+    assert dm.batch_kind == "pairs"  # known before preparing: the command line checks it against the objective
+    dm.prepare_data()
+    dm.setup("fit")
+    batch = next(iter(dm.train_dataloader()))
+    assert batch["input_ids"].shape[0] == 8 and dm.batch_kind == "pairs"  # chosen rows, then rejected rows
 
 
 # ------------------------------------------------------------------------------------------------- data module

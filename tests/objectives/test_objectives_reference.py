@@ -136,11 +136,15 @@ class HoldingStrategy:
 
     def __init__(self) -> None:
         self.calls: list[tuple[BuildPlan, Any]] = []
+        self.dtypes: list[torch.dtype | None] = []
 
-    def hold_frozen(self, build: Any, copy_of: torch.nn.Module | None = None) -> torch.nn.Module:
+    def hold_frozen(
+        self, build: Any, copy_of: torch.nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> torch.nn.Module:
         plan = BuildPlan()
         model = build(plan)
         self.calls.append((plan, copy_of))
+        self.dtypes.append(dtype)
         return model
 
 
@@ -155,6 +159,52 @@ def test_a_strategy_that_holds_frozen_models_builds_the_reference(folder: Path) 
     (plan, copy_of), model = strategy.calls[0], objective._reference.model
     assert isinstance(plan, BuildPlan) and copy_of is None  # a pretrained folder: its weights come from the folder
     assert not model.training and not any(p.requires_grad for p in model.parameters())
+
+
+def test_reference_dtype_is_asked_of_the_strategy_and_kept_by_a_whole_copy(folder: Path) -> None:
+    """``reference_dtype`` reaches the strategy that holds the reference (``hold_frozen``'s ``dtype``) and, without
+    one, the whole copy's parameters; the policy keeps its own dtype."""
+    objective = KTO(reference_dtype="bfloat16")
+    ours = harness(folder, objective)
+    params = list(objective._reference.model.parameters())
+    assert {p.dtype for p in params} == {torch.bfloat16}
+    assert {p.dtype for p in ours.module.model.parameters()} == {torch.float32}
+    strategy = HoldingStrategy()
+    objective._reference = None
+    ours.trainer.strategy = strategy
+    objective.on_fit_start(ours)
+    assert strategy.dtypes == [torch.bfloat16]
+    assert DPO().reference_settings().dtype is None
+
+
+def test_a_reference_dtype_that_cannot_be_honoured_is_refused_in_one_line() -> None:
+    from gym_lightning.strategies.zero.frozen import check_zero3_dtype
+
+    assert any(
+        "reference_dtype must be one of float32, bfloat16, float16" in p for p in DPO(reference_dtype="int8").problems()
+    )
+    assert any("reference_dtype" in p for p in KTO(reference_dtype="fp8").problems())
+    bf16 = {"bf16": {"enabled": True}}
+    check_zero3_dtype(bf16, torch.bfloat16)  # the engine's dtype, or none asked: held as the policy
+    check_zero3_dtype({}, None)
+    with pytest.raises(
+        GymUserError, match=r"ZeRO-3 partitions the reference in the engine's dtype \(float32\)"
+    ) as error:
+        check_zero3_dtype({}, torch.bfloat16)
+    assert "\n" not in str(error.value)
+
+
+def test_another_fit_s_strategy_builds_the_reference_again(folder: Path) -> None:
+    """The reference belongs to the strategy that holds it: a second fit (a new Trainer, another strategy) with the
+    same objective asks its own strategy, and the same strategy is asked once."""
+    objective = DPO()
+    ours = harness(folder, objective)
+    first, second = HoldingStrategy(), HoldingStrategy()
+    for strategy in (first, first, second):
+        ours.trainer.strategy = strategy
+        objective.on_fit_start(ours)
+    assert (len(first.calls), len(second.calls)) == (1, 1)
+    assert objective._reference.model is not None
 
 
 def test_a_sharding_strategy_without_the_protocol_is_refused(folder: Path) -> None:

@@ -262,7 +262,7 @@ def test_a_moe_leaf_block_with_adapters_gets_inputs_that_require_grad() -> None:
 
     from gym_lightning.lora import LoRAArgs, peft_lora_config
     from gym_lightning.models.experts import expert_targets, install_routed_experts
-    from gym_lightning.strategies.zero.strategy import mark_moe_leaf_modules
+    from gym_lightning.strategies.zero.leaf import mark_moe_leaf_modules
 
     model = family_model("qwen3_moe")
     targets = expert_targets(model)

@@ -2,8 +2,9 @@
 parts, one concept per module: ``config`` (the JSON gym_lightning writes, reading a user's, and their checks),
 ``hf_auto`` (Hugging Face ``"auto"`` values), ``sizing`` (buffer sizes from the layer size), ``resolve`` (the run's
 config from those and the training facts, one call), ``ops`` (DeepSpeed's
-C++ ops, built once per machine), ``stage3`` (partitioned parameters one at a time), ``universal`` (resuming on
-another number of ranks), ``trace`` (ZeRO-3's module trace with torchmetrics)."""
+C++ ops, built once per machine), ``stage3`` (partitioned parameters one at a time), ``leaf`` (ZeRO-3's leaf
+modules), ``frozen`` (frozen models held as the policy), ``universal`` (resuming on another number of ranks),
+``trace`` (ZeRO-3's module trace with torchmetrics)."""
 
 from gym_lightning.strategies.zero.strategy import ZeRO1Strategy, ZeRO2Strategy, ZeRO3Strategy, ZeROStrategy
 

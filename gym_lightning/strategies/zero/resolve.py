@@ -6,9 +6,10 @@ Three moments of ``strategies.zero.strategy``:
   ``config.zero_config`` for the arguments, through ``config.apply_gym_defaults``) and :func:`remote_device`. The
   base config is what ``setup_environment`` (ops, ZeRO++ checks) and ``needs_total_steps`` read.
 - Once per run, before the model is built (under ZeRO-3 it is built inside ``zero.Init``, which reads the config):
-  :func:`run_config` fills every ``"auto"`` from the ``hf_auto.TrainingFacts`` (bucket sizes, ZeRO-3's limits and
-  optimizer sub-group from the layer size, ``rule.fill_from_rule``; Hugging Face's rules for the rest) and checks the
-  explicit values against them.
+  :func:`run_config` fills every ``"auto"`` from the ``hf_auto.TrainingFacts`` (:func:`training_facts`, the one
+  function here that reads objects: what the Trainer and the module state; bucket sizes, ZeRO-3's limits and
+  optimizer sub-group from the layer size, ``rule.fill_from_rule``; Hugging Face's rules for the rest) and checks
+  the explicit values against them.
 - After the build: only ``sizing.cap_bucket_sizes``, by the model's element count. Neither the Trainer nor the
   module states that count before ``configure_model`` has run (``ModelFacts`` holds one layer's size, and a LoRA
   adapter or a head changes the total), so it cannot be one of the facts :func:`run_config` reads.
@@ -18,15 +19,24 @@ Three moments of ``strategies.zero.strategy``:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from gym_lightning.models.facts import ModelFacts
 from gym_lightning.optim import resolve_warmup_steps
 from gym_lightning.protocols import OptimizerFacts
 from gym_lightning.strategies._common import raise_strategy_problems
 from gym_lightning.strategies.parallel_dims import size_problems
 from gym_lightning.strategies.zero.config import STAGE3_DERIVED_KEYS, zero_problems
-from gym_lightning.strategies.zero.hf_auto import TrainingFacts, drop_autos, resolve_hf_deepspeed_config
+from gym_lightning.strategies.zero.hf_auto import (
+    TrainingFacts,
+    drop_autos,
+    needs_total_steps,
+    resolve_hf_deepspeed_config,
+)
 from gym_lightning.strategies.zero.rule import ZeroShape, fill_from_rule, zero_rule
+
+if TYPE_CHECKING:
+    from lightning.pytorch import Trainer
 
 
 def checked_stage(
@@ -166,11 +176,43 @@ def inference_config(config: dict[str, Any], zero_stage_3: bool) -> dict[str, An
     return inference
 
 
+def training_facts(
+    trainer: Trainer, optimizer: OptimizerFacts, model: ModelFacts, config: dict[str, Any], micro_batch_size: int | None
+) -> TrainingFacts:
+    """``TrainingFacts`` from a Lightning Trainer (read, never written) and what the module stated.
+
+    The total step count (it may build the training DataLoader) is only computed when ``config`` needs it. The
+    Trainer's accumulation is passed as set, so an explicit JSON number that differs is a conflict. The config's
+    values come from these facts in one call, ``resolve.run_config``.
+    """
+    total = None
+    if needs_total_steps(config):
+        estimated = trainer.estimated_stepping_batches
+        total = int(estimated) if estimated != float("inf") else None
+    betas = optimizer.betas
+    return TrainingFacts(
+        micro_batch_size=micro_batch_size,
+        accumulate_grad_batches=trainer.accumulate_grad_batches,
+        world_size=trainer.world_size,
+        gradient_clip_val=trainer.gradient_clip_val,
+        precision=str(trainer.precision),
+        lr=optimizer.lr,
+        betas=None if betas is None else (float(betas[0]), float(betas[1])),
+        eps=optimizer.eps,
+        weight_decay=optimizer.weight_decay,
+        warmup_steps=warmup_steps(optimizer, total),
+        total_steps=total,
+        hidden_size=model.hidden_size,
+        layer_numel=model.layer_numel,
+    )
+
+
 __all__ = [
     "alst_sequence_parallel_size",
     "checked_stage",
     "inference_config",
     "remote_device",
     "run_config",
+    "training_facts",
     "warmup_steps",
 ]

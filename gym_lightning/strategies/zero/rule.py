@@ -4,7 +4,7 @@
 them into a config, before the model is built: only what the user left unset (gym_lightning's own config) or
 ``"auto"`` (a user's JSON), so the user's values always win (``resolve.run_config``). After the build only
 ``sizing.cap_bucket_sizes`` changes the buckets, by the model's element count. Which decoder layers become ZeRO-3
-leaf modules is the strategy's (``strategy.mark_decoder_leaf_modules``).
+leaf modules is decided where they are marked (``leaf.mark_decoder_leaf_modules``).
 
 The unit is one decoder layer (``layer_numel``), the unit FSDP shards: ZeRO-3 gathers one layer and prefetches the
 next (``sizing.stage3_limits``), buckets and optimizer sub-groups hold one layer (``sizing.derived_bucket_size``,

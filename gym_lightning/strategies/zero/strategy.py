@@ -8,8 +8,7 @@ Differences from Lightning's ``DeepSpeedStrategy`` and why:
   divides, then ``engine.backward`` divides again because ``scale_wrt_gas=True``), and DeepSpeed counts
   micro-steps itself, so its windows drift from Lightning's whenever an epoch is not a multiple of the window.
   Here Lightning owns the boundary (``managed_gradient_accumulation: false``: ``engine.step()`` is called exactly
-  when Lightning steps) and ``engine.backward(..., scale_wrt_gas=False)``, so the module's loss is the only
-  normalisation.
+  when Lightning steps) and ``engine.backward(..., scale_wrt_gas=False)``: the module's loss is the only normalisation.
 - Offload with the module's own torch optimizer is allowed (``zero_force_ds_cpu_optimizer: false``) so that fp32
   results match a single-process run with the same torch optimizer. ``cpu_optimizer="deepspeed"`` switches Adam/AdamW
   to DeepSpeed's fused ``DeepSpeedCPUAdam`` (same update rule, faster, different rounding order).
@@ -20,21 +19,13 @@ Differences from Lightning's ``DeepSpeedStrategy`` and why:
   the initial weights depend on the seed only, not on the strategy or the number of ranks.
 - ZeRO-3 with torchmetrics: DeepSpeed's hooks are removed from parameter-free metric modules, whose overloaded
   ``!=`` otherwise invalidates ZeRO-3's prefetch trace on every step (``strategies.zero.trace``).
-- ZeRO-3 with mixtures of experts: every MoE block the model reveals (``models.moe``: transformers' expert-parallel
-  plan, else an ``nn.ModuleList`` named ``experts``) becomes a ZeRO-3 leaf module before the engine starts, so ranks
-  whose tokens went to different experts still gather the same parameters (``mark_moe_leaf_modules``).
-
-The pieces: ``config`` (the JSON gym_lightning writes and its checks), ``hf_auto`` (Hugging Face ``"auto"`` values),
-``sizing`` (buffer sizes from the layer size), ``resolve`` (the run's config from those and the training facts, in
-one call), ``ops`` (DeepSpeed's C++ ops, built once per machine), ``stage3``
-(partitioned parameters one at a time), ``universal`` (resuming on another number of ranks), ``trace`` (the
-torchmetrics trace fix); this module holds the strategy.
+- ZeRO-3 with mixtures of experts: every MoE block becomes a leaf module (``strategies.zero.leaf``), so ranks whose
+  tokens went to different experts still gather the same parameters. The other parts: ``strategies.zero``'s list.
 """
 
 from __future__ import annotations
 
 import argparse
-import functools
 import logging
 import os
 from collections.abc import Callable, Generator
@@ -47,7 +38,6 @@ import torch
 from lightning.fabric.plugins import ClusterEnvironment
 from lightning.fabric.plugins.collectives.torch_collective import default_pg_timeout
 from lightning.fabric.utilities.seed import reset_seed
-from lightning.pytorch import Trainer
 from lightning.pytorch.accelerators import Accelerator
 from lightning.pytorch.plugins.precision import Precision
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy
@@ -69,16 +59,14 @@ from gym_lightning.checkpointing.safe_load import use_weights_only_engine
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
 from gym_lightning.loss import AgreedCounts, start_max_counts
-from gym_lightning.models.decoder_layers import decoder_layer_names, decoder_layers
-from gym_lightning.models.facts import ModelFacts, model_facts_of
-from gym_lightning.models.moe import moe_block_classes, moe_blocks
+from gym_lightning.models.facts import model_facts_of
 from gym_lightning.models.plan import BuildPlan, WeightsSource
 from gym_lightning.protocols import (
-    OptimizerFacts,
     micro_batch_size_of,
     optimizer_facts_of,
 )
 from gym_lightning.strategies.base import GymStrategy
+from gym_lightning.strategies.frozen import Build, build_frozen, copy_values, freeze, hold_whole
 from gym_lightning.strategies.zero.config import (
     OffloadDevice,
     apply_gym_defaults,
@@ -87,7 +75,13 @@ from gym_lightning.strategies.zero.config import (
     zero_config,
     zero_plus_plus_problems,
 )
-from gym_lightning.strategies.zero.hf_auto import TrainingFacts, needs_total_steps
+from gym_lightning.strategies.zero.frozen import (
+    check_zero3_dtype,
+    engine_dtype,
+    with_inference_hooks,
+    write_partition,
+)
+from gym_lightning.strategies.zero.leaf import mark_decoder_leaf_modules, mark_moe_leaf_modules
 from gym_lightning.strategies.zero.ops import load_ops, ops_needed
 from gym_lightning.strategies.zero.resolve import (
     alst_sequence_parallel_size,
@@ -95,7 +89,7 @@ from gym_lightning.strategies.zero.resolve import (
     inference_config,
     remote_device,
     run_config,
-    warmup_steps,
+    training_facts,
 )
 from gym_lightning.strategies.zero.sizing import cap_bucket_sizes
 from gym_lightning.strategies.zero.stage3 import (
@@ -126,136 +120,6 @@ def deepspeed_cpu_adam(optimizer: Optimizer) -> Optimizer:
 
     decoupled = isinstance(optimizer, AdamW) or optimizer.defaults.get("decoupled_weight_decay", False)
     return DeepSpeedCPUAdam(optimizer.param_groups, adamw_mode=bool(decoupled))
-
-
-def training_facts(
-    trainer: Trainer, optimizer: OptimizerFacts, model: ModelFacts, config: dict[str, Any], micro_batch_size: int | None
-) -> TrainingFacts:
-    """``TrainingFacts`` from a Lightning Trainer (read, never written) and what the module stated.
-
-    The total step count (it may build the training DataLoader) is only computed when ``config`` needs it. The
-    Trainer's accumulation is passed as set, so an explicit JSON number that differs is a conflict. The config's
-    values come from these facts in one call, ``resolve.run_config``.
-    """
-    total = None
-    if needs_total_steps(config):
-        estimated = trainer.estimated_stepping_batches
-        total = int(estimated) if estimated != float("inf") else None
-    betas = optimizer.betas
-    return TrainingFacts(
-        micro_batch_size=micro_batch_size,
-        accumulate_grad_batches=trainer.accumulate_grad_batches,
-        world_size=trainer.world_size,
-        gradient_clip_val=trainer.gradient_clip_val,
-        precision=str(trainer.precision),
-        lr=optimizer.lr,
-        betas=None if betas is None else (float(betas[0]), float(betas[1])),
-        eps=optimizer.eps,
-        weight_decay=optimizer.weight_decay,
-        warmup_steps=warmup_steps(optimizer, total),
-        total_steps=total,
-        hidden_size=model.hidden_size,
-        layer_numel=model.layer_numel,
-    )
-
-
-def mark_moe_leaf_modules(model: nn.Module) -> list[type[nn.Module]]:
-    """Make every instance of ``model``'s mixture-of-experts block classes (``models.moe``) a ZeRO-3 leaf module;
-    returns the classes.
-
-    ZeRO-3 then gathers a block's experts together on every rank, whichever experts its tokens were routed to. One
-    expert module at a time, ranks routed differently issue different all-gathers: gloo pairs equal-sized ones of
-    different experts (wrong weights, no error) and aborts on unequal ones (tests/strategies/zero/test_moe_leaf.py).
-    Before ``deepspeed.initialize``: the engine reads the flag when it installs its hooks
-    (``DeepSpeedZeRoOffload._register_deepspeed_module``).
-    """
-    from deepspeed.utils import set_z3_leaf_modules
-
-    classes = moe_block_classes(model)
-    if classes:
-        set_z3_leaf_modules(model, classes)
-        _log_leaf_classes(tuple(cls.__name__ for cls in classes), "mixture-of-experts block")
-        for block in moe_blocks(model):
-            if "_gym_inputs_require_grad" not in vars(block) and any(p.requires_grad for p in block.parameters()):
-                block._gym_inputs_require_grad = block.register_forward_pre_hook(_inputs_require_grad)
-    return classes
-
-
-def _inputs_require_grad(block: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
-    """A leaf block's floating inputs made to require grad while it trains (a forward pre-hook).
-
-    DeepSpeed reduces a leaf's gradients in its ``register_full_backward_hook`` (``stage3.
-    create_reduce_and_remove_grad_hooks``), and torch fires a full backward hook as soon as the output's gradient is
-    known when no input requires grad: before the block's own backward, whose adapter gradients then meet released
-    parameters. With LoRA on the experts alone the first MoE block's input (frozen embeddings and attention) requires
-    none (measured: Qwen3-MoE, all-experts, 2 CPU ranks, "size of tensor a (0) must match ... (32)" in the first
-    backward; tests/strategies/test_expert_lora_ranks.py). A detached copy that requires grad costs one activation's
-    gradient per block and changes no result.
-
-    Args:
-        block: The MoE block about to run.
-        args: Its positional inputs.
-    """
-    if not torch.is_grad_enabled() or not any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in args):
-        return None
-    return tuple(
-        a.detach().requires_grad_()
-        if isinstance(a, torch.Tensor) and a.is_floating_point() and not a.requires_grad
-        else a
-        for a in args
-    )
-
-
-def mark_decoder_leaf_modules(model: nn.Module, config: dict[str, Any], training: bool = True) -> list[str]:
-    """Make ``model``'s decoder layers (the ``_no_split_modules`` classes of its Hugging Face models) ZeRO-3 leaf
-    modules, unless ``config`` states its own ``zero_optimization.leaf_module`` (the user's choice wins) or, when
-    ``training``, a layer holds frozen parameters beside trainable ones (LoRA, QLoRA): DeepSpeed 0.19's backward of
-    such a leaf reads a LoRA weight after it was released (measured: LoRA r=4 on q/v of tiny-llama, 2 CPU ranks,
-    "size of tensor a (0) must match ... (4)" in the first backward). Returns the class names marked.
-
-    A leaf gets DeepSpeed's four hooks; its children get none (``_register_deepspeed_module`` stops at it). Its
-    pre-forward hook gathers every parameter of the layer in one coalesced all-gather, and backward gathers them
-    again at the leaf's pre-backward hook (``PreBackwardFunctionForModule`` on its output), then reduces the layer's
-    gradients in one ``register_full_backward_hook`` (``stage3.create_reduce_and_remove_grad_hooks``) instead of one
-    hook per parameter. A Qwen3 decoder layer has 12 submodules below it: 4 x 12 fewer hook calls per layer and
-    step, and a layer's forward has no hook inside it for ``torch.compile`` to break on. Memory: the layer is the
-    unit the stage-3 limits already gather (``sizing.stage3_limits``). Before ``deepspeed.initialize``.
-
-    Args:
-        model: The model handed to the engine.
-        config: The run's DeepSpeed config.
-    """
-    from deepspeed.utils import set_z3_leaf_modules
-
-    if "leaf_module" in (config.get("zero_optimization") or {}):
-        return []
-    names = sorted(decoder_layer_names(model))
-    layers = decoder_layers(model)
-    if training and any(len({p.requires_grad for p in layer.parameters()}) > 1 for layer in layers):
-        _log_leaf_classes((), "decoder layer")
-        if any("forward" in vars(layer) for layer in layers):  # models.compiled sets the instance's forward
-            rank_zero_warn(
-                "model.compile under ZeRO-3 with LoRA: DeepSpeed's gather hooks on every submodule of a layer split "
-                "its compiled graph (and dynamo's recompile limit leaves later layers eager), so compiling gains "
-                "little here. For the compiled fast path with LoRA use gym_fsdp, zero1 or zero2."
-            )
-        return []
-    if names and set_z3_leaf_modules(model, names, raise_if_not_found=False):
-        _log_leaf_classes(tuple(names), "decoder layer")
-        return names
-    return []
-
-
-@functools.cache
-def _log_leaf_classes(names: tuple[str, ...], what: str) -> None:
-    # Once per process and model: fit, validate and predict each set up an engine.
-    if not names:
-        rank_zero_info(
-            f"gym_lightning: ZeRO-3 gathers each {what}'s submodules one by one: the layers hold frozen and trainable "
-            "parameters (LoRA), which DeepSpeed's leaf modules do not support in backward."
-        )
-        return
-    rank_zero_info(f"gym_lightning: ZeRO-3 gathers each {what} whole (leaf modules: {', '.join(names)}).")
 
 
 class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
@@ -547,8 +411,9 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
             yield
 
     def _mark_leaf_modules(self, model: nn.Module, training: bool = True) -> None:
-        """ZeRO-3's leaf modules: mixture-of-experts blocks always (correctness), decoder layers when the rule says
-        so (``rule.zero_rule``: whenever the layer size is known) and ``leaf_decoder_layers`` leaves it on."""
+        """ZeRO-3's leaf modules (``strategies.zero.leaf``): mixture-of-experts blocks always (correctness), decoder
+        layers unless ``leaf_decoder_layers`` is off (``mark_decoder_leaf_modules`` says when it still leaves them
+        hooked)."""
         if not self.zero_stage_3:
             return
         mark_moe_leaf_modules(model)
@@ -565,10 +430,30 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
             return super().start_agreed_counts(local)
         return start_max_counts(local)
 
-    def _fill_zero3_weights(self) -> None:
-        """Give the models built under ``zero.Init`` (recorded in the build plan) their weights, each rank its
-        partitions (``stage3.fill_partitions``: the one weight loader, ``models.fill``)."""
-        fill_partitions(self._build_plan.take(), self._without_zero_init)
+    def _fill_zero3_weights(self, plan: BuildPlan | None = None) -> None:
+        """Give the models built under ``zero.Init`` (recorded in ``plan``, default the strategy's) their weights, each
+        rank its partitions (``stage3.fill_partitions``: the one weight loader, ``models.fill``)."""
+        fill_partitions((plan or self._build_plan).take(), self._without_zero_init)
+
+    def hold_frozen(
+        self, build: Build, copy_of: nn.Module | None = None, dtype: torch.dtype | None = None
+    ) -> nn.Module:
+        """A frozen model (a preference objective's reference, ``protocols.HoldsFrozenModels``) held as the policy
+        (``strategies.zero.frozen``): stages 0-2 whole on every rank in the engine's dtype; stage 3 built under
+        ``zero.Init`` with a build plan of its own, each rank filling its partitions from the source (or copying
+        ``copy_of``'s), its decoder layers leaf modules, gathered for each forward by an inference engine's hooks.
+        ``dtype`` replaces the engine's dtype at stages 0-2; stage 3 refuses another (``check_zero3_dtype``).
+        Collective: every rank calls it, and calls the returned model as it calls the policy."""
+        if not self.zero_stage_3:
+            return hold_whole(self, build, copy_of, dtype or engine_dtype(self.config))
+        check_zero3_dtype(self.config, dtype)
+        plan = BuildPlan(record_random_init=True, fill_pretrained=True)
+        model = build_frozen(self, build, plan)
+        self._fill_zero3_weights(plan)
+        if copy_of is not None:
+            copy_values(model, copy_of, write_partition)
+        self._mark_leaf_modules(freeze(model), training=False)
+        return with_inference_hooks(model, self._deepspeed_args(), inference_config(self.config, True))
 
     def _without_zero_init(self, build: Callable[[WeightsSource], _T], source: WeightsSource) -> _T:
         """``build(source)`` with the transformers DeepSpeed integration off: with it on, ``from_config`` would build

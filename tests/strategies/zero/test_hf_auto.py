@@ -36,7 +36,7 @@ from gym_lightning.strategies.zero.hf_auto import (
     needs_total_steps,
     resolve_hf_deepspeed_config,
 )
-from gym_lightning.strategies.zero.strategy import training_facts
+from gym_lightning.strategies.zero.resolve import training_facts
 
 SHIPPED = sorted((REPO_ROOT / "configs" / "deepspeed").glob("*.json"))
 

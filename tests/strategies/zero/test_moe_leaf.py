@@ -22,7 +22,7 @@ from helpers.moe_worker import PerExpertMoE, reference_state
 from torch import nn
 
 from gym_lightning.models.moe import moe_block_classes, moe_blocks
-from gym_lightning.strategies.zero.strategy import mark_moe_leaf_modules
+from gym_lightning.strategies.zero.leaf import mark_moe_leaf_modules
 
 STEPS = 3
 # Each family's MoE block class and the layers that have one (DeepSeek-V3's first layer is dense here).

@@ -9,10 +9,10 @@ from helpers.dist import run_python
 
 from gym_lightning.strategies.zero.config import AUTO, apply_gym_defaults, zero_config
 from gym_lightning.strategies.zero.hf_auto import TrainingFacts
+from gym_lightning.strategies.zero.leaf import mark_decoder_leaf_modules
 from gym_lightning.strategies.zero.resolve import run_config
 from gym_lightning.strategies.zero.rule import ZeroShape, fill_from_rule, persisted_numel, zero_rule
 from gym_lightning.strategies.zero.sizing import DEFAULT_BUCKET_SIZE
-from gym_lightning.strategies.zero.strategy import mark_decoder_leaf_modules
 
 SIZES = ("reduce_bucket_size", "stage3_prefetch_bucket_size", "stage3_max_live_parameters", "sub_group_size")
 
