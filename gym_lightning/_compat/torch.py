@@ -12,6 +12,7 @@ from torch import nn
 # FSDP2-compatible activation checkpointing that keeps parameter names unchanged (unlike checkpoint_wrapper, which
 # inserts ``_checkpoint_wrapped_module`` into every key); torchtitan and torch's own FSDP2 tests use it.
 from torch.distributed._composable import checkpoint as checkpoint_activations
+from torch.distributed.fsdp import FSDPModule
 from torch.nn.parallel import DistributedDataParallel
 from torch.utils.hooks import RemovableHandle
 
@@ -26,12 +27,14 @@ PRIVATE_MEMBERS: dict[type, tuple[str, ...]] = {
     RemovableHandle: ("hooks_dict_ref",),
     DistributedDataParallel: ("_get_ddp_logging_data",),
     torch.amp.GradScaler: ("_lazy_init_scale_growth_tracker",),  # and the instance attribute _per_optimizer_states
+    FSDPModule: ("_get_fsdp_state",),  # its FSDPState's _lazy_init (PRIVATE_IMPORTS)
 }
 
 # Private modules and names imported here: (module, name).
 PRIVATE_IMPORTS: tuple[tuple[str, str], ...] = (
     ("torch.distributed._composable", "checkpoint"),
     ("torch.distributed.distributed_c10d", "_set_pg_timeout"),
+    ("torch.distributed.fsdp._fully_shard._fsdp_state", "FSDPState"),
 )
 
 
@@ -41,6 +44,20 @@ def set_collective_timeout(timeout: timedelta, group: Any = None) -> None:
     from torch.distributed.distributed_c10d import _set_pg_timeout
 
     _set_pg_timeout(timeout, group)
+
+
+def initialize_fsdp_now(module: nn.Module) -> None:
+    """FSDP2's lazy initialisation of every outermost ``fully_shard`` module in ``module``, now rather than at its
+    first forward. FSDP2 fixes each parameter group's gradient dtypes from the parameters that require gradients at
+    that moment (``FSDPParamGroup._init_mp_dtypes``): a first forward with the trainable ones switched off (a LoRA
+    reference's forward under peft's ``disable_adapter``, which sets the adapters' ``requires_grad`` to False) records
+    none, and the first backward under ``bf16-mixed`` fails ("attempting to assign a gradient with dtype BFloat16 to
+    a tensor with grad_dtype Float"). torch has no public call for it (``FSDPState._lazy_init``)."""
+    if isinstance(module, FSDPModule):
+        module._get_fsdp_state()._lazy_init()
+        return
+    for child in module.children():
+        initialize_fsdp_now(child)
 
 
 def ddp_bucket_sizes(module: DistributedDataParallel) -> list[int]:
@@ -120,6 +137,7 @@ __all__ = [
     "dynamo_ddp_mode",
     "grad_scaler_found_infs",
     "hook_handle_target",
+    "initialize_fsdp_now",
     "module_forward_hook_dicts",
     "run_exit_handlers",
     "set_collective_timeout",

@@ -26,7 +26,13 @@ from torch.distributed.tensor import DTensor, distribute_tensor
 from transformers import PreTrainedModel
 from typing_extensions import override
 
-from gym_lightning._compat import _StrategyRegistry, checkpoint_activations, rank_zero_info, set_model_parallel_sizes
+from gym_lightning._compat import (
+    _StrategyRegistry,
+    checkpoint_activations,
+    initialize_fsdp_now,
+    rank_zero_info,
+    set_model_parallel_sizes,
+)
 from gym_lightning.checkpointing.io import PartialFileCheckpointIO
 from gym_lightning.errors import EveryRankError, GymUserError
 from gym_lightning.lazy import LazyTensor, eager
@@ -238,6 +244,8 @@ class GymFSDPStrategy(ClipsWithAnyOptimizer, GymStrategy, ModelParallelStrategy)
                 self.model_to_device()
             self.shard_module(self.model)
             materialize(self.model, storage, self._build_plan.take())
+            # Before any forward: a LoRA preference objective's first forward is its reference's, adapters off.
+            initialize_fsdp_now(self.model)
         self.barrier()
         if trainer.state.fn == TrainerFn.FITTING:
             self.setup_optimizers(trainer)

@@ -81,6 +81,7 @@ def specs(root: Path) -> dict[str, Any]:
     runs += [{**initial, "name": f"{s}-initial", "strategy": s} for s in INITIAL]
     runs += [{**initial, "name": f"{s}-resume", "strategy": s, "resume": True, "ckpt": f"{s}-ckpt"} for s in CRASHED]
     runs += [{**lora, "name": f"{s}-lora", "strategy": s} for s in LORA]
+    runs += [{**lora, "name": "gym_fsdp-lora-bf16", "strategy": "gym_fsdp", "precision": "bf16-mixed", "steps": 1}]
     runs += [{**qlora, "name": f"{s}-qlora", "strategy": s} for s in QLORA if s != "gym_fsdp" or FSDP_HOLDS_4BIT]
     runs += [{**common, "name": f"{s}-bf16", "strategy": s, "precision": "bf16-mixed", "steps": 1} for s in BF16]
     asked = {**common, "reference_dtype": "bfloat16", "steps": 1}
@@ -249,6 +250,15 @@ def test_lora_s_reference_is_the_base_with_the_adapters_off(results: Path, strat
     assert all(rank["reference"]["numel"] == 0 for rank in result["holdings"])
     assert_same_steps(result, load(results, kind))
     assert load(results, kind)["metrics"][-1]["rewards/margins"] != 0, "the adapters moved the policy"
+
+
+def test_a_lora_run_under_bf16_mixed_trains_under_gym_fsdp(results: Path) -> None:
+    """A LoRA run's first forward is its reference's, adapters off: gym_fsdp initialises FSDP2 before it (otherwise
+    FSDP2 found nothing trainable then and the first backward failed: "attempting to assign a gradient with dtype
+    BFloat16 to a tensor with grad_dtype Float")."""
+    result = load(results, "gym_fsdp-lora-bf16")
+    assert {rank["provider"] for rank in result["holdings"]} == {"AdaptersOff"}
+    assert result["metrics"][0]["rewards/chosen"] == result["metrics"][0]["rewards/rejected"] == 0
 
 
 @pytest.mark.parametrize("strategy", BF16)

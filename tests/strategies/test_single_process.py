@@ -279,6 +279,42 @@ def test_fsdp_descends_into_module_lists() -> None:
     assert not isinstance(blocks, FSDPModule) and not isinstance(blocks[2], FSDPModule)
 
 
+@pytest.mark.parametrize("initialized", [False, True])
+def test_fsdp_is_initialised_before_a_first_forward_with_the_adapters_off(initialized: bool) -> None:
+    """A LoRA preference run's first forward is its reference's, adapters off (peft's ``disable_adapter`` sets their
+    ``requires_grad`` to False): FSDP2's lazy initialisation then finds nothing trainable and the first backward under
+    bf16 mixed precision fails. ``GymFSDPStrategy.setup`` initialises FSDP2 after materialising
+    (tests/objectives/test_reference_strategies.py runs gym_fsdp + LoRA + DPO under bf16-mixed through it)."""
+    import torch.distributed as dist
+    from torch import nn
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+    from gym_lightning._compat import initialize_fsdp_now
+
+    model = nn.Sequential(nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8)))
+    base, adapter = model[0]
+    base.requires_grad_(False)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        policy = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+        fully_shard(model[0], mesh=init_device_mesh("cpu", (1,)), mp_policy=policy)
+        if initialized:
+            initialize_fsdp_now(model)
+        adapter.requires_grad_(False)
+        with torch.no_grad():
+            model(torch.randn(2, 8))
+        adapter.requires_grad_(True)
+        if not initialized:
+            with pytest.raises(RuntimeError, match="grad_dtype"):
+                model(torch.randn(2, 8)).float().sum().backward()
+            return
+        model(torch.randn(2, 8)).float().sum().backward()
+    finally:
+        dist.destroy_process_group()
+    assert adapter.weight.grad is not None and adapter.weight.grad.dtype == torch.float32
+
+
 # ------------------------------------------------------------------------------------------- ZeRO-3 trace fix
 class _Offload:
     """Stands in for DeepSpeed's DeepSpeedZeRoOffload: the lists of hook handles it registered."""
