@@ -1,7 +1,7 @@
 """DPO step time of gym_lightning against TRL 1.16's DPOTrainer: same model, data, settings and strategy class, side
 by side (issue 57, item 7).
 
-    python -m benchmarks.dpo_speed                              # 2 CPU processes each, ~15 min on a 2-core machine
+    python -m benchmarks.dpo_speed                              # 2 CPU processes each, ~12 min on a 2-core machine
     python -m benchmarks.dpo_speed --repeats 5 --steps 12 --out /tmp/dpo_speed.md
     python -m benchmarks.dpo_speed --device cuda --nproc 1 --precision bf16 --hidden 2048 --layers 16  # a GPU row
 
@@ -11,14 +11,16 @@ policy: the full-finetune case, where a second model runs) on ``--pairs`` prefer
 * gym_lightning: ``python -m gym_lightning fit`` with ``--trainer.strategy gym_ddp`` (torch DDP over gloo on CPU
   ranks), ``model.objective: {name: dpo, ref_model: FOLDER}``, ``data.format: preference``;
 * TRL: ``torchrun`` of this file's ``--role trl``: ``DPOTrainer(model=FOLDER, ref_model=<the folder loaded again>)``
-  with ``use_cpu`` on CPU ranks, which accelerate runs as its multi-CPU DDP (``DistributedType.MULTI_CPU``, gloo);
+  with ``use_cpu`` on CPU ranks, which accelerate runs as its multi-CPU DDP (``DistributedType.MULTI_CPU``, gloo;
+  at ``--nproc 1`` too, where accelerate, launched by torchrun, still wraps the policy in a 1-rank DDP while
+  gym_ddp leaves the module unwrapped at world size 1);
 * gym_lightning SFT: the same fit with the default (SFT) objective on the same 2B rows per micro-batch (each pair's
   prompt + chosen and prompt + rejected as two ``prompt_completion`` records, ``--data.batch_size 2B``): the policy's
   forward and backward over the concatenated batch alone. DPO over SFT is then what the reference's forward adds
   (about 1.33 expected for a forward beside a forward and a backward of twice its cost; a second policy pass would
   show about 1.67).
 
-Both: fp32 on CPU (``--precision``), ``--batch`` pairs per process and micro-batch (chosen and rejected rows in one
+All three: fp32 on CPU (``--precision``), ``--batch`` pairs per process and micro-batch (chosen and rejected rows in one
 forward), no accumulation, AdamW (torch's fused kernel), constant learning rate, no gradient clipping, dropout off,
 no checkpoints, no evaluation, logging rare. A callback in each times every optimizer step on rank 0 from the end of
 the previous one, after a barrier (the step ends when the slower rank's does), and records the width of the batch
@@ -46,8 +48,8 @@ from typing import Any
 import lightning.pytorch as pl
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
-# A Llama decoder on the shipped tokenizer (fp32 ~40M at the defaults): big enough that the model's compute, not the
-# loop, dominates a CPU step, small enough for ~1 s steps on one core per rank.
+# A Llama decoder on the shipped tokenizer (21M fp32 parameters at the defaults, a 512 vocabulary): big enough
+# that the model's compute, not the loop, dominates a CPU step, small enough for ~1 s steps on one core.
 DEFAULT_SHAPE = {"hidden": 512, "layers": 6, "heads": 8}
 
 
