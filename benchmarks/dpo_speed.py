@@ -62,11 +62,12 @@ class GymStepTimer(pl.Callback):
     the first batch, written to ``out`` at the end of training.
 
     Args:
-        out: JSON file rank 0 writes ``{"steps": [...], "shape": [rows, width]}`` to.
+        out: JSON file rank 0 writes ``{"steps": [...], "cpu": [...], "shape": [rows, width]}`` to (``cpu``: rank
+            0's process CPU seconds per step, which other processes' load on the machine changes less).
     """
 
     def __init__(self, out: str) -> None:
-        self.out, self.steps, self.shape, self._last = Path(out), [], None, None
+        self.out, self.steps, self.cpu, self.shape, self._last = Path(out), [], [], None, None
 
     def on_train_batch_start(self, trainer: pl.Trainer, pl_module: pl.LightningModule, batch: Any, *args: Any) -> None:
         if self.shape is None:
@@ -74,14 +75,15 @@ class GymStepTimer(pl.Callback):
 
     def on_train_batch_end(self, trainer: pl.Trainer, *args: Any) -> None:
         trainer.strategy.barrier()
-        now = time.perf_counter()
+        now = (time.perf_counter(), time.process_time())
         if self._last is not None:
-            self.steps.append(now - self._last)
+            self.steps.append(now[0] - self._last[0])
+            self.cpu.append(now[1] - self._last[1])
         self._last = now
 
     def on_train_end(self, trainer: pl.Trainer, pl_module: pl.LightningModule) -> None:
         if trainer.is_global_zero:
-            self.out.write_text(json.dumps({"steps": self.steps, "shape": self.shape}))
+            self.out.write_text(json.dumps({"steps": self.steps, "cpu": self.cpu, "shape": self.shape}))
 
 
 def trl_timer() -> Any:
@@ -92,14 +94,16 @@ def trl_timer() -> Any:
     class TRLStepTimer(TrainerCallback):
         def __init__(self) -> None:
             self.steps: list[float] = []
-            self._last: float | None = None
+            self.cpu: list[float] = []
+            self._last: tuple[float, float] | None = None
 
         def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
             if dist.is_available() and dist.is_initialized():
                 dist.barrier()
-            now = time.perf_counter()
+            now = (time.perf_counter(), time.process_time())
             if self._last is not None:
-                self.steps.append(now - self._last)
+                self.steps.append(now[0] - self._last[0])
+                self.cpu.append(now[1] - self._last[1])
             self._last = now
 
     return TRLStepTimer()
@@ -256,7 +260,9 @@ def trl_role(spec_file: Path) -> None:
     trainer.train()
     if trainer.is_world_process_zero():
         kind = str(trainer.accelerator.distributed_type)
-        Path(spec["out"]).write_text(json.dumps({"steps": timer.steps, "shape": shapes[0], "distributed": kind}))
+        Path(spec["out"]).write_text(
+            json.dumps({"steps": timer.steps, "cpu": timer.cpu, "shape": shapes[0], "distributed": kind})
+        )
 
 
 def run_once(kind: str, command: list[str], out: Path, log: Path, warmup: int) -> dict[str, Any]:
@@ -270,8 +276,13 @@ def run_once(kind: str, command: list[str], out: Path, log: Path, warmup: int) -
         print(f"{kind} failed (rc {done.returncode}): {done.stderr[-3000:]}", file=sys.stderr)
         return {"failed": done.returncode, "wall": wall}
     found = json.loads(out.read_text())
-    timed = found["steps"][warmup:]
-    return {**found, "median": statistics.median(timed), "wall": wall}
+    timed, cpu = found["steps"][warmup:], found.get("cpu", [])[warmup:]
+    return {
+        **found,
+        "median": statistics.median(timed),
+        "cpu_median": statistics.median(cpu) if cpu else None,
+        "wall": wall,
+    }
 
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -338,7 +349,32 @@ def render(figures: dict[str, Any]) -> str:
         f"TRL's accelerate state: {next((r.get('distributed') for r in runs['trl'] if 'distributed' in r), '?')}; "
         f"medians of {settings['steps']} steps after {settings['warmup']} per launch."
     )
+    lines += _cpu_lines(runs)
     return "\n".join(lines) + "\n"
+
+
+def _cpu_lines(runs: dict[str, list[dict[str, Any]]]) -> list[str]:
+    """Rank 0's CPU seconds per step: per repeat the three medians and the two ratios, then their medians."""
+    rows = list(zip(runs["gym"], runs["trl"], runs["sft"], strict=True))
+    if not any(all(r.get("cpu_median") for r in row) for row in rows):
+        return []
+    lines = [
+        "\nRank 0's CPU seconds per step (process time; other processes' load changes it less than wall time):\n",
+        "| repeat | gym DPO CPU s | TRL DPO CPU s | gym SFT CPU s | gym / TRL | gym DPO / gym SFT |",
+        "|---|---|---|---|---|---|",
+    ]
+    versus_trl, versus_sft = [], []
+    for i, (gym, trl, sft) in enumerate(rows):
+        if not all(r.get("cpu_median") for r in (gym, trl, sft)):
+            continue
+        versus_trl.append(gym["cpu_median"] / trl["cpu_median"])
+        versus_sft.append(gym["cpu_median"] / sft["cpu_median"])
+        shown = " | ".join(f"{r['cpu_median']:.3f}" for r in (gym, trl, sft))
+        lines.append(f"| {i} | {shown} | {versus_trl[-1]:.3f} | {versus_sft[-1]:.3f} |")
+    lines.append(
+        f"| **median** | | | | **{statistics.median(versus_trl):.3f}** | **{statistics.median(versus_sft):.3f}** |"
+    )
+    return lines
 
 
 def main() -> None:
