@@ -9,13 +9,15 @@ fastest that fits. ``--json`` prints the same as JSON. Bad flags end with one li
 
 The run's flags are the leaves of the planner's run description (``planner.spec.RunSpec``: each flag's help is its
 field's, its choices its type's, its default written there once): model and module (``--attention``,
-``--activation_checkpointing``, ``--kernels``, ...), stage and batch (``--stage``, ``--micro_batch_size``,
-``--seq_length``, ...), adapters (``--lora_r``, ``--quantization nf4`` or ``--load_in_4bit``,
-``--lora_target_parameters``), parallelism (``--gpus_per_node``, ``--nodes``, ``--sequence_parallel_size``,
-``--strategy``), the strategy's knobs (``--bucket_size``, ``--zero3_param_persistence_threshold``, ...) and the
-hardware (``--gpu``, ``--interconnect``, ``--gpu_memory``, explicit figures). ``--tokens`` (or ``--rows`` x
-``--epochs`` x ``--seq_length``) and ``--price_per_gpu_hour`` add hours, GPU-hours and dollars; ``--longest_sequence``
-adds the longest sequence that fits each strategy.
+``--activation_checkpointing``, ``--kernels``, ...), stage and batch (``--stage``: sft, pt, or the preference
+stages dpo, kto, orpo, simpo with ``--precompute_ref_log_probs``, ``--ref_model``, ``--reference_dtype``;
+``--micro_batch_size``, ``--seq_length``, ...), adapters (``--lora_r``, ``--quantization nf4`` or
+``--load_in_4bit``, ``--lora_target_parameters``), parallelism (``--gpus_per_node``, ``--nodes``,
+``--sequence_parallel_size``, ``--strategy``), the strategy's knobs (``--bucket_size``,
+``--zero3_param_persistence_threshold``, ...) and the hardware (``--gpu``, ``--interconnect``, ``--gpu_memory``,
+explicit figures). ``--tokens`` (or ``--rows`` x ``--epochs`` x ``--seq_length``, x 2 for preference pairs) and
+``--price_per_gpu_hour`` add hours, GPU-hours and dollars; ``--longest_sequence`` adds the longest sequence that
+fits each strategy.
 
 ``--config run.yaml`` plans the run a ``gym fit --config run.yaml`` launches (``planner.run_config`` lists what is
 read, a DeepSpeed JSON's buckets and persistence thresholds included). Flags given beside it override the file; what
@@ -37,6 +39,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.planner.auto import choice_line, is_auto
 from gym_lightning.planner.report import plan
 from gym_lightning.planner.run_config import run_settings
+from gym_lightning.planner.spec import STAGES
 from gym_lightning.planner.spec_flags import choices, field_default, flag_fields
 from gym_lightning.vocabulary import AUTO_STRATEGY
 
@@ -56,8 +59,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     parser.add_argument("--longest_sequence", action="store_true", help="add the longest sequence that fits")
     parser.add_argument("--tokens", type=float, help="tokens to train on: hours, GPU-hours and cost per strategy")
-    parser.add_argument("--rows", type=int, help="rows of the data set (tokens = rows x epochs x seq_length)")
-    parser.add_argument("--epochs", type=float, default=1.0, help="epochs over --rows")
+    parser.add_argument(
+        "--rows", type=int, help="examples of the data set (tokens = rows x epochs x seq_length x sequences)"
+    )
+    parser.add_argument("--epochs", type=float, default=1.0, help="epochs over --rows (or that --tokens make)")
     parser.add_argument("--price_per_gpu_hour", type=float, help="dollars per GPU-hour: the cost column")
     parser.add_argument("--json", action="store_true", help="print JSON instead of a table")
     return parser
@@ -86,12 +91,15 @@ def _add_leaf(parser: argparse.ArgumentParser, name: str, leaf: Any) -> None:
 
 def _settings(args: dict[str, Any]) -> dict[str, Any]:
     """``plan()``'s arguments from the parsed flags: the budget's tokens (``--rows`` x ``--epochs`` x
-    ``--seq_length``), the rest by the leaves' names."""
-    rows, epochs = args.pop("rows", None), args.pop("epochs", 1.0)
+    ``--seq_length`` x the stage's sequences per example: a preference pair's chosen and rejected rows), the rest
+    by the leaves' names."""
+    rows = args.pop("rows", None)
     if rows is not None:
         if args.get("tokens") is not None:
             raise GymUserError("--tokens and --rows both say how much to train on: pass one.")
-        args["tokens"] = rows * epochs * args.get("seq_length", field_default("seq_length"))
+        stage = STAGES.get(args.get("stage") or field_default("stage"), STAGES["sft"])
+        args["tokens"] = rows * args.get("epochs", 1.0) * args.get("seq_length", field_default("seq_length"))
+        args["tokens"] *= stage.sequences
     return {k: v for k, v in args.items() if v is not None or k in PRESENTATION}
 
 

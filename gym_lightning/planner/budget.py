@@ -20,17 +20,22 @@ class Budget:
     """What the run trains on and what a GPU-hour costs (each optional).
 
     Args:
-        tokens: Tokens to train on (``rows x epochs x seq_length`` when given as a data set); ``None``: no times.
+        tokens: Tokens to train on (``rows x epochs x seq_length x sequences`` when given as a data set); ``None``:
+            no times.
         price_per_gpu_hour: Dollars per GPU-hour; ``None``: no cost.
+        epochs: Passes over the data that ``tokens`` make (a preference stage's precomputed reference runs over
+            the data once).
     """
 
     tokens: float | None = None
     price_per_gpu_hour: float | None = None
+    epochs: float = 1.0
 
     def problems(self) -> list[str]:
+        given = (("tokens", self.tokens), ("price_per_gpu_hour", self.price_per_gpu_hour), ("epochs", self.epochs))
         return [
             f"{name} must be a positive number, got {value!r}"
-            for name, value in (("tokens", self.tokens), ("price_per_gpu_hour", self.price_per_gpu_hour))
+            for name, value in given
             if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value <= 0)
         ]
 
@@ -65,7 +70,7 @@ def cost_figures(result: Speed, gpus: int, budget: Budget) -> dict[str, float | 
     """Hours, GPU-hours and dollars of ``budget.tokens`` at ``result``'s speed (``None`` where not asked)."""
     if budget.tokens is None:
         return {"hours": None, "gpu_hours": None, "cost": None}
-    hours = result.hours(budget.tokens, gpus)
+    hours = result.hours(budget.tokens, gpus, budget.epochs)
     cost = None if budget.price_per_gpu_hour is None else hours * gpus * budget.price_per_gpu_hour
     return {"hours": hours, "gpu_hours": hours * gpus, "cost": cost}
 
@@ -82,6 +87,7 @@ def speed_dict(result: Speed | None, gpus: int, budget: Budget, rank: int | None
         "tokens_per_second_per_gpu": result.tokens_per_second_per_gpu,
         "mfu": result.mfu,
         "scaling": result.scaling,
+        "reference_pass_seconds_per_step": result.reference_pass,
         **cost_figures(result, gpus, budget),
     }
 
@@ -102,6 +108,8 @@ def speed_lines(
     if budget.tokens is not None:
         title += f", {budget.tokens:,.0f} tokens"
     header = ["strategy", "rank", "step s", "tok/s/GPU", "MFU", "scaling", "comm shown s", "offload s"]
+    if first.reference_pass:  # precompute_ref_log_probs: the pass before training, per optimizer step of data
+        header.append("ref pass s")
     if budget.tokens is not None:
         header += ["hours", "GPU-h"] + (["cost $"] if budget.price_per_gpu_hour is not None else [])
     ranks = {index: place + 1 for place, index in enumerate(ranking(estimates, speeds))}
@@ -109,6 +117,11 @@ def speed_lines(
     for i, (e, s) in enumerate(zip(estimates, speeds, strict=True)):
         rows.append(_speed_row(e, s, ranks.get(i), gpus, budget, len(header)))
     notes = [f"Note: {note}." for note in machine.notes]
+    if first.reference_pass:
+        notes.append(
+            "Note: ref pass s: precompute_ref_log_probs' reference forward before training, seconds per optimizer "
+            "step of data, run once (not per epoch)" + (" and counted in hours." if budget.tokens else ".")
+        )
     return [title + ":", *aligned(rows), *notes]
 
 
@@ -124,6 +137,7 @@ def _speed_row(e: Estimate, s: Speed | None, rank: int | None, gpus: int, budget
         f"{s.scaling:.2f}",
         f"{s.step.exposed_communication + s.step.sequence_parallel:.3f}",
         f"{s.step.offload:.3f}",
+        *([f"{s.reference_pass:.3f}"] if s.reference_pass else []),
     ]
     figures = cost_figures(s, gpus, budget)
     if budget.tokens is not None:

@@ -12,7 +12,9 @@ Model FLOPs (MFU's numerator, :func:`flops_per_token`) follow ``metrics.flops``:
   token and layer (:func:`elementwise_bytes`) over the device's achieved memory bandwidth, times the kernel path's
   share (:data:`KERNEL_PASSES`: eager, ``torch.compile``, Liger's fused kernels);
 * a mixture of experts also pays its routing (gathers, scatters, the router's softmax) and, where the host
-  launches the per-expert kernels slower than the device runs them, the difference (:func:`expert_loop_seconds`).
+  launches the per-expert kernels slower than the device runs them, the difference (:func:`expert_loop_seconds`);
+* a preference stage adds its forwards without gradient (:func:`no_grad_seconds`): a reference's over every row,
+  KTO's KL rows through the policy.
 
 The sum is divided by ``Kernels.efficiency``: how close the project's kernels come to this roofline, one figure per
 (project, GPU) calibrated on one row (``planner.machines``).
@@ -20,7 +22,7 @@ The sum is divided by ``Kernels.efficiency``: how close the project's kernels co
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from gym_lightning.models.shapes import ModelShape, lora_target_names
 from gym_lightning.planner.experts import expert_adapter_params, targeted_weights
@@ -235,8 +237,13 @@ def expert_loop_seconds(shape: ModelShape, spec: RunSpec, tokens: int, kernels: 
 
 @dataclass(frozen=True)
 class ComputeTime:
-    """Seconds of one micro-batch's compute on one rank, by pass and by kind (all at the kernels' efficiency);
-    ``reference``: a stage's frozen reference model's forward (0 without one), inside ``forward``."""
+    """Seconds of one micro-batch's compute on one rank, by pass and by kind (all at the kernels' efficiency).
+
+    ``forward``, ``backward`` and ``recompute`` are the policy's training pass over the stage's sequences (the
+    kinds, ``gemm`` to ``experts``, split them); ``reference`` is a reference's forward over every row of the
+    micro-batch (a preference stage's, unless precomputed) and ``detached`` the policy's forward without gradient
+    over its detached rows (KTO's KL rows): the step's forwards without gradient, :attr:`no_grad`.
+    """
 
     forward: float
     backward: float
@@ -246,6 +253,34 @@ class ComputeTime:
     memory: float
     experts: float
     reference: float = 0.0
+    detached: float = 0.0
+
+    @property
+    def no_grad(self) -> float:
+        return self.reference + self.detached
+
+
+def forward_seconds(shape: ModelShape, spec: RunSpec, tokens: int, kernels: Kernels) -> float:
+    """One forward of ``tokens`` positions at efficiency 1, no backward: its GEMMs, attention, elementwise work
+    and a mixture of experts' loop (its forward third)."""
+    gemm, _ = gemm_pass_seconds(layer_gemms(shape, spec, tokens), kernels)
+    attention = tokens * attention_flops(shape, spec) / (kernels.peak_flops * kernels.attention_peak)
+    memory, _ = memory_bound_seconds(shape, spec, tokens, kernels)
+    return gemm + attention + memory + expert_loop_seconds(shape, spec, tokens, kernels) / 3
+
+
+def no_grad_seconds(shape: ModelShape, spec: RunSpec, kernels: Kernels) -> tuple[float, float]:
+    """``(reference, detached)`` seconds of one micro-batch's forwards without gradient, at efficiency 1: a
+    reference's over all ``StageKind.rows`` of each example (the base model's GEMMs: a copy has no adapters, and
+    peft's ``disable_adapter`` skips theirs) where the run runs one (``RunSpec.no_grad_passes``: not when
+    precomputed), and the policy's over its ``detached`` rows."""
+    kind, b = spec.training.kind, spec.micro_batch_size
+    reference = 0.0
+    if spec.reference_hold in ("adapters_off", "copy"):
+        base = replace(spec, lora_r=0, lora_target_parameters=())
+        reference = forward_seconds(shape, base, local_tokens(spec, b, kind.rows), kernels)
+    detached = forward_seconds(shape, spec, local_tokens(spec, b, kind.detached), kernels) if kind.detached else 0.0
+    return reference, detached
 
 
 def micro_batch_compute(shape: ModelShape, spec: RunSpec, kernels: Kernels) -> ComputeTime:
@@ -265,9 +300,9 @@ def micro_batch_compute(shape: ModelShape, spec: RunSpec, kernels: Kernels) -> C
         - tokens * elementwise_bytes(shape, spec)[1] * KERNEL_PASSES[spec.kernels] / (kernels.memory_bandwidth)
     )
     scale = 1.0 / kernels.efficiency
-    reference = gemm_fwd + attention + mem_fwd if spec.training.kind.reference else 0.0
+    reference, detached = no_grad_seconds(shape, spec, kernels)
     return ComputeTime(
-        (forward + reference) * scale,
+        forward * scale,
         backward * scale,
         (recompute if spec.activation_checkpointing else 0.0) * scale,
         (gemm_fwd + gemm_bwd) * scale,
@@ -275,6 +310,7 @@ def micro_batch_compute(shape: ModelShape, spec: RunSpec, kernels: Kernels) -> C
         (mem_fwd + mem_bwd) * scale,
         experts * scale,
         reference * scale,
+        detached * scale,
     )
 
 
@@ -289,10 +325,12 @@ __all__ = [
     "elementwise_bytes",
     "expert_loop_seconds",
     "flops_per_token",
+    "forward_seconds",
     "gemm_pass_seconds",
     "gemm_seconds",
     "layer_gemms",
     "matmul_params",
     "memory_bound_seconds",
     "micro_batch_compute",
+    "no_grad_seconds",
 ]

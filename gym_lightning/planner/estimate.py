@@ -72,7 +72,8 @@ modelled = supported
 
 @dataclass(frozen=True)
 class Estimate:
-    """Memory of one strategy: bytes per GPU by category, host and NVMe bytes per node, and whether it fits."""
+    """Memory of one strategy: bytes per GPU by category (``reference``: a preference stage's frozen reference
+    copy, held as the strategy holds the policy), host and NVMe bytes per node, and whether it fits."""
 
     strategy: Strategy
     params: float
@@ -87,6 +88,7 @@ class Estimate:
     fits_host: bool
     max_micro_batch: int
     modelled: bool = True  # False: figures not computed for this combination (see :func:`modelled`), never "fits"
+    reference: float = 0.0
 
     @property
     def model_states(self) -> float:
@@ -94,7 +96,7 @@ class Estimate:
 
     @property
     def gpu_total(self) -> float:
-        return self.model_states + self.activations + self.logits + self.buffers
+        return self.model_states + self.activations + self.logits + self.buffers + self.reference
 
     @property
     def fits(self) -> bool:
@@ -126,8 +128,8 @@ def estimate(shape: ModelShape, strategy: Strategy, spec: RunSpec) -> Estimate:
     check_setup(shape, spec)
     model = cost_model(strategy, shape, spec)
     states = model.states()
-    buffers = model.step_buffers() + model.reference_bytes()
-    fixed = states.total + buffers
+    buffers, reference = model.step_buffers(), model.reference_bytes()
+    fixed = states.total + buffers + reference
     host = model.host_per_node()
     known = model.modelled()
     largest = largest_micro_batch(shape, spec, fixed) if known else 0
@@ -142,11 +144,12 @@ def estimate(shape: ModelShape, strategy: Strategy, spec: RunSpec) -> Estimate:
         logits=logits,
         buffers=buffers,
         host_per_node=host,
-        nvme_per_node=spec.gpus_per_node * states.nvme,
+        nvme_per_node=spec.gpus_per_node * (states.nvme + model.reference_host_bytes("nvme")),
         fits_gpu=fixed + activations + logits <= spec.usable_gpu_memory,
         fits_host=host <= spec.host_memory,
         max_micro_batch=largest,
         modelled=known,
+        reference=reference,
     )
 
 

@@ -163,6 +163,7 @@ def plan(
     tokens: float | None = None,
     price_per_gpu_hour: float | None = None,
     longest_sequence: bool = False,
+    epochs: float = 1.0,
     **settings: Any,
 ) -> PlanReport:
     """Memory per GPU and per node of finetuning a model with every strategy, and the fastest one that fits.
@@ -176,13 +177,14 @@ def plan(
         tokens: Tokens to train on: the hours, GPU-hours (and cost) of each strategy.
         price_per_gpu_hour: Dollars per GPU-hour: the cost column.
         longest_sequence: Add the "longest seq" column to ``table()`` (``to_dict()`` always has it).
+        epochs: Passes over the data that ``tokens`` make (a precomputed reference runs over the data once).
         **settings: Any leaf of :class:`RunSpec` by its flat name (``gpus_per_node``, ``gpu_memory="24GB"``,
             ``lora_r``, ``strategy``: the run's own strategy, a registered name, planner key or ``Strategy``).
     """
     problems: list[str] = []
     run, shape, unknown = _spec(model, spec, settings, figures, problems)
     chosen = run_strategy(run.parallel.strategy, problems)
-    budget = Budget(tokens, price_per_gpu_hour)
+    budget = Budget(tokens, price_per_gpu_hour, epochs)
     problems += budget.problems() + spec_problems(run)
     if names_ok(run.lora_target_parameters):
         problems += target_parameter_problems(run.lora_target_parameters, shape, _int(run.lora_r))

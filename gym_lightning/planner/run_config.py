@@ -4,8 +4,8 @@ looked up in ``gym_lightning.vocabulary``). What is read (docs/planner.md, "Plan
 
 * ``model``: ``model``, ``config_overrides``, ``lora`` (``r``, ``target_modules``, ``target_parameters``),
   ``quantization`` (``quant_type``, ``skip_modules``), ``gradient_checkpointing``, ``attn_implementation``,
-  ``optim``, ``mlp_tile_tokens``, ``loss_chunking``, ``loss_chunk_tokens``, ``objective`` (the stage),
-  ``compile`` / ``fused_ops`` (the kernel path);
+  ``optim``, ``mlp_tile_tokens``, ``loss_chunking``, ``loss_chunk_tokens``, ``objective`` (the stage, and a
+  preference objective's ``precompute_ref_log_probs`` and ``ref_model``), ``compile`` / ``fused_ops`` (the kernels);
 * ``data``: ``batch_size`` and ``max_seq_length`` (micro-batch and sequence);
 * ``trainer``: ``precision``, ``devices``, ``num_nodes``, ``accumulate_grad_batches``, ``accelerator``, and
   ``strategy``: a registered name, or a class with its ``init_args`` (FSDP's ``sharding`` and ``cpu_offload``,
@@ -73,6 +73,9 @@ JSON_KNOBS: dict[str, str] = {
     "stage3_model_persistence_threshold": "zero3_model_persistence_threshold",
     "sub_group_size": "sub_group_size",
 }
+# A preference objective's settings that change what the run holds and runs (objective argument -> leaf); its
+# others (beta, loss_type, ...) change neither memory nor time.
+OBJECTIVE_SETTINGS: dict[str, str] = {"precompute_ref_log_probs": "precompute_ref_log_probs", "ref_model": "ref_model"}
 # Strategy arguments that do not change what the planner models (no note when set).
 NO_MEMORY_ARGS = frozenset(
     [
@@ -193,14 +196,17 @@ def _model_settings(model: Mapping[str, Any], run: RunSettings) -> None:
 
 
 def _stage_and_kernels(model: Mapping[str, Any], run: RunSettings) -> None:
-    """``model.objective`` as the stage (a name, ``{name: ...}`` or a class with ``init_args``), and the kernel path
-    ``model.compile`` / ``model.fused_ops`` pick (the module's rule: fused ops follow compile unless given)."""
-    objective = model.get("objective") or "sft"
+    """``model.objective`` as the stage (a name, ``{name: ...}`` or a class with ``init_args``) with the reference
+    settings it holds (:data:`OBJECTIVE_SETTINGS`), and the kernel path ``model.compile`` / ``model.fused_ops``
+    pick (the module's rule: fused ops follow compile unless given)."""
+    objective, settings = model.get("objective") or "sft", {}
     if isinstance(objective, Mapping):
+        settings = dict(objective.get("init_args") or {}) if "class_path" in objective else dict(objective)
         objective = objective.get("name") or str(objective.get("class_path", "")).rsplit(".", 1)[-1].lower()
     if objective not in STAGES:
         run.problems.append(f"model.objective {objective!r} is not planned: give one of {', '.join(STAGES)}")
     run.settings["stage"] = objective
+    run.settings.update({leaf: settings[key] for key, leaf in OBJECTIVE_SETTINGS.items() if key in settings})
     fused = model.get("fused_ops")
     liger = isinstance(fused, Mapping) and fused.get("kernels") == "liger"
     if liger:

@@ -21,6 +21,7 @@ from typing import Any, Literal
 
 from gym_lightning.errors import GymUserError
 from gym_lightning.metrics import hardware as catalog
+from gym_lightning.planner.stages import STAGES, ReferenceHold, StageKind, StageName
 
 Precision = Literal["bf16-mixed", "32-true"]
 Optimizer = Literal["adamw", "sgd", "adafactor"]
@@ -33,7 +34,8 @@ GradientCompression = Literal["none", "fp16", "bf16", "powersgd"]
 LoraTargets = Literal["all-linear", "attention-qv", "none"]
 # How the module's kernels run (CausalLMModule's compile / fused_ops): its own efficiency in planner.compute.
 Kernels = Literal["eager", "compiled", "liger"]
-StageName = Literal["sft", "pt"]
+# A frozen reference copy's dtype ("auto": as the strategy family holds frozen weights, 16-bit under bf16-mixed).
+ReferenceDtype = Literal["auto", "bf16", "fp32"]
 
 GiB = 1024**3
 DEFAULT_GPU = "h100-sxm"
@@ -65,30 +67,6 @@ def leaf(help: str, *, parse: Callable[[Any], Any] | None = None, flag: str | No
     """A leaf's metadata: its flag's help, how a flag's or YAML's text becomes its value, and the flag that sets it
     (``""``: the field's own name; ``None``: no flag, set from a YAML or the live run only)."""
     return {"help": help, "parse": parse, "flag": flag}
-
-
-@dataclass(frozen=True)
-class StageKind:
-    """What a training stage costs beyond one causal-LM step, as the cost models read it.
-
-    Args:
-        name: The stage's key (``gym train --stage``, LLaMA-Factory's ``stage``).
-        description: One line for the report.
-        sequences: Sequences per example that run through the policy in one forward (a preference pair: 2).
-        reference: Whether a frozen reference model is held beside the policy (each family holds it as it holds
-            the policy: ``CostModel.reference_bytes``) and run forward once per micro-batch.
-    """
-
-    name: str
-    description: str
-    sequences: int = 1
-    reference: bool = False
-
-
-STAGES: dict[str, StageKind] = {
-    "sft": StageKind("sft", "supervised finetuning (prompt tokens masked)"),
-    "pt": StageKind("pt", "continued pretraining (every token a target)"),
-}
 
 
 @dataclass(frozen=True)
@@ -129,9 +107,12 @@ class TrainingSpec:
     """The training stage (:data:`STAGES`), its batch and its optimizer."""
 
     stage: StageName = field(
-        default="sft", metadata=leaf("training stage: sft (supervised finetuning) or pt (continued pretraining)")
+        default="sft",
+        metadata=leaf("training stage: sft, pt (continued pretraining), or preference: dpo, kto, orpo, simpo"),
     )
-    micro_batch_size: int = field(default=1, metadata=leaf("sequences (examples) per GPU per forward pass"))
+    micro_batch_size: int = field(
+        default=1, metadata=leaf("examples (sequences; preference pairs) per GPU per forward pass")
+    )
     seq_length: int = field(default=2048, metadata=leaf("tokens per sequence"))
     accumulate_grad_batches: int = field(default=1, metadata=leaf("micro-batches per optimizer step"))
     precision: Precision = field(
@@ -139,6 +120,17 @@ class TrainingSpec:
     )
     optimizer: Optimizer = field(
         default="adamw", metadata=leaf("adamw, sgd (with momentum) or adafactor (factored, no momentum)")
+    )
+    precompute_ref_log_probs: bool = field(
+        default=False,
+        metadata=leaf("dpo / kto: reference log-probs computed in one pass before training; none held in training"),
+    )
+    ref_model: str | None = field(
+        default=None,
+        metadata=leaf("dpo / kto: a reference model of its own (TRL's ref_model): a frozen copy even beside LoRA"),
+    )
+    reference_dtype: ReferenceDtype = field(
+        default="auto", metadata=leaf("dpo / kto: a frozen reference copy's dtype; auto: as frozen weights are held")
     )
 
     @property
@@ -385,17 +377,39 @@ class RunSpec:
         return self.parallel.degrees(hybrid)
 
     @property
+    def reference_hold(self) -> ReferenceHold:
+        """How the run holds its reference in training, ``objectives.preference.reference_for``'s rule: ``none``
+        (a stage without one), ``precomputed`` (``precompute_ref_log_probs``: none held, none run), ``adapters_off``
+        (LoRA / QLoRA without a ``ref_model``: the policy's base, no second copy), else ``copy`` (a frozen copy,
+        held as the strategy family holds the policy: ``CostModel.reference_bytes``)."""
+        if not self.training.kind.reference:
+            return "none"
+        if self.training.precompute_ref_log_probs:
+            return "precomputed"
+        if self.adapters.lora_r > 0 and self.training.ref_model is None:
+            return "adapters_off"
+        return "copy"
+
+    @property
+    def no_grad_passes(self) -> int:
+        """Forward passes without gradient in each micro-batch: the reference's (unless precomputed) and the
+        policy's over its detached rows (KTO's KL rows), each beside the policy's forward and backward."""
+        reference = self.reference_hold in ("adapters_off", "copy")
+        return int(reference) + int(self.training.kind.detached > 0)
+
+    @property
     def tokens_per_micro_batch(self) -> int:
         """Token positions one rank computes per micro-batch: ``b x sequences x ceil(s / sp)``."""
         return local_tokens(self, self.training.micro_batch_size)
 
 
-def local_tokens(spec: RunSpec, micro_batch: int) -> int:
-    """Token positions one rank computes per forward: ``b x sequences x ceil(s / sp)`` (a stage's sequences per
-    example: 1 today). Under sequence parallelism each rank holds ``s/sp`` consecutive tokens of a sequence (the
-    runtime pads ``s`` to a multiple of sp); every per-token activation, the logits and the chunked loss count
-    these, not ``s``."""
-    return micro_batch * spec.training.kind.sequences * spec.local_seq_length
+def local_tokens(spec: RunSpec, micro_batch: int, sequences: int | None = None) -> int:
+    """Token positions one rank trains on per forward: ``b x sequences x ceil(s / sp)`` (the stage's sequences per
+    example, :class:`StageKind`; ``sequences`` given: that many, e.g. a reference's rows). Under sequence
+    parallelism each rank holds ``s/sp`` consecutive tokens of a sequence (the runtime pads ``s`` to a multiple of
+    sp); every per-token activation, the logits and the chunked loss count these, not ``s``."""
+    rows = spec.training.kind.sequences if sequences is None else sequences
+    return micro_batch * rows * spec.local_seq_length
 
 
 __all__ = [
@@ -408,6 +422,8 @@ __all__ = [
     "KnobSpec",
     "ModuleSpec",
     "ParallelSpec",
+    "ReferenceDtype",
+    "ReferenceHold",
     "RunSpec",
     "StageKind",
     "TrainingSpec",

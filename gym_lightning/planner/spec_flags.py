@@ -11,6 +11,7 @@ from gym_lightning.errors import GymUserError
 from gym_lightning.planner.spec import (
     LEAVES,
     SECTIONS,
+    STAGES,
     Accelerator,
     Attention,
     GradientCompression,
@@ -20,6 +21,7 @@ from gym_lightning.planner.spec import (
     Optimizer,
     Precision,
     Quantization,
+    ReferenceDtype,
     RunSpec,
     StageName,
 )
@@ -56,6 +58,7 @@ def field_default(name: str) -> Any:
 _LITERALS = {"Precision": Precision, "Optimizer": Optimizer, "Attention": Attention, "Kernels": Kernels}
 _LITERALS |= {"Accelerator": Accelerator, "LossChunking": LossChunking, "Quantization": Quantization}
 _LITERALS |= {"GradientCompression": GradientCompression, "LoraTargets": LoraTargets, "StageName": StageName}
+_LITERALS |= {"ReferenceDtype": ReferenceDtype}
 
 
 def choices(name: str) -> tuple[Any, ...]:
@@ -79,8 +82,9 @@ def spec_problems(spec: RunSpec) -> list[str]:
         problems += _int_problem(name, getattr(spec, name), low)
     for name in ("precision", "lora_targets", "optimizer", "attention", "accelerator", "loss_chunking"):
         problems += _choice_problem(name, getattr(spec, name))
-    for name in ("quantization", "gradient_compression", "kernels", "stage"):
+    for name in ("quantization", "gradient_compression", "kernels", "stage", "reference_dtype"):
         problems += _choice_problem(name, getattr(spec, name))
+    problems += reference_problems(spec)
     for name in ("gpu_memory", "host_memory"):
         value = getattr(spec, name)
         if value is not None and (not isinstance(value, (int, float)) or value <= 0):
@@ -91,6 +95,22 @@ def spec_problems(spec: RunSpec) -> list[str]:
         if not names_ok(getattr(spec, name)):
             problems.append(f"{name} must be a list of names, got {getattr(spec, name)!r}")
     return problems
+
+
+def reference_problems(spec: RunSpec) -> list[str]:
+    """The reference's settings on a stage that reads no reference (ORPO, SimPO, SFT), or a ``ref_model`` that is
+    not a name."""
+    if spec.stage not in STAGES or STAGES[spec.stage].reference:
+        ref = spec.ref_model
+        return [] if ref is None or isinstance(ref, str) else [f"ref_model must be a folder or hub name, got {ref!r}"]
+    with_reference = ", ".join(name for name, kind in STAGES.items() if kind.reference)
+    given = [name for name in ("precompute_ref_log_probs", "ref_model") if getattr(spec, name) not in (None, False)]
+    given += ["reference_dtype"] if spec.reference_dtype != "auto" else []
+    return [
+        f"{name} applies to the stages with a reference model ({with_reference}); stage {spec.stage} has none: "
+        "leave it out"
+        for name in given
+    ]
 
 
 def names_ok(value: Any) -> bool:
@@ -105,4 +125,4 @@ def _choice_problem(name: str, value: Any) -> list[str]:
     return []
 
 
-__all__ = ["choices", "coerce", "field_default", "flag_fields", "names_ok", "spec_problems"]
+__all__ = ["choices", "coerce", "field_default", "flag_fields", "names_ok", "reference_problems", "spec_problems"]

@@ -45,7 +45,7 @@ def memory_row(e: Estimate) -> list[str]:
 
 def estimate_dict(e: Estimate) -> dict[str, Any]:
     out: dict[str, Any] = {"key": e.strategy.key, "label": e.strategy.label, "strategy": e.strategy.trainer_strategy}
-    out["bytes"] = {name: round(getattr(e, name)) for name in COLUMNS}
+    out["bytes"] = {name: round(getattr(e, name)) for name in (*COLUMNS, "reference")}
     out["bytes"]["model_states"] = round(e.model_states)
     out.update(fits=e.fits, fits_gpu=e.fits_gpu, fits_host=e.fits_host, max_micro_batch=e.max_micro_batch)
     out["modelled"] = e.modelled
@@ -107,9 +107,33 @@ def header_lines(report: PlanReport) -> list[str]:
         f"({gib(s.usable_gpu_memory)} usable), host {gib(s.host_memory)} per node; micro-batch "
         f"{s.micro_batch_size} x {s.seq_length} tokens, activation checkpointing "
         f"{'on' if s.activation_checkpointing else 'off'}. GiB per GPU unless marked per node.",
+        *reference_lines(report),
         *long_sequence_lines(report),
         "",
     ]
+
+
+# What the header says of each way a run holds its reference (RunSpec.reference_hold).
+REFERENCE_LINES = {
+    "adapters_off": "the policy's base with its LoRA adapters off (no second copy); its forward in every step",
+    "copy": "a frozen {dtype} copy held as each strategy holds the policy (the ref column: whole under DDP and "
+    "ZeRO-1/2, sharded under FSDP and ZeRO-3); its forward in every step",
+    "precomputed": "precompute_ref_log_probs: one forward pass over the data before training (the ref pass "
+    "column, once), none held or run in training",
+}
+
+
+def reference_lines(report: PlanReport) -> list[str]:
+    """The header's line on a preference stage: its sequences per example and how the reference is held."""
+    s = report.setup
+    kind = s.training.kind
+    if kind.sequences == 1 and not kind.detached and not kind.reference:
+        return []
+    rows = f"{kind.sequences} sequence(s) per example trained"
+    rows += f", {kind.detached} more forward without gradient" if kind.detached else ""
+    dtype = {"auto": "16-bit" if s.precision == "bf16-mixed" else "fp32"}.get(s.reference_dtype, s.reference_dtype)
+    held = REFERENCE_LINES.get(s.reference_hold, "none (reference-free)").format(dtype=dtype)
+    return [f"Preference: {rows}; reference: {held}."]
 
 
 def long_sequence_lines(report: PlanReport) -> list[str]:
@@ -139,6 +163,10 @@ def long_sequence_lines(report: PlanReport) -> list[str]:
 def memory_table(report: PlanReport) -> list[str]:
     """One row per strategy (and the "longest seq" column when asked)."""
     header, rows = list(HEADER), [memory_row(e) for e in report.estimates]
+    if report.setup.reference_hold == "copy":  # the reference copy's bytes beside the policy's states
+        header.insert(COLUMNS.index("gpu_total") + 1, "ref")
+        for row, e in zip(rows, report.estimates, strict=True):
+            row.insert(COLUMNS.index("gpu_total") + 1, gib(e.reference, unit=False) if e.modelled else "—")
     if report.show_longest_sequence:
         header.append("longest seq")
         for row, e, n in zip(rows, report.estimates, report.longest_sequences(), strict=True):
@@ -159,4 +187,13 @@ def phase_table(estimates: Sequence[Estimate], peaks: Sequence[PhasePeaks], cpu:
     return [f"Peak per phase, GiB, {title}:", *aligned(rows)]
 
 
-__all__ = ["estimate_dict", "gib", "header_lines", "machine_dict", "memory_table", "phase_table", "phases_dict"]
+__all__ = [
+    "estimate_dict",
+    "gib",
+    "header_lines",
+    "machine_dict",
+    "memory_table",
+    "phase_table",
+    "phases_dict",
+    "reference_lines",
+]

@@ -13,6 +13,9 @@
   strategies step their partition. **Offload**: PCIe copies, the CPU optimizer, NVMe swaps (not hidden).
 * **Gradient accumulation**: compute and per-micro-batch collectives (FSDP's and ZeRO-2/3's) scale with the
   micro-batches; DDP's all-reduce and ZeRO-1's reduction run once per optimizer step.
+* **Preference stages**: the forwards without gradient (a reference's, KTO's KL rows') with their gathers
+  (``CostModel.no_grad_traffic``) in each micro-batch; ``precompute_ref_log_probs`` moves the reference's forward
+  to one pass before training (:func:`reference_pass_seconds`, a one-off in :meth:`Speed.hours`).
 """
 
 from __future__ import annotations
@@ -21,7 +24,7 @@ from dataclasses import dataclass, fields, replace
 
 from gym_lightning.models.shapes import ModelShape
 from gym_lightning.planner.comm import Group, contention_seconds, overlapped_seconds, slowest_of
-from gym_lightning.planner.compute import flops_per_token, micro_batch_compute
+from gym_lightning.planner.compute import flops_per_token, forward_seconds, micro_batch_compute
 from gym_lightning.planner.families import cost_model
 from gym_lightning.planner.hardware import Hardware
 from gym_lightning.planner.spec import RunSpec, local_tokens
@@ -48,6 +51,7 @@ class StepTime:
     hooks: float = 0.0  # ZeRO-3's per-module fetches on the host
     contention: float = 0.0  # compute slowed by the collectives hidden behind it
     dispersion: float = 0.0  # waiting for the slowest rank
+    no_grad_forward: float = 0.0  # of compute: the forwards without gradient (a reference's, KTO's KL rows')
 
     @property
     def total(self) -> float:
@@ -82,22 +86,24 @@ def step_time(shape: ModelShape, strategy: Strategy, spec: RunSpec, hw: Hardware
     model, net, micro = cost_model(strategy, shape, spec), hw.network, spec.accumulate_grad_batches
     c = micro_batch_compute(shape, spec, hw.kernels)
     backward = c.backward + c.recompute
-    moved = model.traffic(hw)
+    moved, quiet = model.traffic(hw), model.no_grad_traffic(hw)
     fwd = overlapped_seconds(c.forward, moved.forward, moved.forward_exposed, net.overlap)
     bwd = overlapped_seconds(backward, moved.backward, moved.backward_exposed, net.overlap)
     last = overlapped_seconds(bwd, moved.last_backward, moved.last_backward_exposed, net.overlap)
-    phases = (micro - 1) * (fwd + bwd) + fwd + last
-    work = c.forward + backward
+    no_grad = overlapped_seconds(c.no_grad, quiet.forward, quiet.forward_exposed, net.overlap)
+    phases = (micro - 1) * (fwd + bwd) + fwd + last + micro * no_grad
+    work = c.forward + backward + c.no_grad
     exposed = phases + moved.after_step - micro * work
-    communication = micro * (moved.forward + moved.backward) + moved.last_backward + moved.after_step
+    communication = micro * (moved.forward + moved.backward + quiet.forward) + moved.last_backward + moved.after_step
     contention = 0.0
     if net.overlap:
         contention = micro * contention_seconds(c.forward, moved.forward, moved.forward_exposed, net.contention)
         contention += micro * contention_seconds(backward, moved.backward, moved.backward_exposed, net.contention)
         contention += contention_seconds(bwd, moved.last_backward, moved.last_backward_exposed, net.contention)
+        contention += micro * contention_seconds(c.no_grad, quiet.forward, quiet.forward_exposed, net.contention)
     elements = model.optimizer_elements()
     return StepTime(
-        compute=micro * (c.forward + c.backward),
+        compute=micro * (c.forward + c.backward + c.no_grad),
         recompute=micro * c.recompute,
         communication=communication,
         exposed_communication=max(0.0, exposed),
@@ -107,7 +113,29 @@ def step_time(shape: ModelShape, strategy: Strategy, spec: RunSpec, hw: Hardware
         hooks=micro * model.hook_seconds(hw),
         contention=contention,
         dispersion=slowest_of(micro * work, spec.world_size, net.dispersion),
+        no_grad_forward=micro * c.no_grad,
     )
+
+
+def reference_pass_seconds(shape: ModelShape, strategy: Strategy, spec: RunSpec, hw: Hardware) -> float:
+    """``precompute_ref_log_probs``: seconds of the pass before training over one optimizer step's examples (0
+    without it). Each micro-batch's rows run forward once through the pass's reference
+    (``objectives.preference.precompute_reference``: a ``ref_model`` copy, else the policy itself, with its adapters
+    off under LoRA) with its gathers and ZeRO-3's fetches; no backward, no optimizer. The values are stored with
+    the data: the pass runs once, not once per epoch (:meth:`Speed.hours`)."""
+    if spec.reference_hold != "precomputed":
+        return 0.0
+    model, kind = cost_model(strategy, shape, spec), spec.training.kind
+    base = replace(spec, lora_r=0, lora_target_parameters=())
+    tokens = local_tokens(spec, spec.micro_batch_size, kind.rows)
+    compute = forward_seconds(shape, base, tokens, hw.kernels) / hw.kernels.efficiency
+    if spec.ref_model is not None:
+        gather, exposed = model.reference_gather(hw)
+    else:
+        moved = model.traffic(hw)
+        gather, exposed = moved.forward, moved.forward_exposed
+    one = overlapped_seconds(compute, gather, exposed, hw.network.overlap) + model.pass_hook_seconds(hw)
+    return spec.accumulate_grad_batches * one
 
 
 @dataclass(frozen=True)
@@ -121,6 +149,8 @@ class Speed:
         mfu: Model FLOPs per second per GPU / the dense peak.
         scaling: Tokens per second per GPU / a plain loop's on one GPU (no strategy, memory aside): 1.0 is linear
             scaling; above it, sharding the optimizer step saved more than communication cost.
+        reference_pass: ``precompute_ref_log_probs``' pass before training, seconds per optimizer step of data
+            (:func:`reference_pass_seconds`; 0 without it).
     """
 
     step: StepTime
@@ -128,10 +158,17 @@ class Speed:
     tokens_per_second_per_gpu: float
     mfu: float
     scaling: float
+    reference_pass: float = 0.0
 
-    def hours(self, tokens: float, gpus: int) -> float:
-        """Wall-clock hours of training ``tokens`` on ``gpus`` GPUs."""
-        return tokens / (self.tokens_per_second_per_gpu * gpus) / 3600
+    def hours(self, tokens: float, gpus: int, epochs: float = 1.0) -> float:
+        """Wall-clock hours of training ``tokens`` (``epochs`` passes over the data) on ``gpus`` GPUs, with the
+        reference pass over the data once before training."""
+        training = tokens / (self.tokens_per_second_per_gpu * gpus)
+        return (training + self.reference_pass_seconds(tokens, epochs)) / 3600
+
+    def reference_pass_seconds(self, tokens: float, epochs: float = 1.0) -> float:
+        """Seconds of the reference pass over the data of ``tokens`` trained in ``epochs`` (once, not per epoch)."""
+        return tokens / epochs / self.tokens_per_step * self.reference_pass
 
 
 def tokens_per_step(spec: RunSpec) -> int:
@@ -148,7 +185,8 @@ def speed(shape: ModelShape, strategy: Strategy, spec: RunSpec, hw: Hardware) ->
     flops = flops_per_token(shape, spec).model * tokens / step.total / spec.world_size
     alone = replace(spec, gpus_per_node=1, nodes=1, sequence_parallel_size=1)
     single_rate = tokens_per_step(alone) / step_time(shape, PLAIN, alone, hw).total
-    return Speed(step, tokens, per_gpu, flops / hw.peak_flops, per_gpu / single_rate)
+    once = reference_pass_seconds(shape, strategy, spec, hw)
+    return Speed(step, tokens, per_gpu, flops / hw.peak_flops, per_gpu / single_rate, once)
 
 
 __all__ = [
@@ -158,6 +196,7 @@ __all__ = [
     "Speed",
     "StepTime",
     "optimizer_seconds",
+    "reference_pass_seconds",
     "sequence_parallel_seconds",
     "speed",
     "step_time",

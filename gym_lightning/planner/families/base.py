@@ -6,9 +6,10 @@ the host memory per node, the collectives of one optimizer step (:meth:`~CostMod
 the host's work, and its per-module hooks. The families (``replicated``, ``fsdp``, ``zero``) override what differs;
 the activations, logits and the step's shared terms are strategy-independent (``planner.activations``).
 
-A stage with a frozen reference model (``spec.training.kind.reference``) adds
-:meth:`~CostModel.reference_bytes`: the
-frozen copy held the way the family holds frozen weights.
+A preference stage with a reference (``planner.stages``) is charged as the run holds it (``RunSpec.reference_hold``):
+a frozen copy as the family holds the policy (:meth:`~CostModel.reference_bytes`: whole where the policy is whole,
+sharded where it is sharded, on the host where the parameters are offloaded), nothing for the policy with its
+adapters off or precomputed log-probabilities; its forward's collectives are :meth:`~CostModel.no_grad_traffic`.
 """
 
 from __future__ import annotations
@@ -33,6 +34,8 @@ from gym_lightning.planner.params import (
 from gym_lightning.planner.spec import RunSpec
 from gym_lightning.planner.strategies import Strategy
 
+# Bytes per element of a frozen reference copy by ``reference_dtype`` ("auto": the family's frozen-weight dtype).
+REFERENCE_DTYPE_BYTES: dict[str, int] = {"bf16": 2, "fp32": 4}
 # Bytes read and written per trainable element by one optimizer step on the device (fp32 state): AdamW reads the
 # parameter, gradient, momentum and variance and writes three of them back (16 + 12); SGD with momentum 12 + 8;
 # Adafactor's factored moment is O(rows + cols), so parameter and gradient in, parameter out.
@@ -171,17 +174,36 @@ class CostModel:
         """Whether the family has formulas for this run (:func:`supported`)."""
         return supported(self.strategy, self.spec)
 
-    def reference_bytes(self) -> float:
-        """A stage's frozen reference model as this family holds frozen weights (0 for a stage without one)."""
-        if not self.spec.training.kind.reference:
+    def reference_dtype_bytes(self) -> int:
+        """Bytes per element of a frozen reference copy: ``reference_dtype``, or (``auto``) the family's frozen
+        weights' (16-bit under ``bf16-mixed``)."""
+        return REFERENCE_DTYPE_BYTES.get(self.spec.reference_dtype) or self.dtype_bytes()[1]
+
+    def reference_whole_bytes(self) -> float:
+        """A frozen reference copy whole: every base parameter (no adapters; a QLoRA run's ``ref_model`` is built in
+        16 bits by ``objectives.preference.build_reference``) in :meth:`reference_dtype_bytes`. 0 unless the run
+        holds a copy (``RunSpec.reference_hold``: not with the adapters off or precomputed log-probabilities)."""
+        if self.spec.reference_hold != "copy":
             return 0.0
-        _, frozen, _, _ = self.dtype_bytes()
-        whole = frozen_bytes(self.shape, self.spec, frozen) + frozen * self.counts.trainable
-        return whole / self.reference_shards()
+        return float(self.reference_dtype_bytes() * self.shape.num_params())
 
     def reference_shards(self) -> int:
-        """Ranks a frozen reference model is split over (1: whole on every rank)."""
+        """Ranks a frozen reference copy is split over: as the policy's parameters (1: whole on every rank)."""
         return 1
+
+    def reference_offloaded(self) -> bool:
+        """Whether the copy's shard is offloaded (host or NVMe) as the policy's parameter shards are."""
+        return self.reference_shards() > 1 and self.strategy.offload_parameters != "none"
+
+    def reference_bytes(self) -> float:
+        """The frozen reference copy on the training device per rank (0 without one, or offloaded)."""
+        return 0.0 if self.reference_offloaded() else self.reference_whole_bytes() / self.reference_shards()
+
+    def reference_host_bytes(self, device: str = "cpu") -> float:
+        """The copy's shard one rank keeps offloaded to ``device`` (``cpu``: host memory, or ``nvme``)."""
+        if not self.reference_offloaded() or self.strategy.offload_parameters != device:
+            return 0.0
+        return self.reference_whole_bytes() / self.reference_shards()
 
     def step_buffers(self) -> float:
         """The step's buffers: the strategy's and one NF4 layer's dequantised weight."""
@@ -192,19 +214,21 @@ class CostModel:
         module's default, updates in place: the optimizer step adds nothing)."""
         states, b = self.states(), self.spec.micro_batch_size
         tensors = states.total + activation_bytes(self.shape, self.spec, b) + logits_bytes(self.shape, self.spec, b)
-        return place(self.spec, tensors + self.step_buffers() + self.reference_bytes(), states.host)
+        host = states.host + self.reference_host_bytes()
+        return place(self.spec, tensors + self.step_buffers() + self.reference_bytes(), host)
 
     def save_peak(self) -> PhasePeak:
-        """The states are written from where they are (DCP, DeepSpeed, ``PartialFileCheckpointIO``)."""
+        """The states are written from where they are (DCP, DeepSpeed, ``PartialFileCheckpointIO``); a reference
+        copy is held but never saved."""
         held = self.held_after_step() + self.resident_buffers() + self.reference_bytes()
-        return place(self.spec, held, self.states().host)
+        return place(self.spec, held, self.states().host + self.reference_host_bytes())
 
     def export_peak(self) -> PhasePeak:
         """The exporter gathers one tensor at a time in fp32 and writes its copy in the export dtype."""
         largest = self.shape.largest_tensor()
         one_tensor = max(largest * (4 + self.spec.checkpoint_dtype_bytes), self._merged_nf4_bytes())
         held = self.held_after_step() + self.export_buffers() + self.reference_bytes()
-        return place(self.spec, held + one_tensor, self.states().host)
+        return place(self.spec, held + one_tensor, self.states().host + self.reference_host_bytes())
 
     def _merged_nf4_bytes(self) -> float:
         """A merged QLoRA export of the largest NF4 layer: its gathered 4-bit tensors, the weight dequantised in the
@@ -215,7 +239,7 @@ class CostModel:
     def host_per_node(self) -> float:
         """Host RAM per node: the larger of loading the checkpoint and the offloaded states, plus each process."""
         spec = self.spec
-        offloaded = spec.gpus_per_node * self.states().host + self.swap_buffers()
+        offloaded = spec.gpus_per_node * (self.states().host + self.reference_host_bytes()) + self.swap_buffers()
         return max(self.host_load_bytes(), offloaded) + spec.gpus_per_node * spec.host_process_overhead
 
     def swap_buffers(self) -> float:
@@ -277,6 +301,31 @@ class CostModel:
         """Host seconds of per-module hooks in one micro-batch that the device waits for (0 but ZeRO-3's)."""
         return 0.0
 
+    def pass_hook_seconds(self, hw: Hardware) -> float:
+        """Host seconds of the per-module hooks of one pass through the model (0 but ZeRO-3's)."""
+        return 0.0
+
+    def no_grad_traffic(self, hw: Hardware) -> Traffic:
+        """The collectives of one micro-batch's forwards without gradient (``RunSpec.no_grad_passes``), as
+        ``forward`` / ``forward_exposed`` (each pass's first gather shows): the reference's (the policy's own gathers
+        with its adapters off; a copy's, :meth:`reference_gather`) and the policy's over its detached rows."""
+        policy = self.traffic(hw)
+        passes = [(policy.forward, policy.forward_exposed)] * (self.spec.training.kind.detached > 0)
+        if self.spec.reference_hold == "adapters_off":
+            passes.append((policy.forward, policy.forward_exposed))
+        elif self.spec.reference_hold == "copy":
+            passes.append(self.reference_gather(hw))
+        return Traffic(forward=sum(p[0] for p in passes), forward_exposed=sum(p[1] for p in passes))
+
+    def reference_gather(self, hw: Hardware) -> tuple[float, float]:
+        """Seconds of one forward's gathers of a frozen reference copy, and the part that shows (none: whole)."""
+        return 0.0, 0.0
+
+    def reference_gathered_bytes(self) -> float:
+        """A copy's bytes as gathered: its dtype, or the compute dtype where mixed precision casts it down first
+        (FSDP2's ``param_dtype``, DeepSpeed's 16-bit model)."""
+        return min(self.reference_dtype_bytes(), self.gathered_bytes()) * float(self.shape.num_params())
+
     def sharded_offload_seconds(self, hw: Hardware, grads: float, params: float) -> float:
         """Offload's traffic given the bytes per element the gradients go down and the parameters come up in:
         PCIe copies of the partition, the CPU optimizer over the node's DRAM (all its ranks step at once), NVMe
@@ -333,6 +382,7 @@ def trainable_tensor_shapes(shape: ModelShape, spec: RunSpec) -> list[tuple[int,
 
 
 __all__ = [
+    "REFERENCE_DTYPE_BYTES",
     "CostModel",
     "ModelStates",
     "PhasePeak",

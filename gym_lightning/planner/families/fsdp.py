@@ -103,6 +103,13 @@ class FSDP(CostModel):
     def reference_shards(self) -> int:
         return self.shards
 
+    def reference_gather(self, hw: Hardware) -> tuple[float, float]:
+        """The copy, sharded as the policy, gathered unit by unit in its forward (the first unit shows)."""
+        spec, units = self.spec, self.units()
+        shard = self.group(spec.gpus_per_node if self.strategy.hybrid else spec.world_size, hw)
+        gather = shard.all_gather(self.reference_gathered_bytes(), len(units))
+        return gather, gather * units[0].gathered / sum(u.gathered for u in units)
+
     def buffers(self) -> float:
         units = self.units()
         gradient = 4 * max(u.trainable for u in units)

@@ -85,6 +85,23 @@ class ZeRO(CostModel):
     def reference_shards(self) -> int:
         return self.shards if self.stage == 3 else 1
 
+    def reference_bytes(self) -> float:
+        """Stage 3 partitions the copy as the policy, its persistent tensors whole on every rank."""
+        if self.stage != 3 or self.reference_offloaded():
+            return super().reference_bytes()
+        persistent = self.reference_dtype_bytes() * self.counts.persistent if self.reference_whole_bytes() else 0.0
+        return (self.reference_whole_bytes() - persistent) / self.shards + persistent
+
+    def reference_gather(self, hw: Hardware) -> tuple[float, float]:
+        """Stage 3 fetches the copy's modules in its forward as the policy's (the embedding's first gather shows)."""
+        if self.stage != 3:
+            return 0.0, 0.0
+        persistent = min(self.reference_dtype_bytes(), self.gathered_bytes()) * self.counts.persistent
+        gather = self.group(self.spec.world_size, hw).all_gather(
+            self.reference_gathered_bytes() - persistent, self.fetched_modules()
+        )
+        return gather, gather * self.shape.embedding_params() / max(self.counts.total_with_adapters, 1)
+
     def buffers(self) -> float:
         p = self.dtype_bytes()[0]
         bucket = p * self.bucket_elements()
@@ -176,12 +193,15 @@ class ZeRO(CostModel):
         return self.shape.num_layers * per_layer + (1 if self.shape.tied_embeddings else 2)
 
     def hook_seconds(self, hw: Hardware) -> float:
-        """One micro-batch's fetches on the host: each fetched module once in forward, once in backward and once
-        more when activation checkpointing recomputes it."""
-        if self.stage != 3:
-            return 0.0
-        passes = 3 if self.spec.activation_checkpointing else 2
-        return passes * self.fetched_modules() * hw.host.zero3_fetch
+        """One micro-batch's fetches on the host: each fetched module once in forward, once in backward, once more
+        when activation checkpointing recomputes it, and once in each forward without gradient (the reference's,
+        a copy's modules as many as the policy's; KTO's KL rows': ``RunSpec.no_grad_passes``)."""
+        passes = (3 if self.spec.activation_checkpointing else 2) + self.spec.no_grad_passes
+        return passes * self.pass_hook_seconds(hw)
+
+    def pass_hook_seconds(self, hw: Hardware) -> float:
+        """Stage 3 fetches each of its modules once per pass."""
+        return self.fetched_modules() * hw.host.zero3_fetch if self.stage == 3 else 0.0
 
     def offload_seconds(self, hw: Hardware) -> float:
         if not self.strategy.offloads:
