@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import random
 import shutil
 import statistics
@@ -47,7 +46,9 @@ from typing import Any
 
 import lightning.pytorch as pl
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+from benchmarks.common.launch import child_env, free_port
+from benchmarks.common.paths import REPO_ROOT
+
 # A Llama decoder on the shipped tokenizer (21M fp32 parameters at the defaults, a 512 vocabulary): big enough
 # that the model's compute, not the loop, dominates a CPU step, small enough for ~1 s steps on one core.
 DEFAULT_SHAPE = {"hidden": 512, "layers": 6, "heads": 8}
@@ -114,7 +115,8 @@ def trl_timer() -> Any:
 
 
 def build_folder(folder: Path, shape: dict[str, int]) -> Path:
-    """A random-init Llama of ``shape`` with the shipped tokenizer, saved in fp32 (built once)."""
+    """A random-init Llama of ``shape`` with the shipped tokenizer, saved in fp32 (built once; not
+    ``benchmarks.common.models``' bf16 folders: both frameworks then load the same fp32 weights with no cast)."""
     if (folder / "config.json").exists():
         return folder
     import torch
@@ -165,10 +167,6 @@ def write_pairs(path: Path, folder: Path, count: int, prompt_words: int, answer_
 # the two launches
 
 
-def _env() -> dict[str, str]:
-    return {**os.environ, "PYTHONPATH": str(REPO_ROOT), "OMP_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false"}
-
-
 def gym_command(
     args: argparse.Namespace, folder: Path, pairs: Path, run: Path, out: Path, sft: Path | None = None
 ) -> list[str]:
@@ -208,16 +206,8 @@ def trl_command(args: argparse.Namespace, folder: Path, pairs: Path, run: Path, 
     path.write_text(json.dumps(spec))
     return [
         sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", str(args.nproc), "--master_port",
-        str(_free_port()), "-m", "benchmarks.dpo_speed", "--trl-spec", str(path),
+        str(free_port()), "-m", "benchmarks.dpo_speed", "--trl-spec", str(path),
     ]  # fmt: skip
-
-
-def _free_port() -> int:
-    import socket
-
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
 
 
 def trl_role(spec_file: Path) -> None:
@@ -269,7 +259,7 @@ def run_once(kind: str, command: list[str], out: Path, log: Path, warmup: int) -
     """One launch; its timed steps' median (after ``warmup``), the batch shape, its wall time."""
     out.unlink(missing_ok=True)
     start = time.perf_counter()
-    done = subprocess.run(command, env=_env(), cwd=REPO_ROOT, capture_output=True, text=True)
+    done = subprocess.run(command, env=child_env(), cwd=REPO_ROOT, capture_output=True, text=True)
     wall = time.perf_counter() - start
     log.write_text(done.stdout + done.stderr)
     if done.returncode != 0 or not out.exists():

@@ -32,8 +32,9 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from benchmarks.common.models import ensure_folder, folder_of
 from benchmarks.qlora_peak import CodeLoadedPeaks
-from benchmarks.scale import ensure_folder, folder_of, run_cli
+from benchmarks.scale import run_cli
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 MIB = 2**20
