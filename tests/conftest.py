@@ -114,4 +114,3 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if item.nodeid.startswith(FLOORS):
             item.add_marker(pytest.mark.floors)
-

@@ -35,7 +35,9 @@ def _write(tmp_path: Path, config: dict[str, Any]) -> str:
 
 @pytest.mark.parametrize("config", sorted(CONFIGS.glob("*.yaml")), ids=lambda p: p.stem)
 def test_every_shipped_config_plans(config: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    main(["plan", "--config", str(config)])  # a SystemExit here is the failure
+    # dpo.yaml starts from the folder configs/quickstart.yaml exports (there once that ran): its preset stands in.
+    model = ["--model", "tiny-llama"] if config.stem == "dpo" else []
+    main(["plan", "--config", str(config), *model])  # a SystemExit here is the failure
     table = capsys.readouterr().out
     assert "Recommendation:" in table
     strategy = yaml.safe_load(config.read_text())["trainer"].get("strategy")
