@@ -619,6 +619,9 @@ def table(rows: list[dict[str, Any]]) -> str:
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
+        if "error" in row:
+            lines.append(f"| {row['strategy']} | {row['mode']} | {row['steps']} | failed: {row['error'][:300]} |")
+            continue
         export = row["export"]
         check = (
             f"{'equal' if export['equal'] else 'DIFFERS'} ({export['dtype']}, {export['tokens']} tokens; "
@@ -649,8 +652,8 @@ def replace_section(document: str, heading: str, section: str) -> str:
 def docs_section(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
     """The section of docs/benchmarks.md: the command, the table, how to read it, and what a GPU still owes."""
     quick = " --quick" if args.quick else ""
-    launches = "\n".join(f"    {row['command']}" for row in rows)
-    unplanned = [row for row in rows if row["planned"] is None]
+    launches = "\n".join(f"    {row['command']}" for row in rows if "command" in row)
+    unplanned = [row for row in rows if "error" not in row and row["planned"] is None]
     plan_note = (
         f"`gym plan --config <run>/run.yaml --accelerator cpu` (the printed config of each run) answers "
         f'"{unplanned[0]["plan_note"]}": the planner\'s DPO stage (the reference as the strategy holds it, two rows '
@@ -713,11 +716,19 @@ def main() -> None:
         subprocess.run([sys.executable, __file__, "--build-folder", str(folder)], check=True)
     if not data.exists() and not args.from_results:
         build_data(data, args.pairs)
-    if args.from_results:
-        rows = json.loads((work / "results.json").read_text())
-    else:
-        rows = [measure(work, folder, data, s, m, args.steps) for s, m in runs]
-        (work / "results.json").write_text(json.dumps(rows, indent=1))
+    # Kept per run (a rerun of some runs replaces only theirs); a run that fails is a row saying how.
+    results = work / "results.json"
+    kept = {f"{r['strategy']}:{r['mode']}": r for r in json.loads(results.read_text())} if results.exists() else {}
+    for strategy, mode in [] if args.from_results else runs:
+        try:
+            kept[f"{strategy}:{mode}"] = measure(work, folder, data, strategy, mode, args.steps)
+        except RuntimeError as error:
+            last = str(error).strip().splitlines()[-1]
+            kept[f"{strategy}:{mode}"] = {"strategy": strategy, "mode": mode, "steps": args.steps, "error": last}
+            print(f"{strategy} {mode} failed: {error}", flush=True)
+        results.write_text(json.dumps(list(kept.values()), indent=1))
+    order = [f"{s}:{m}" for s, m in RUNS]
+    rows = sorted(kept.values(), key=lambda r: order.index(f"{r['strategy']}:{r['mode']}"))
     print(table(rows))
     if args.write_docs:
         DOCS.write_text(replace_section(DOCS.read_text(), SECTION, docs_section(rows, args)))

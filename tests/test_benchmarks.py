@@ -60,6 +60,7 @@ ENTRY_POINTS = [
     "expert_forward_peak.py",
     "host_syncs.py",
     "exit_loop.py",
+    "dpo_real_size.py",
 ]
 
 
