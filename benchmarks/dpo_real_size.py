@@ -1,29 +1,24 @@
 """DPO at real size through the user's command line: ``gym train --stage dpo`` on 2 CPU ranks, then ``gym export``.
 
-    python benchmarks/dpo_real_size.py                  # gym_fsdp and zero3, full and LoRA, 12 steps each
+    python benchmarks/dpo_real_size.py                  # gym_fsdp and zero3, full and LoRA, 10 steps each
     python benchmarks/dpo_real_size.py --quick          # 3 steps, full finetune only
     python benchmarks/dpo_real_size.py --write-docs     # also replaces the section in docs/benchmarks.md
 
-Builds once under ``--workdir`` (kept between runs):
+Builds once under ``--workdir``: a 51M-parameter Llama-shaped folder (hidden 512, 11 layers, GQA 8/4 heads, tied
+32,000 embedding) of random weights saved by ``save_pretrained`` as bf16 safetensors with Qwen2.5-Instruct's
+tokenizer settings (its ChatML chat template, ``<|im_end|>`` as EOS, ``<|endoftext|>`` as padding, a generation
+config stopping at both; the vocabulary is the shipped 512-token BPE, which has the two turn markers); and
+``--pairs`` conversational preference pairs in TRL's format (``prompt``/``chosen``/``rejected`` message lists):
+templated questions over varied topics, some with a system turn or an earlier exchange, a helpful answer (150-370
+tokens) against an unhelpful one (40-120: a refusal, a vague or off-topic reply, a wrong shortcut).
 
-- a 51M-parameter Llama-shaped folder (hidden 512, 11 layers, GQA 8/4 heads, tied 32,000 embedding) of random
-  weights saved by ``save_pretrained`` as bf16 safetensors, with Qwen2.5-Instruct's tokenizer settings: its ChatML
-  chat template (default system prompt, tools), ``<|im_end|>`` as EOS, ``<|endoftext|>`` as padding, a
-  ``generation_config.json`` stopping at both (the vocabulary is the shipped 512-token BPE, which has the two turn
-  markers, so no network is needed);
-- ``--pairs`` conversational preference pairs in TRL's format (``prompt``/``chosen``/``rejected`` message lists):
-  templated questions over varied topics, some with a system turn or an earlier exchange, a helpful answer of 50-300
-  tokens against an unhelpful one (a refusal, a vague or off-topic reply, a wrong shortcut).
-
-Each run is the real launch line as a subprocess (``gym train --stage dpo --model_name_or_path ... --dataset_name
-pairs.jsonl --beta 0.1 --loss_type sigmoid ... --devices 2``): full finetune holds a frozen reference copy sharded
-like the policy, LoRA turns the adapters off for the reference. Data preparation tokenizes every pair; training
-stops at ``--max_steps``. Per run the table gives seconds per step (the ThroughputCallback's, after warm-up), the
-peak resident memory of each rank (MemoryCallback's ``memory.json``), the planner's figure for the same run
-(``gym plan --config`` of the printed config, or why there is none), the loss and TRL's reward metrics first -> last
-(``trainer_state.json``), and the export check: ``gym export`` of the last checkpoint, reloaded with plain
-``transformers.AutoModelForCausalLM`` and the folder's own tokenizer, whose chat template renders a conversation, and
-whose logits equal those of the run's own export (``<output_dir>/hf``).
+Each run is the real launch line as a subprocess (``gym train --stage dpo ... --devices 2``, its ``--print_config``
+kept as ``run.yaml``): a full finetune holds a frozen reference copy held like the policy, LoRA turns the adapters
+off for the reference. Per run the table gives seconds per step (TensorBoard's wall time of the logged steps), each
+rank's peak resident memory (MemoryCallback's ``memory.json``, added by ``--skip_memory_metrics False``), the
+planner's figure (``gym plan --config run.yaml``, or its refusal), the loss and TRL's reward metrics first -> last
+(``trainer_state.json``), and the export check: ``gym export`` of the last checkpoint reloaded with plain
+``transformers`` (its chat template renders a conversation), logits equal to the run's own export's.
 """
 
 from __future__ import annotations
@@ -650,15 +645,8 @@ def replace_section(document: str, heading: str, section: str) -> str:
     return document.rstrip("\n") + "\n\n" + section
 
 
-def docs_section(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
-    """The section of docs/benchmarks.md: the command, the table, how to read it, and what a GPU still owes."""
-    quick = " --quick" if args.quick else ""
-    work = str(args.workdir.resolve())
-    launches = "\n".join(
-        "    " + row["command"].replace(work, "<work>").replace(str(REPO_ROOT) + "/", "")
-        for row in rows
-        if "command" in row
-    )
+def _notes(rows: list[dict[str, Any]]) -> str:
+    """What the table alone does not say: the plan's refusal, the SFT plan's scale, a differing export."""
     unplanned = [row for row in rows if "error" not in row and row["planned"] is None]
     plan_note = (
         "`gym plan --config <work>/runs/<strategy>-<mode>/run.yaml --accelerator cpu` (each run's printed config) "
@@ -683,6 +671,19 @@ def docs_section(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
         if any(r["strategy"] == "zero3" and r["mode"] == "lora" for r in differs)
         else ""
     )
+    return plan_note + export_note
+
+
+def docs_section(rows: list[dict[str, Any]], args: argparse.Namespace) -> str:
+    """The section of docs/benchmarks.md: the command, the table, how to read it, and what a GPU still owes."""
+    quick = " --quick" if args.quick else ""
+    work = str(args.workdir.resolve())
+    launches = "\n".join(
+        "    " + row["command"].replace(work, "<work>").replace(str(REPO_ROOT) + "/", "")
+        for row in rows
+        if "command" in row
+    )
+    notes = _notes(rows)
     return f"""{SECTION}
 
 `python benchmarks/dpo_real_size.py{quick} --write-docs`: a 51M-parameter Llama-shaped folder (random weights, bf16
@@ -706,7 +707,7 @@ reloaded with `AutoModelForCausalLM.from_pretrained` and `AutoTokenizer` (the ch
 with the default system prompt), its logits equal (`torch.equal`) to those of the run's own export `<output_dir>/hf`,
 and the largest difference from the untrained source's logits (nonzero: the weights trained).
 
-{plan_note}{export_note}Owed to a GPU: the same lines at 0.5-1B (Qwen2.5-0.5B-Instruct's shape) on 2 GPUs under gym_fsdp
+{notes}Owed to a GPU: the same lines at 0.5-1B (Qwen2.5-0.5B-Instruct's shape) on 2 GPUs under gym_fsdp
 and zero3, full and LoRA: peak allocated per rank against `gym plan --stage dpo`, step time against one policy
 forward and backward over the concatenated batch plus one reference forward, and bf16 autocast with CUDA kernels
 (here CPU autocast).
