@@ -12,6 +12,9 @@ by one, at their source (each function's docstring says how), so that real warni
   raised from Lightning's own ``utilities/_pytree.py`` on every fit (a ``warnings`` filter on that message from that
   module only);
 - bitsandbytes' "Failed to load CPU gemm_4bit_forward ..." (:func:`drop_bitsandbytes_gemm_notice`);
+- torch 2.13's FutureWarnings that ``all_gather_into_tensor`` and ``reduce_scatter_tensor`` are deprecated, raised
+  from its ``c10d_logger`` wrapper on each call DeepSpeed's ZeRO makes (thousands in a few zero3 steps; torch 2.11,
+  the floor, has no replacement to call): a ``warnings`` filter on those two messages from that module;
 - the "tensorboardX has been removed ..." warning: gone because tensorboard is a declared dependency (``gym fit``
   logs to TensorBoard and CSV in the run folder, ``cli.cli_trainer_defaults``);
 - ``v_num`` on the progress bar, the same on every step: ``GymProgressBar`` drops it (``callbacks.progress``).
@@ -36,6 +39,10 @@ LIGHTNING_NOISE_PREFIXES: tuple[str, ...] = (LIGHTNING_TIP_PREFIX, "Loading `tra
 # (lightning/pytorch/utilities/_pytree.py): nothing a user can act on. Matched on message and module both.
 LEAFSPEC_WARNING = r"`isinstance\(treespec, LeafSpec\)` is deprecated"
 LEAFSPEC_MODULE = r"lightning\.pytorch\.utilities\._pytree"
+# torch 2.13 deprecates the two collectives DeepSpeed 0.19's ZeRO calls on every bucket (deepspeed/comm/torch.py);
+# the warning is raised from torch's own wrapper module, so it names no caller to filter on.
+C10D_DEPRECATION_WARNING = r"`torch\.distributed\.(all_gather_into_tensor|reduce_scatter_tensor)` is deprecated"
+C10D_DEPRECATION_MODULE = r"torch\.distributed\.c10d_logger"
 
 
 def deepspeed_would_fall_back_to_cpu() -> bool:
@@ -110,6 +117,9 @@ def quiet_console() -> None:
     drop_lightning_tips()
     drop_bitsandbytes_gemm_notice()
     warnings.filterwarnings("ignore", message=LEAFSPEC_WARNING, module=LEAFSPEC_MODULE)
+    warnings.filterwarnings(
+        "ignore", message=C10D_DEPRECATION_WARNING, category=FutureWarning, module=C10D_DEPRECATION_MODULE
+    )
 
 
 __all__ = [

@@ -59,7 +59,7 @@ LIBRARIES = [name for name, runs in MODULES.items() if not runs]
 # The benchmarks the docs cite, and those other branches added, by name: discovery must not have lost them.
 NAMED = ["run", "scale", "host_syncs", "routed_forward_speed", "compiled_ddp", "zero3_rule", "expert_forward_peak"]
 NAMED += ["plan_published", "plan_validate", "workers.gpu_bench", "gpu_results", "quickstart_seeds", "verdicts"]
-NAMED += ["exit_loop"]
+NAMED += ["exit_loop", "dpo_speed", "preference_peak", "dpo_real_size"]
 DOCS = [REPO_ROOT / "docs" / "benchmarks.md", REPO_ROOT / "docs" / "planner.md", REPO_ROOT / "README.md"]
 DOCS.append(BENCH / "README.md")
 

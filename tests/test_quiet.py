@@ -101,6 +101,26 @@ def test_lightnings_leafspec_deprecation_is_silenced_only_from_its_module() -> N
     assert [str(w.message) for w in caught] == [message]  # the user's own code still warns
 
 
+def test_torchs_collective_deprecations_under_zero_are_silenced() -> None:
+    """torch 2.13 warns on each all_gather_into_tensor / reduce_scatter_tensor DeepSpeed's ZeRO-3 makes (thousands
+    in a 10-step run); other warnings of that module stay."""
+    import gym_lightning.quiet
+
+    module, file = "torch.distributed.c10d_logger", "c10d_logger.py"
+    kept = "`torch.distributed.some_other_op` is deprecated. Please use `x` instead."
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        gym_lightning.quiet.quiet_console()
+        for name, new in (
+            ("all_gather_into_tensor", "all_gather_single"),
+            ("reduce_scatter_tensor", "reduce_scatter_single"),
+        ):
+            message = f"`torch.distributed.{name}` is deprecated. Please use `torch.distributed.{new}` instead."
+            warnings.warn_explicit(message, FutureWarning, file, 83, module=module)
+        warnings.warn_explicit(kept, FutureWarning, file, 83, module=module)
+    assert [str(w.message) for w in caught] == [kept]
+
+
 def test_progress_bar_drops_v_num(tmp_path: Path) -> None:
     bar = GymProgressBar()
     trainer = pl.Trainer(logger=CSVLogger(tmp_path), callbacks=[bar], default_root_dir=tmp_path)

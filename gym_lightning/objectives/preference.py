@@ -99,7 +99,16 @@ class AdaptersOff:
         pass
 
     def logps(self, module: pl.LightningModule, batch: dict[str, Any]) -> torch.Tensor:
+        # peft's disable_adapter also sets the adapters' requires_grad to False (tuners_utils.enable_adapters). The
+        # reference runs before the policy, so under gym_fsdp the fit's first forward is this one, and FSDP2 reads
+        # the trainable parameters' dtypes at its first forward (FSDPParamGroup.lazy_init): seeing none, bf16-mixed
+        # gradients are reduced in bf16 and assigned to the fp32 adapters, which fails. The forward is without
+        # gradient, so the flags are kept as they were inside the context. (GymFSDPStrategy also initialises FSDP2
+        # before any forward; this covers FSDP2 under other strategies, such as Lightning's ModelParallelStrategy.)
+        trainable = [p for p in module.model.parameters() if p.requires_grad]
         with torch.no_grad(), module.model.disable_adapter():
+            for parameter in trainable:
+                parameter.requires_grad_(True)
             return module.engine.sequence_logps(module.model, batch).logps
 
 

@@ -106,6 +106,14 @@ def test_hf_defaults_and_other_choices() -> None:
     assert json.loads(epoch["trainer.logger"])[0]["init_args"] == {"save_dir": "o", "name": "logs"}
 
 
+def test_skip_memory_metrics_false_adds_the_memory_report() -> None:
+    """HF's --skip_memory_metrics False (its memory metrics on) adds MemoryCallback: memory.json per rank."""
+    names = [c["class_path"] for c in json.loads(_cli_args("--skip_memory_metrics", "False")["trainer.callbacks"])]
+    assert "gym_lightning.callbacks.MemoryCallback" in names
+    default = json.loads(_cli_args()["trainer.callbacks"])  # HF's default skips them
+    assert "gym_lightning.callbacks.MemoryCallback" not in [c["class_path"] for c in default]
+
+
 def _quantization(*flags: str) -> dict[str, object]:
     return json.loads(_cli_args("--use_lora", "--load_in_4bit", *flags)["model.quantization"])
 
@@ -928,8 +936,8 @@ def test_llama_factory_dataset_paths_and_the_bundled_set() -> None:
     assert _cli_args()["data.dataset"] == "addition"  # the bundled set keeps its meaning
     problems = _problems("--dataset", "alpaca_en_demo")
     assert problems == [
-        "--dataset alpaca_en_demo: not a bundled data set (addition), a data file or folder, or a name in "
-        "data/dataset_info.json; give the data file's path (or set --dataset_dir)."
+        "--dataset alpaca_en_demo: not a bundled data set (addition, addition_preference), a data file or folder, or a "
+        "name in data/dataset_info.json; give the data file's path (or set --dataset_dir)."
     ]
 
 

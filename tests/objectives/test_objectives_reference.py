@@ -77,6 +77,31 @@ def test_lora_adapters_off_is_the_frozen_base(family: str, folder: Path, tmp_pat
     assert not off.requires_grad and not frozen.requires_grad
 
 
+def test_adapters_off_under_fsdp2_bf16_leaves_the_adapters_trainable_for_its_first_forward(folder: Path) -> None:
+    """gym_fsdp, LoRA, bf16-mixed: the reference (adapters off) is the fit's first forward, when FSDP2 reads which
+    parameters train and their dtype. peft's disable_adapter switches the adapters' requires_grad off; seen so,
+    the policy's backward failed ("attempting to assign a gradient with dtype BFloat16 ... grad_dtype Float")."""
+    import torch.distributed as dist
+    from helpers.dist import free_port
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from gym_lightning.strategies.fsdp import mixed_precision_policy
+
+    ours = harness(folder, DPO(), lora=LoRAArgs(r=2), torch_dtype="float32")
+    batch = tokenized_pairs(folder)
+    dist.init_process_group("gloo", init_method=f"tcp://127.0.0.1:{free_port()}", rank=0, world_size=1)
+    try:
+        policy = mixed_precision_policy("bf16-mixed", "none")
+        fully_shard(ours.model, mesh=init_device_mesh("cpu", (1,)), mp_policy=policy)
+        AdaptersOff().logps(ours, batch)
+        ours.engine.sequence_logps(ours.model, batch).logps.sum().backward()
+    finally:
+        dist.destroy_process_group()
+    grads = [p.grad for p in ours.model.parameters() if p.requires_grad]
+    assert grads and all(g is not None and g.dtype == torch.float32 for g in grads)
+
+
 def test_precomputed_reference_gives_the_live_loss_and_gradients(folder: Path) -> None:
     batch = tokenized_pairs(folder)
     results = []

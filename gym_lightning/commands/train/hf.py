@@ -147,7 +147,10 @@ TRAINING_ARGUMENTS: dict[str, Row] = {
     ),
     "deepspeed": mapped('trainer.strategy ZeROStrategy(config=ds.json), its "auto" values from these flags'),
     "debug": refused("HF's debug modes have no equivalent here"),
-    "skip_memory_metrics": refused("HF's memory metrics are not logged; gym plan predicts the memory per rank"),
+    "skip_memory_metrics": mapped(
+        "False adds trainer.callbacks MemoryCallback: per-rank parameter, gradient, optimizer and peak memory, "
+        "its table and memory.json in the log directory (gym plan predicts them)"
+    ),
     "do_train": accepted("gym train trains"),
     "do_eval": mapped("validation every epoch unless --eval_strategy/--eval_steps say otherwise"),
     "do_predict": accepted("nothing is predicted after training (gym predict does that)"),

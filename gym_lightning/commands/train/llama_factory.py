@@ -56,8 +56,8 @@ class LlamaFactoryArguments:
     dataset: str | None = field(
         default=None,
         metadata={
-            "help": "A bundled data set (addition), or LLaMA-Factory's dataset: a comma list of data files/folders "
-            "or of names in <dataset_dir>/dataset_info.json."
+            "help": "A bundled data set (addition, addition_preference), or LLaMA-Factory's dataset: a comma list of "
+            "data files/folders or of names in <dataset_dir>/dataset_info.json."
         },
     )
     dataset_dir: str = field(default="data", metadata={"help": "LLaMA-Factory: the folder of dataset_info.json."})

@@ -138,6 +138,9 @@ def _callback_values(args: argparse.Namespace) -> dict[str, Any]:
         # HF: ceil(epochs x steps per epoch) steps; the steps per epoch are known once the DataLoader exists.
         fraction = {"epochs": args.num_train_epochs}
         state.append({"class_path": "gym_lightning.callbacks.EpochFraction", "init_args": fraction})
+    if not args.skip_memory_metrics:
+        # HF's switch for its memory metrics (default on: skipped); here the per-rank report beside gym plan's.
+        state.append({"class_path": "gym_lightning.callbacks.MemoryCallback"})
     save_strategy = str(args.save_strategy)
     if save_strategy == "no":
         return {"trainer.enable_checkpointing": False, "trainer.callbacks": state}
