@@ -219,6 +219,7 @@ def _merged(
     the weight's own dtype: that made ``--dtype float32`` of a LoRA run on a bf16 folder (frozen bf16 base weights)
     write bf16-rounded merged weights, which the PEFT adapter applied to that folder does not have. A 16-bit export
     keeps the merged tensor 16-bit, so a fused expert group held for the layout conversion is no larger than before.
+    The factors are read as fp32 (``load_cast``: a ZeRO run's fp32 masters, not its 16-bit module copies).
     """
     for pair in pairs:
         if set(pair) != {"A", "B"}:
@@ -229,11 +230,12 @@ def _merged(
     def load() -> torch.Tensor:
         base = weight.load()
         if base.dim() == 2 and len(pairs) == 1:  # a linear layer: as before, one expression
-            delta = (pairs[0]["B"].load().float() @ pairs[0]["A"].load().float()) * scaling
+            delta = (pairs[0]["B"].load_cast(torch.float32) @ pairs[0]["A"].load_cast(torch.float32)) * scaling
             return (base.float() + delta).to(merged_dtype)
         out = base.to(torch.float32, copy=True)  # never the (live) tensor itself
         for pair, flip in zip(pairs, transposed, strict=True):
-            _add_expert_deltas(out, pair["A"].load().float(), pair["B"].load().float(), scaling, flip)
+            a, b = pair["A"].load_cast(torch.float32), pair["B"].load_cast(torch.float32)
+            _add_expert_deltas(out, a, b, scaling, flip)
         return out.to(merged_dtype)
 
     return LazyTensor(weight.shape, merged_dtype, load)

@@ -82,6 +82,7 @@ from gym_lightning.strategies.zero.frozen import (
     write_partition,
 )
 from gym_lightning.strategies.zero.leaf import mark_decoder_leaf_modules, mark_moe_leaf_modules
+from gym_lightning.strategies.zero.masters import reading_master_weights
 from gym_lightning.strategies.zero.ops import load_ops, ops_needed
 from gym_lightning.strategies.zero.resolve import (
     alst_sequence_parallel_size,
@@ -526,12 +527,13 @@ class ZeROStrategy(GymStrategy, DeepSpeedStrategy):
 
         Under stage 3 each parameter is gathered on its own when loaded (a collective: every rank loads in the same
         order), so an export holds one parameter at a time, not a module or the model. Stages 1 and 2 keep the
-        whole model on every rank: nothing to gather.
+        whole model on every rank. Under stage 3 a trainable parameter's cast loads read the optimizer's fp32 master
+        (``strategies.zero.masters``), as the checkpoint's export does.
         """
         state = model.state_dict(keep_vars=True)
         if not self.zero_stage_3:
             return {key: eager(value) for key, value in state.items()}
-        return {key: full_tensor(value) for key, value in state.items()}
+        return {key: reading_master_weights(value, full_tensor(value)) for key, value in state.items()}
 
     @classmethod
     @override
