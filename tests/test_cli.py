@@ -87,15 +87,10 @@ def test_quickstart_smoke_exports_a_loadable_folder(tmp_path: Path) -> None:
     assert "val/exact_match" in read_metrics(tmp_path)
 
 
-@pytest.mark.slow
-def test_full_quickstart_learns_addition(tmp_path: Path) -> None:
-    """The README's quickstart, unchanged but for its output folders, reaches >= 90% held-out exact match."""
-    proc = run_cli(
-        "fit", "--config", "configs/quickstart.yaml", "--trainer.default_root_dir", str(tmp_path),
-        "--export.output_dir", str(tmp_path / "hf"),
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert read_metrics(tmp_path)["val/exact_match"] >= 0.9
+# The quickstart's learning claim (>= 90 % held-out exact match after the recipe's 5 epochs) is checked once, by
+# tests/test_notebooks.py running notebooks/01_quickstart.ipynb (configs/quickstart.yaml's recipe, the same
+# assertion); the command line's path through configs/quickstart.yaml by the smoke test above. A second full run
+# here (74 s on 2 quiet cores) was removed for the test budget (issue 56).
 
 
 def test_predict_writes_completions(tmp_path: Path) -> None:
