@@ -307,15 +307,16 @@ def write_shards(
     tensors: dict[str, LazyTensor], folder: Path | None, max_shard_size: int, stem: str, dtype: torch.dtype | None
 ) -> None:
     """Write ``<stem>.safetensors``, or ``<stem>-0000i-of-0000n.safetensors`` and their index, one tensor in memory
-    at a time. With ``folder=None`` (ranks that do not write) every tensor is still loaded, in the same order,
-    because loading a sharded tensor is a collective."""
+    at a time. With ``folder=None`` (ranks that do not write) every tensor is still loaded, in the same order and
+    by the same call as the writing rank's (``load_cast``), because loading a sharded tensor is a collective: a
+    ZeRO-3 master read (``load_cast``) beside a module gather (``load``) would pair different collectives."""
     shards = plan_shards(tensors, max_shard_size, dtype)
     weight_map: dict[str, str] = {}
     for index, keys in enumerate(shards, start=1):
         name = f"{stem}.safetensors" if len(shards) == 1 else f"{stem}-{index:05d}-of-{len(shards):05d}.safetensors"
         if folder is None:
             for key in keys:
-                tensors[key].load()
+                tensors[key].load_cast(dtype or tensors[key].dtype)
         else:
             _stream_safetensors({key: tensors[key] for key in keys}, folder / name, dtype)
         weight_map.update(dict.fromkeys(keys, name))
