@@ -153,3 +153,12 @@ def test_the_budget_names_every_offender_at_once() -> None:
     listed = frozenset({("gym_lightning/planner/x.py", "Config")})
     assert not any("Config.__init__" in p for p in budget_problems("gym_lightning/planner/x.py", source, listed))
     assert len(budget_problems("gym_lightning/x.py", source)) == 4  # outside the planner: 600 lines
+
+
+def test_no_two_test_modules_share_a_name() -> None:
+    """tests/ has no ``__init__.py``: two test modules of one file name (tests/data/test_preference.py beside
+    tests/planner/test_preference.py) stop the whole suite at collection with pytest's "import file mismatch"."""
+    seen: dict[str, list[str]] = {}
+    for path in sorted((REPO / "tests").rglob("test_*.py")):
+        seen.setdefault(path.name, []).append(str(path.relative_to(REPO)))
+    assert not {name: paths for name, paths in seen.items() if len(paths) > 1}
