@@ -48,6 +48,7 @@ import lightning.pytorch as pl
 
 from benchmarks.common.launch import child_env, free_port
 from benchmarks.common.paths import REPO_ROOT
+from benchmarks.common.records import measured_or_saved
 
 # A Llama decoder on the shipped tokenizer (21M fp32 parameters at the defaults, a 512 vocabulary): big enough
 # that the model's compute, not the loop, dominates a CPU step, small enough for ~1 s steps on one core.
@@ -390,10 +391,7 @@ def main() -> None:
     if args.trl_spec is not None:
         return trl_role(args.trl_spec)
     json_out = (args.out or args.workdir / "report.md").with_suffix(".json")
-    figures = json.loads(json_out.read_text()) if args.render_only else measure(args)
-    if not args.render_only:
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(figures, indent=1))
+    figures = measured_or_saved(json_out, lambda: measure(args), args.render_only)
     report = render(figures)
     print(report)
     if args.out:

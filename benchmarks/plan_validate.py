@@ -43,6 +43,7 @@ import lightning.pytorch as pl
 from benchmarks.common.docs import replace_section
 from benchmarks.common.launch import spawn_gloo
 from benchmarks.common.paths import PLANNER_DOC, REPO_ROOT
+from benchmarks.common.records import measured_or_saved
 
 MIB = 2**20
 # Llama decoders on the shipped 512-token vocabulary (tiny-llama's, so the embedding is < 1 % of the model):
@@ -554,12 +555,7 @@ def main() -> None:
     parser.add_argument("--write", action="store_true", help=f"replace the section {HEADING!r} of docs/planner.md")
     args = parser.parse_args()
     json_out = (args.out or args.workdir / "report.md").with_suffix(".json")
-    if args.render_only:
-        figures = json.loads(json_out.read_text())
-    else:
-        figures = measure(args)
-        json_out.parent.mkdir(parents=True, exist_ok=True)
-        json_out.write_text(json.dumps(figures, indent=1))
+    figures = measured_or_saved(json_out, lambda: measure(args), args.render_only)
     report = render(figures)
     print(report)
     if args.out:

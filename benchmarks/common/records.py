@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -15,6 +16,16 @@ def append_record(path: Path, record: dict[str, Any]) -> None:
     with path.open("a") as stream:
         stream.write(json.dumps(finite_json(record)) + "\n")
         stream.flush()
+
+
+def measured_or_saved(json_out: Path, measure: Callable[[], dict[str, Any]], render_only: bool) -> dict[str, Any]:
+    """The figures of a run: ``measure()`` saved to ``json_out``, or (``render_only``) what an earlier run saved."""
+    if render_only:
+        return json.loads(json_out.read_text())
+    figures = measure()
+    json_out.parent.mkdir(parents=True, exist_ok=True)
+    json_out.write_text(json.dumps(figures, indent=1))
+    return figures
 
 
 def read_records(path: Path) -> list[dict[str, Any]]:
