@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from benchmarks.common.docs import write_section
+from benchmarks.common.launch import python_module
 from benchmarks.common.paths import REPO_ROOT
 
 SECTION = "## DPO at real size"
@@ -464,7 +465,7 @@ CONVERSATION = [
 
 def gym(*args: str) -> list[str]:
     """The user's ``gym`` command (this interpreter, so the checkout's package is the one run)."""
-    return [sys.executable, "-m", "gym_lightning", *args]
+    return python_module("gym_lightning", *args)
 
 
 def train_flags(folder: Path, data: Path, out: Path, strategy: str, mode: str, steps: int) -> list[str]:
