@@ -60,7 +60,7 @@ from gym_lightning.data.prepare import (
 )
 from gym_lightning.data.reference import LogpsFn, precompute
 from gym_lightning.data.sources import MIX_STRATEGIES, MixStrategy, read_records, source_fingerprint
-from gym_lightning.data.synthetic import BUNDLED_DATASETS, BUNDLED_FORMATS
+from gym_lightning.data.synthetic import BUNDLED_DATASETS
 from gym_lightning.errors import GymUserError
 from gym_lightning.loss import IGNORE_INDEX
 from gym_lightning.tokenizer import load_tokenizer
@@ -267,7 +267,7 @@ class CausalLMDataModule(LightningDataModule):
         if self._splits is not None:
             return kind_of_columns(self._splits["train"].column_names)
         if self.dataset is not None:
-            return kind_of_format(BUNDLED_FORMATS[self.dataset])
+            return kind_of_format(BUNDLED_DATASETS[self.dataset]().format)  # ~50 ms: no second table of formats
         if not (self.train_files or self.sources):
             return "lm"
         kinds = {kind_of_format(peek_format(source, self.cache_dir)) for source in self._train_sources()}

@@ -81,4 +81,3 @@ BUNDLED_DATASETS: dict[str, Callable[[], BundledDataset]] = {
     "addition": addition,
     "addition_preference": addition_preference,
 }
-BUNDLED_FORMATS = {"addition": "prompt_completion", "addition_preference": "preference"}
