@@ -13,6 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers.floors import FLOORS
+from helpers.shared import built_once
 from helpers.warm_deepspeed import ALL_OPS, warm
 
 # Nothing may be fetched from a model hub during tests: fail fast instead of waiting on the network.
@@ -47,21 +48,16 @@ def restored_environment() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def two_rank_memory_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str], Path]:
-    """The MemoryCallback's 2-rank training job (tests/callbacks/test_memory_monitor.py), made once per session for
+    """The MemoryCallback's 2-rank training job (tests/callbacks/test_memory_monitor.py), made once per test run for
     every strategy of ``helpers.memory_job.STRATEGIES`` (in one launch) and for any other strategy asked for; returns
     the folder holding a strategy's memory.json and throughput.json. The callback test and the planner's validation
     read the same runs instead of launching them twice."""
     from helpers.memory_job import STRATEGIES, run_two_ranks
 
-    done: dict[str, Path] = {}
-
     def run(strategy: str) -> Path:
-        if strategy not in done:
-            names = STRATEGIES if strategy in STRATEGIES else (strategy,)
-            root = tmp_path_factory.mktemp("memory")
-            run_two_ranks(names, root)
-            done.update({name: root / name for name in names})
-        return done[strategy]
+        names = STRATEGIES if strategy in STRATEGIES else (strategy,)
+        root = built_once(tmp_path_factory, "memory-" + "-".join(names), lambda out: run_two_ranks(names, out))
+        return root / strategy
 
     return run
 
@@ -69,17 +65,22 @@ def two_rank_memory_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[s
 @pytest.fixture(scope="session")
 def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], Any]:
     """A ``gym fit`` run of a shipped config on 2 CPU ranks (``helpers.cli_runs``) for a (strategy, LoRA) pair: the
-    export, damaged-checkpoint and hung-rank tests share them. The first request makes every pair, in one launch
-    (one process-group start and import instead of ten: ~80 s less on 2 cores)."""
-    from helpers.cli_runs import CONFIGS, cli_runs
+    export, damaged-checkpoint and hung-rank tests share them. The first request of the run (``helpers.shared``: also
+    across xdist's workers) makes every pair, in one launch (one process-group start and import instead of ten: ~80 s
+    less on 2 cores)."""
+    from helpers.cli_runs import CONFIGS, CliRun, cli_runs
 
-    done: dict[tuple[str, bool], Any] = {}
+    pairs = [(name, with_lora) for name in CONFIGS for with_lora in (False, True)]
+
+    def folder(root: Path, pair: tuple[str, bool]) -> Path:
+        return root / f"cli-{pair[0]}-{int(pair[1])}"
+
+    def build(root: Path) -> None:
+        cli_runs({pair: folder(root, pair) for pair in pairs})
 
     def run(strategy: str, lora: bool = False) -> Any:
-        if not done:
-            pairs = [(name, with_lora) for name in CONFIGS for with_lora in (False, True)]
-            done.update(cli_runs({pair: tmp_path_factory.mktemp(f"cli-{pair[0]}-{int(pair[1])}") for pair in pairs}))
-        return done[strategy, lora]
+        root = built_once(tmp_path_factory, "cli-runs", build)
+        return CliRun.of(folder(root, (strategy, lora)))
 
     return run
 
@@ -87,11 +88,15 @@ def cli_run(tmp_path_factory: pytest.TempPathFactory) -> Callable[[str, bool], A
 @pytest.fixture(scope="session")
 def pretrained(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
     """The kill/resume tests' tiny pretrained Llama folder and their 24 prompt/completion records (one copy per
-    session: checkpointing/test_resume.py, checkpointing/test_elastic.py, checkpointing/test_world_size.py)."""
+    test run: checkpointing/test_resume.py, checkpointing/test_elastic.py, checkpointing/test_world_size.py)."""
     from helpers.strategy_worker import records, save_tiny_pretrained
 
-    root = tmp_path_factory.mktemp("resume_shared")
-    return save_tiny_pretrained(root / "model"), write_jsonl(root / "train.jsonl", records())
+    def build(root: Path) -> None:
+        save_tiny_pretrained(root / "model")
+        write_jsonl(root / "train.jsonl", records())
+
+    root = built_once(tmp_path_factory, "resume-shared", build)
+    return root / "model", root / "train.jsonl"
 
 
 def write_jsonl(path: Path, records: list[dict]) -> Path:

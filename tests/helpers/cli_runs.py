@@ -33,6 +33,11 @@ class CliRun:
     root: Path  # trainer.default_root_dir
     config: Path  # the YAML it ran
 
+    @classmethod
+    def of(cls, root: Path) -> CliRun:
+        """The run :func:`cli_runs` trained into ``root`` (its YAML is ``root/run.yaml``)."""
+        return cls(root, root / "run.yaml")
+
     @property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
