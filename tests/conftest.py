@@ -13,12 +13,20 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from helpers.floors import FLOORS
-from helpers.shared import built_once
+from helpers.shared import built_once, heaviest_files_first, in_worker, one_thread_per_worker
 from helpers.warm_deepspeed import ALL_OPS, warm
 
 # Nothing may be fetched from a model hub during tests: fail fast instead of waiting on the network.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+if in_worker():
+    one_thread_per_worker()
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist, workers take files in the order :func:`pytest_collection_modifyitems` leaves them."""
+    if hasattr(config.option, "loadscopereorder"):
+        config.option.loadscopereorder = False
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -115,7 +123,9 @@ def variable_length_jsonl(tmp_path: Path) -> Path:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Mark the tests :data:`FLOORS` names ``floors``."""
+    """Mark the tests :data:`FLOORS` names ``floors``; under pytest-xdist, order the files heaviest first."""
     for item in items:
         if item.nodeid.startswith(FLOORS):
             item.add_marker(pytest.mark.floors)
+    if in_worker():
+        heaviest_files_first(items)

@@ -1,4 +1,4 @@
-"""Session fixtures built once per test run, also when pytest-xdist runs the suite in several worker processes.
+"""How the suite shares a machine between pytest-xdist's workers: built-once session fixtures, threads, file order.
 
 The README's test command runs ``pytest -n 2 --dist loadfile``: two workers, each taking whole test files. A
 session-scoped fixture is then made once *per worker*, so the expensive ones shared across files (the ``gym fit``
@@ -8,12 +8,17 @@ directory while holding a file lock, the other waits for the lock and reuses it 
 "Making session-scoped fixtures execute only once"). Without xdist it is a plain build under the session's
 temporary directory. The users only read what was built (each test copies a checkpoint before damaging or resuming
 it), so sharing across processes changes nothing they see.
+
+Each worker computes with one intra-op thread (:func:`one_thread_per_worker`), and the files go out heaviest first
+(:func:`heaviest_files_first`), so that the last minutes are not one long file on one worker.
 """
 
 from __future__ import annotations
 
 import os
 import shutil
+import sys
+from collections import Counter
 from collections.abc import Callable
 from pathlib import Path
 
@@ -41,3 +46,31 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
             build(folder)
             (folder / DONE).touch()
     return folder
+
+
+def in_worker() -> bool:
+    """Whether this process is one of pytest-xdist's workers."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
+def one_thread_per_worker() -> None:
+    """One intra-op thread in each worker and in what it starts (rank processes, notebook kernels): two workers
+    share the 2 cores. With torch's default (a thread per core) each worker's OpenMP threads spin at barriers while
+    the other worker's processes hold the cores; notebooks/01_quickstart's 1,410 small steps then took over 600 s
+    instead of ~75 s alone (suite run with -n 2, both workers on 2 threads)."""
+    os.environ["OMP_NUM_THREADS"] = "1"
+    if "torch" in sys.modules:  # a plugin imported it before this conftest: the variable came too late for it
+        sys.modules["torch"].set_num_threads(1)
+
+
+def heaviest_files_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` by whole files, the files with the most ``slow`` tests (process launches) first, the others
+    in collection order; tests keep their order inside a file. The workers take files in this order (xdist's own
+    order, by number of tests, put the notebooks' few long tests last)."""
+
+    def file_of(item: pytest.Item) -> str:
+        return item.nodeid.split("::")[0]
+
+    slow = Counter(file_of(item) for item in items if item.get_closest_marker("slow"))
+    position = {name: index for index, name in enumerate(dict.fromkeys(map(file_of, items)))}
+    items.sort(key=lambda item: (-slow[file_of(item)], position[file_of(item)]))
