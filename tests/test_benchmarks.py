@@ -515,44 +515,6 @@ def test_gpu_collect_exit_status(gpu_bench: ModuleType, tmp_path: Path) -> None:
     assert "init_weights" in done.stdout and json.loads((tmp_path / "results.json").read_text())["checks"]
 
 
-@pytest.mark.slow
-def test_gpu_script_cpu_smoke_layout(tmp_path: Path) -> None:
-    """benchmarks/gpu.sh --cpu-smoke (both parts) passes and hands back what the device tool returns: at most 8
-    files (gpu.sh keeps to 7) in $OUT/gpu/, plain names, nothing deeper; every test of tests/gpu recorded, passed or
-    skipped with why (what needs CUDA), the gym fit of each shipped config and the host-sync cells among them; every
-    run measured but Lightning's CUDA-only peers, which are skipped; the routed forward at its tiny size."""
-    out, wheels = tmp_path / "out", tmp_path / "no_wheels"
-    env = {**os.environ, "OUT": str(out), "PYTHON": sys.executable, "GYM_WHEELS": str(wheels)}
-    env["GPU_WORK_DIR"] = str(tmp_path / "work")
-    done = _gpu_sh(["--cpu-smoke"], env)
-    assert done.returncode == 0, done.stdout[-6000:] + done.stderr[-3000:]
-    files = sorted(p.relative_to(out).as_posix() for p in out.rglob("*") if p.is_file())
-    names = ["env.txt", "checks.jsonl", "bench.jsonl", "routed.jsonl", "log.txt", "results.json", "host_syncs.md"]
-    assert files == sorted(f"gpu/{name}" for name in names)
-    results = json.loads((out / "gpu" / "results.json").read_text())
-    checks = {c["check"]: c for c in results["checks"]}
-    assert all(c["ok"] or (c["ok"] is None and c["skipped"]) for c in checks.values()), results["checks"]
-    expected = {f"gym_fit/{name}" for name in ("ddp", "fsdp", "zero1", "zero2", "zero3", "qlora")}
-    expected |= {"train/fp32_reference", "train/zero3", "export/gym_fsdp", "val_metrics", "init_weights", "op_builds"}
-    expected |= {"host_syncs/gym_ddp/bf16-mixed", "host_syncs/zero3/bf16-mixed"}
-    assert expected <= {name for name, c in checks.items() if c["ok"]}, sorted(checks)
-    assert checks["host_syncs/zero3/16-mixed"]["ok"] is None and results["host_syncs"]["zero3"]["bf16-mixed"]["ok"]
-    assert [r["key"] for r in results["routed"] if r["ok"]] == ["tiny/64"]
-    assert results["failed"] == [] and results["meta"]["parts"] == "checks bench"
-    for name, run in results["runs"].items():
-        if name.startswith("lightning_") or name == "gym_fsdp_liger":
-            assert run["skipped"].startswith("needs CUDA")
-        else:
-            assert run["tokens_per_sec"] > 0, (name, run)
-    runs = results["runs"]
-    assert [len(runs[name]["rounds"]) for name in ("plain", "gym_ddp", "gym_fsdp")] == [2, 2, 2]
-    assert runs["gym_fsdp"]["vs_plain"]["paired_rounds"] == 2
-    compiled = runs["gym_fsdp_compiled"]
-    assert compiled["compiled_layers"] == 2 and compiled["compile_seconds"] > 0  # the tiny Qwen3's two layers
-    assert runs["gym_fsdp"]["compiled_layers"] == 0 and runs["gym_fsdp"]["cpu_draws"]["reused"] >= 1
-    assert "gpu.sh: done" in (out / "gpu" / "log.txt").read_text()
-
-
 def test_planner_prediction_for_every_table_strategy(run_py: ModuleType) -> None:
     from benchmarks import strategies_table
 

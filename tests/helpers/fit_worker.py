@@ -8,7 +8,7 @@ from __future__ import annotations
 import sys
 import time
 
-from gym_lightning.cli import main
+from gym_lightning.cli import end_process, main
 
 if __name__ == "__main__":
     for config in sys.argv[1:]:
@@ -19,3 +19,6 @@ if __name__ == "__main__":
             if done.code not in (None, 0):
                 raise SystemExit(f"gym fit --config {config} exited with {done.code}") from None
         print(f"fit_worker: {config} done in {time.perf_counter() - start:.1f} s", flush=True)
+    # As `gym fit` ends (main() without argv): no interpreter finalisation, where gloo's threads now and then abort
+    # a finished run (-6, "terminate called without an active exception"; gym_lightning.cli.end_process).
+    end_process(0)

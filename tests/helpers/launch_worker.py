@@ -20,7 +20,7 @@ import traceback
 from pathlib import Path
 from typing import Any, TextIO
 
-from gym_lightning.cli import main
+from gym_lightning.cli import end_process, main
 
 
 class Tee(io.TextIOBase):
@@ -69,3 +69,4 @@ if __name__ == "__main__":
         print(f"launch_worker: rank {rank} {run['name']} {status} in {seconds:.1f} s", flush=True)
     if failed := [name for name, result in results.items() if not result["ok"]]:
         raise SystemExit(f"launch_worker: rank {rank}: failed: {', '.join(failed)}")
+    end_process(0)  # as `gym fit`/`gym train` end: gym_lightning.cli.end_process
