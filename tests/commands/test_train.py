@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
+from helpers.cli_runs import gym_in_one_launch
 from helpers.dist import REPO_ROOT, rank_env, run_python
 from launch_lines import LLAMA_FACTORY_LORA_SFT
 
@@ -346,6 +347,8 @@ def test_print_config_yaml_reproduces_the_run(tmp_path: Path) -> None:
 DS_DIR = REPO_ROOT / "configs" / "deepspeed"
 MODULE_OPTIMIZER = ["ds_zero1", "ds_zero2", "ds_zero3"]
 JSON_OPTIMIZER = ["ds_zero2_offload", "ds_zero3_offload", "ds_zero_infinity"]
+SHIPPED = MODULE_OPTIMIZER + JSON_OPTIMIZER
+SELF_LAUNCHED = "ds_zero3"
 RUN_FLAGS = [
     *BASE,
     *("--max_steps", "3", "--gradient_accumulation_steps", "2", "--learning_rate", "3e-3", "--warmup_steps", "0"),
@@ -366,11 +369,6 @@ def _shipped(name: str, tmp_path: Path) -> Path:
 
 
 @pytest.fixture(scope="module")
-def shipped_losses() -> dict[str, list[float]]:
-    return {}
-
-
-@pytest.fixture(scope="module")
 def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """tiny-llama saved as a local folder: every stage then starts from the same weights (a preset built inside
     ZeRO-3's zero.Init draws its random initialisation in another order than stages 1/2)."""
@@ -384,28 +382,40 @@ def tiny_folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return folder
 
 
+@pytest.fixture(scope="module")
+def shipped_runs(tmp_path_factory: pytest.TempPathFactory, tiny_folder: Path) -> Path:
+    """``gym train --deepspeed <shipped JSON>`` of every shipped JSON on 2 CPU ranks; returns the folder holding
+    ``<name>/run``. ``SELF_LAUNCHED`` starts its own 2 ranks, as a user's ``gym train --devices 2`` does (Lightning's
+    launcher re-runs the command for rank 1); the others run one after the other in one torchrun launch (one import
+    and process-group start instead of five: ``helpers.cli_runs.gym_in_one_launch``)."""
+    root = tmp_path_factory.mktemp("shipped")
+    runs = {}
+    for name in SHIPPED:
+        (root / name).mkdir()
+        config = _shipped(name, root / name)
+        flags = [*RUN_FLAGS, "--model_name_or_path", str(tiny_folder), "--output_dir", str(root / name / "run")]
+        runs[name] = ["train", *flags, "--deepspeed", str(config)]
+    run_python(["-m", "gym_lightning", *runs.pop(SELF_LAUNCHED)], 600)
+    gym_in_one_launch(runs, root / "runs.json", timeout=900)
+    return root
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("name", MODULE_OPTIMIZER + JSON_OPTIMIZER)
-def test_shipped_json_trains_on_two_cpu_ranks(
-    name: str, tmp_path: Path, shipped_losses: dict[str, list[float]], tiny_folder: Path
-) -> None:
+@pytest.mark.parametrize("name", SHIPPED)
+def test_shipped_json_trains_on_two_cpu_ranks(name: str, shipped_runs: Path) -> None:
     from transformers import AutoModelForCausalLM
 
-    out = tmp_path / "run"
-    config = _shipped(name, tmp_path)
-    flags = [*RUN_FLAGS, "--model_name_or_path", str(tiny_folder), "--output_dir", str(out), "--deepspeed", str(config)]
-    run_python(["-m", "gym_lightning", "train", *flags], 600)
-    losses = _losses(out)
+    losses = _losses(shipped_runs / name / "run")
     assert len(losses) == 3
     same_kind = MODULE_OPTIMIZER if name in MODULE_OPTIMIZER else JSON_OPTIMIZER
-    for other, other_losses in shipped_losses.items():
+    for other in SHIPPED:
+        other_losses = _losses(shipped_runs / other / "run")
         assert losses[0] == pytest.approx(other_losses[0], rel=1e-5), other
         if other in same_kind:
             assert losses == pytest.approx(other_losses, rel=1e-5), other
         else:
             assert losses[1] != pytest.approx(other_losses[1], rel=1e-4), other
-    shipped_losses[name] = losses
-    model = AutoModelForCausalLM.from_pretrained(out / "hf")  # the HF folder is complete and loads
+    model = AutoModelForCausalLM.from_pretrained(shipped_runs / name / "run" / "hf")  # complete, and it loads
     assert model.lm_head.weight.data_ptr() == model.model.embed_tokens.weight.data_ptr()
 
 

@@ -9,6 +9,7 @@ end-of-fit exports are what ``gym export`` and resume tests compare against.
 
 from __future__ import annotations
 
+import json
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -129,6 +130,15 @@ def fit_in_one_launch(configs: list[Path], timeout: float = 900, nproc: int = 2)
     (``helpers.fit_worker``); raises with the output's tail if one fails."""
     worker = str(REPO_ROOT / "tests" / "helpers" / "fit_worker.py")
     _torchrun([worker, *map(str, configs)], f"gym fit series of {len(configs)} configs", timeout, nproc)
+
+
+def gym_in_one_launch(runs: dict[str, list[str]], spec: Path, timeout: float = 900, nproc: int = 2) -> None:
+    """``gym ARGV`` for each of ``runs`` (name -> argv) in turn, on ``nproc`` CPU ranks started once
+    (``helpers.launch_worker``, its runs listed in the JSON file ``spec``); raises with the output's tail, which
+    names each run that failed, if one fails."""
+    spec.write_text(json.dumps([{"name": name, "argv": argv} for name, argv in runs.items()], indent=1))
+    worker = str(REPO_ROOT / "tests" / "helpers" / "launch_worker.py")
+    _torchrun([worker, str(spec)], f"gym series of {len(runs)} runs", timeout, nproc)
 
 
 def cli_runs(outs: dict[tuple[str, bool], Path]) -> dict[tuple[str, bool], CliRun]:

@@ -1,6 +1,7 @@
 """How the suite shares a machine between pytest-xdist's workers: built-once session fixtures, threads, file order.
 
-The README's test command runs ``pytest -n 2 --dist loadfile``: two workers, each taking whole test files. A
+The README's test command runs ``pytest -n 3 --dist loadfile``: three workers on 2 cores (one more than the cores: a
+worker often waits on a launch's start or a timeout), each taking whole test files. A
 session-scoped fixture is then made once *per worker*, so the expensive ones shared across files (the ``gym fit``
 runs of every shipped config, the memory job, the kill/resume tests' model folder) would be trained twice. They go
 through :func:`built_once` instead: the first worker to ask builds the folder under the run's common temporary
@@ -54,7 +55,7 @@ def in_worker() -> bool:
 
 
 def one_thread_per_worker() -> None:
-    """One intra-op thread in each worker and in what it starts (rank processes, notebook kernels): two workers
+    """One intra-op thread in each worker and in what it starts (rank processes, notebook kernels): the workers
     share the 2 cores. With torch's default (a thread per core) each worker's OpenMP threads spin at barriers while
     the other worker's processes hold the cores; notebooks/01_quickstart's 1,410 small steps then took over 600 s
     instead of ~75 s alone (suite run with -n 2, both workers on 2 threads)."""
