@@ -348,7 +348,9 @@ DS_DIR = REPO_ROOT / "configs" / "deepspeed"
 MODULE_OPTIMIZER = ["ds_zero1", "ds_zero2", "ds_zero3"]
 JSON_OPTIMIZER = ["ds_zero2_offload", "ds_zero3_offload", "ds_zero_infinity"]
 SHIPPED = MODULE_OPTIMIZER + JSON_OPTIMIZER
-SELF_LAUNCHED = "ds_zero3"
+# NVMe offload in a process of its own: after other ZeRO runs in the same ranks, DeepSpeed refused to load its
+# async_io op there ("not being compatible due to hardware/software issue"), where a fresh process loads it.
+SELF_LAUNCHED = "ds_zero_infinity"
 RUN_FLAGS = [
     *BASE,
     *("--max_steps", "3", "--gradient_accumulation_steps", "2", "--learning_rate", "3e-3", "--warmup_steps", "0"),
