@@ -37,7 +37,7 @@ KILL_AT_STEP, KILL_AT_BATCH = 4, 3
 # One strategy per checkpoint format: a single .ckpt file (gym_ddp), torch DCP shards (gym_fsdp), DeepSpeed's
 # per-rank files (zero3). ZeRO-1 and ZeRO-2 write through the same ZeROStrategy.save_checkpoint as ZeRO-3 (only which
 # tensors are partitioned differs); their exact resume is tests/strategies/test_multirank.py::
-# test_causal_lm_resume_continues_like_uninterrupted_run, and a kill leaves their staging folder as it leaves zero3's.
+# test_causal_lm_resume_continues_like_uninterrupted_run (from an epoch's end, without a kill).
 STRATEGIES = ["gym_ddp", "gym_fsdp", "zero3"]
 
 
