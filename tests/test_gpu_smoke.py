@@ -17,7 +17,9 @@ from pathlib import Path
 
 import pytest
 
-GPU_SH = Path(__file__).resolve().parents[1] / "benchmarks" / "gpu.sh"
+from benchmarks.common.paths import BENCH_DIR
+
+GPU_SH = BENCH_DIR / "gpu.sh"
 IMAGE_VAR, WHEELS_VAR = "GYM_IMAGE_STAGE", "GYM_SMOKE_WHEELS"
 
 

@@ -29,10 +29,15 @@ from filelock import FileLock
 DONE = ".built"
 
 
+def in_worker() -> bool:
+    """Whether this process is one of pytest-xdist's workers."""
+    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
+
+
 def run_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The temporary folder every worker of this run sees (xdist's workers each get a sub-folder of it)."""
     base = tmp_path_factory.getbasetemp()
-    return base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    return base.parent if in_worker() else base
 
 
 def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Callable[[Path], None]) -> Path:
@@ -47,11 +52,6 @@ def built_once(tmp_path_factory: pytest.TempPathFactory, name: str, build: Calla
             build(folder)
             (folder / DONE).touch()
     return folder
-
-
-def in_worker() -> bool:
-    """Whether this process is one of pytest-xdist's workers."""
-    return bool(os.environ.get("PYTEST_XDIST_WORKER"))
 
 
 def one_thread_per_worker() -> None:
