@@ -10,6 +10,11 @@ sides):
 - ``lightning_log_device_walk``: Lightning rebuilds a logged value's metadata on every ``self.log`` even when nothing
   moves (``_compat.skip_same_device_result_moves`` has the upstream issue; docs/benchmarks-history.md, "Lightning's
   self.log device walk", what it cost). Probe: ``_compat.result_moves_walk_when_nothing_moves``.
+- ``cpu_info_once``: py-cpuinfo's ``get_cpu_info`` starts a new Python process at every call (its
+  ``get_cpu_info_json``), ~0.7 s of CPU and ~1.3 s of wall each on a small machine, and DeepSpeed calls it again and
+  again in one process (each op builder's ``cpu_arch`` and ``simd_width``, so each op key of
+  ``strategies.zero.ops``; each ``DeepSpeedCPUAdam``): 2-5 processes per rank at a ZeRO run's start. The first
+  successful answer is kept for the process (the CPU does not change under it). Probe: :func:`cpu_info_spawns`.
 
 Not here because they are not process-wide: DeepSpeed engines get a ``weights_only=True`` checkpoint loader
 (``checkpointing.safe_load.use_weights_only_engine``) and ZeRO-3's module trace fix (``strategies.zero.trace``, with
@@ -18,6 +23,9 @@ its own probe), per engine, when a strategy builds one.
 
 from __future__ import annotations
 
+import functools
+import importlib.util
+import inspect
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -39,6 +47,49 @@ class Patch:
     apply: Callable[[], None]
 
 
+def cpu_info_spawns() -> bool:
+    """The probe of :func:`query_cpu_info_once`: whether py-cpuinfo is installed and its ``get_cpu_info_json`` (the
+    unpatched one of this process) still starts a process at every call instead of keeping its answer."""
+    if importlib.util.find_spec("cpuinfo") is None:
+        return False
+    from cpuinfo import cpuinfo
+
+    query = getattr(cpuinfo.get_cpu_info_json, "__wrapped__", cpuinfo.get_cpu_info_json)
+    return "Popen" in inspect.getsource(query) and not hasattr(query, "cache_info")
+
+
+def cpu_info_queried_once() -> bool:
+    """Whether :func:`query_cpu_info_once` has been applied in this process."""
+    if importlib.util.find_spec("cpuinfo") is None:
+        return False
+    from cpuinfo import cpuinfo
+
+    return getattr(cpuinfo.get_cpu_info_json, "_gym_once", False)
+
+
+def query_cpu_info_once() -> None:
+    """Keep py-cpuinfo's first successful answer for the process (idempotent). ``get_cpu_info`` reads the module's
+    ``get_cpu_info_json`` at each call, so replacing that one serves every ``from cpuinfo import get_cpu_info``."""
+    from cpuinfo import cpuinfo
+
+    if cpu_info_queried_once():
+        return
+    query = cpuinfo.get_cpu_info_json
+    kept: list[str] = []
+
+    @functools.wraps(query)
+    def get_cpu_info_json() -> str:
+        if not kept:
+            answer = query()
+            if answer == "{}":  # the child failed: py-cpuinfo's own failure value, asked again next time
+                return answer
+            kept.append(answer)
+        return kept[0]
+
+    get_cpu_info_json._gym_once = True  # type: ignore[attr-defined]
+    cpuinfo.get_cpu_info_json = get_cpu_info_json
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "lightning_log_device_walk",
@@ -46,6 +97,7 @@ PATCHES: tuple[Patch, ...] = (
         applied=result_moves_patched,
         apply=skip_same_device_result_moves,
     ),
+    Patch("cpu_info_once", needed=cpu_info_spawns, applied=cpu_info_queried_once, apply=query_cpu_info_once),
 )
 
 
@@ -60,4 +112,4 @@ def apply_patches() -> list[str]:
     return in_place
 
 
-__all__ = ["PATCHES", "Patch", "apply_patches"]
+__all__ = ["PATCHES", "Patch", "apply_patches", "cpu_info_queried_once", "cpu_info_spawns", "query_cpu_info_once"]

@@ -93,3 +93,34 @@ def test_the_probe_sees_an_upstream_fix(monkeypatch: pytest.MonkeyPatch) -> None
 
     monkeypatch.setattr(_ResultMetric, "to", early_return)
     assert not _compat.result_moves_walk_when_nothing_moves()
+
+
+def test_the_installed_py_cpuinfo_still_starts_a_process_per_call() -> None:
+    # When this fails, py-cpuinfo keeps its answer itself: drop the cpu_info_once patch.
+    assert patches.cpu_info_spawns()
+
+
+def test_deepspeed_s_op_builders_ask_py_cpuinfo_once_a_process(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cpuinfo import cpuinfo
+    from deepspeed.accelerator import get_accelerator
+
+    answers = ['{"arch": "X86_64", "flags": ["avx2"]}']
+    monkeypatch.setattr(cpuinfo, "get_cpu_info_json", lambda: answers.append(answers[0]) or answers[0])
+    builder = get_accelerator().create_op_builder("CPUAdamBuilder")
+    builder.cxx_args()  # its cpu_arch and simd_width: what strategies.zero.ops keys an op on
+    assert len(answers) == 1 + 2  # without the patch, a process per question
+    patches.query_cpu_info_once()
+    builder.cxx_args()
+    builder.cxx_args()
+    assert cpuinfo.get_cpu_info() == {"arch": "X86_64", "flags": ["avx2"]}
+    assert len(answers) == 1 + 2 + 1 and patches.cpu_info_queried_once()
+
+
+def test_a_failed_cpu_info_query_is_asked_again(monkeypatch: pytest.MonkeyPatch) -> None:
+    from cpuinfo import cpuinfo
+
+    answers = iter(["{}", '{"arch": "X86_64"}'])
+    monkeypatch.setattr(cpuinfo, "get_cpu_info_json", lambda: next(answers))
+    patches.query_cpu_info_once()
+    assert cpuinfo.get_cpu_info() == {}  # py-cpuinfo's answer when its child process failed
+    assert cpuinfo.get_cpu_info() == cpuinfo.get_cpu_info() == {"arch": "X86_64"}

@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.dist import HELPERS, run_python
+from helpers.dist import HELPERS, run_ranks
 
 pytestmark = pytest.mark.slow
 WORKER = str(HELPERS / "nonfinite_grad_worker.py")
@@ -25,7 +25,7 @@ CASES = ("fsdp-16-mixed", "fsdp-bf16-skip", "zero2_offload-bf16", "zero3_offload
 
 
 def test_a_gradient_overflow_on_one_rank_is_skipped_on_every_rank(tmp_path: Path) -> None:
-    run_python([WORKER, str(tmp_path), *CASES], timeout=600)
+    run_ranks([WORKER, str(tmp_path), *CASES], timeout=600)
     for case in CASES:
         ranks = [json.loads((tmp_path / f"{case}.rank{rank}.json").read_text()) for rank in (0, 1)]
         for rank, result in enumerate(ranks):

@@ -10,14 +10,14 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.dist import HELPERS, run_python
+from helpers.dist import HELPERS, run_ranks
 
 pytestmark = pytest.mark.slow
 WORKER = str(HELPERS / "nonfinite_worker.py")
 
 
 def run(tmp_path: Path, strategy: str, action: str) -> dict[int, dict]:
-    run_python([WORKER, str(tmp_path), strategy, action], timeout=300)
+    run_ranks([WORKER, str(tmp_path), strategy, action], timeout=300)
     files = {rank: tmp_path / f"rank{rank}.json" for rank in (0, 1)}
     return {rank: json.loads(path.read_text()) for rank, path in files.items() if path.exists()}
 

@@ -7,14 +7,14 @@ import json
 from pathlib import Path
 
 import pytest
-from helpers.dist import HELPERS, run_python
+from helpers.dist import HELPERS, run_ranks
 
 WORKER = str(HELPERS / "stream_resume_worker.py")
 
 
 def run(train: Path, out: Path, max_steps: int, resume: str) -> list[list[dict]]:
     out.mkdir(parents=True)
-    run_python([WORKER, str(train), str(out), str(max_steps), resume], timeout=600)
+    run_ranks([WORKER, str(train), str(out), str(max_steps), resume], timeout=600)
     return [json.loads((out / f"seen.{rank}.json").read_text()) for rank in (0, 1)]
 
 

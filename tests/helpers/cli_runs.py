@@ -2,16 +2,16 @@
 
 ``cli_runs({(strategy, lora): out})`` copies ``configs/<strategy>.yaml``, shortens it (4 optimizer steps, a checkpoint
 every 2 steps) and, for LoRA, adds ``model.lora`` and a second ``HFExport`` callback that writes the PEFT adapter
-beside the merged export of the ``export:`` section. Both ranks start together under ``torchrun`` (one import time
-instead of two in a row; Lightning's own launcher is exercised by the failure tests), and the run's checkpoints and
-end-of-fit exports are what ``gym export`` and resume tests compare against.
+beside the merged export of the ``export:`` section. Both ranks start together as torchrun starts them, forked from
+the worker's preloaded server (``helpers.dist.run_ranks``; torchrun itself and Lightning's own launcher are exercised
+where they are the subject), and the run's checkpoints and end-of-fit exports are what ``gym export`` and resume
+tests compare against.
 """
 
 from __future__ import annotations
 
 import json
 import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -20,7 +20,7 @@ import torch
 import yaml
 from safetensors.torch import load_file
 
-from helpers.dist import REPO_ROOT, free_port, rank_env
+from helpers.dist import REPO_ROOT, run_ranks
 
 CONFIGS = {"gym_ddp": "ddp", "gym_fsdp": "fsdp", "zero1": "zero1", "zero2": "zero2", "zero3": "zero3"}
 LORA = {"r": 4, "alpha": 8, "target_modules": ["q_proj", "v_proj"]}
@@ -106,22 +106,15 @@ def shipped_recipe(name: str, out: Path, **sections: dict[str, Any]) -> Path:
 
 
 def _torchrun(entry: list[str], name: str, timeout: float, nproc: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node N ENTRY...`` from the repository root; raises with the output's tail if it fails."""
-    command = [
-        sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc_per_node", str(nproc),
-        "--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{free_port()}", *entry,
-    ]  # fmt: skip
-    proc = subprocess.run(command, cwd=REPO_ROOT, env=rank_env(), capture_output=True, text=True, timeout=timeout)
-    if proc.returncode != 0:
-        raise AssertionError(
-            f"`{name}` exited with {proc.returncode}\n--- stdout ---\n{proc.stdout[-3000:]}\n"
-            f"--- stderr ---\n{proc.stderr[-8000:]}"
-        )
-    return proc
+    """``python ENTRY...`` on ``nproc`` local ranks as torchrun starts them (``helpers.dist.run_ranks``)."""
+    try:
+        return run_ranks(entry, timeout, nproc=nproc)
+    except AssertionError as failed:
+        raise AssertionError(f"`{name}` failed: {failed}") from None
 
 
 def torchrun(args: list[str], timeout: float = 600, nproc: int = 2) -> subprocess.CompletedProcess:
-    """``torchrun --nproc_per_node N -m gym_lightning ARGS``; raises with the output's tail if it fails."""
+    """``gym ARGS`` on ``nproc`` ranks as ``torchrun --nproc_per_node N -m gym_lightning ARGS`` starts them."""
     return _torchrun(["-m", "gym_lightning", *args], f"gym {' '.join(args)}", timeout, nproc)
 
 

@@ -1,6 +1,6 @@
 """gym_ddp on 2 CPU ranks with gradient accumulation: where every micro-batch's gradients live.
 
-``python tests/helpers/ddp_bucket_worker.py OUT`` (Lightning's launcher starts rank 1 by re-running it). Two fits
+``python tests/helpers/ddp_bucket_worker.py OUT`` (on 2 ranks: ``helpers.dist.run_ranks``). Two fits
 in the same two processes: ``fixed`` (gym_ddp as it is) and ``control`` (gym_ddp with ``zero_gradients_in_place``
 switched off: bucket views, but Lightning's ``zero_grad(set_to_none=True)``), each 2 optimizer steps of 2
 micro-batches. Rank 0 writes ``OUT/<phase>.json``: per micro-batch, the distinct storages of the gradients (bytes)

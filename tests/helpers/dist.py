@@ -7,6 +7,7 @@ import os
 import socket
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -60,13 +61,36 @@ def run_python(args: list[str], timeout: float, env: dict[str, str] | None = Non
     return proc
 
 
+def run_ranks(
+    args: list[str], timeout: float, env: dict[str, str] | None = None, nproc: int = 2
+) -> subprocess.CompletedProcess:
+    """``python args...`` on ``nproc`` local ranks as torchrun starts them (from the repo root), forked from this
+    worker's preloaded server (``helpers.zygote``: no rank pays the imports again). The output is every rank's,
+    each line prefixed ``[rank<r>]``; if a rank fails, raise with the tail of it."""
+    from helpers import zygote
+
+    with tempfile.TemporaryDirectory(prefix="gym-ranks-") as logs:
+        codes = zygote.run_ranks(args, env or rank_env(), REPO_ROOT, nproc, Path(logs), timeout)
+        outs = [[Path(f).read_text(errors="replace") for f in zygote.rank_logs(Path(logs), r)] for r in range(nproc)]
+    stdout, stderr = (
+        "".join(f"[rank{r}] {line}\n" for r, o in enumerate(outs) for line in o[i].splitlines()) for i in (0, 1)
+    )
+    if any(code != 0 for code in codes):
+        raise AssertionError(
+            f"`python {' '.join(args)}` on {nproc} ranks exited with {codes} (-9: killed, after {timeout} s or once "
+            f"another rank had failed)\n--- stdout (tail) ---\n{stdout[-4000:]}\n"
+            f"--- stderr (tail) ---\n{stderr[-8000:]}"
+        )
+    return subprocess.CompletedProcess(args, 0, stdout, stderr)
+
+
 def run_worker(spec: dict[str, Any], workdir: Path, timeout: float = 600) -> dict[str, Any]:
-    """Run ``strategy_worker.py`` with ``spec`` (Lightning launches the other ranks) and return rank 0's results."""
+    """Run ``strategy_worker.py`` with ``spec`` on 2 ranks (:func:`run_ranks`) and return rank 0's results."""
     workdir.mkdir(parents=True, exist_ok=True)
     spec = {**spec, "out": str(workdir)}
     spec_path = workdir / "spec.json"
     spec_path.write_text(json.dumps(spec))
-    run_python([str(Path(__file__).with_name("strategy_worker.py")), str(spec_path)], timeout=timeout)
+    run_ranks([str(Path(__file__).with_name("strategy_worker.py")), str(spec_path)], timeout=timeout)
     return json.loads((workdir / "results.json").read_text())
 
 

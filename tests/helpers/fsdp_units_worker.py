@@ -1,6 +1,6 @@
 """2-rank worker for gym_fsdp's vocabulary units (``strategies.fsdp.vocabulary_units``) on an untied tiny Llama.
 
-``python fsdp_units_worker.py MODEL_DIR OUT`` (Lightning's launcher re-runs it for rank 1) runs the cases of
+``python fsdp_units_worker.py MODEL_DIR OUT`` (on 2 ranks: ``helpers.dist.run_ranks``) runs the cases of
 :data:`CASES` in turn in the same pair of processes, each from the saved folder ``MODEL_DIR`` on the same data;
 rank 0 writes ``OUT/<case>.json`` (per-step losses, all-gathers per step, the FSDP units, the weights' and the
 optimizer state's checksums at the start and end of training):

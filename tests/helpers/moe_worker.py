@@ -6,7 +6,7 @@ and rank r's data has feature 0 of sign (-1, +1)[r]: rank 0 only ever runs exper
 
 Spec keys: ``out`` (folder for ``result.pt``), ``steps``, ``timeout_s`` (collective timeout) and ``phases``, each a
 ``Trainer.fit`` in the same two processes: ``name`` and ``leaf`` (false: gym_lightning's MoE leaf marking switched off,
-the control run). Lightning's launcher re-runs this script for rank 1.
+the control run). Both ranks run this script (``helpers.dist.run_ranks``).
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """2-rank worker: one rank's gradient turns non-finite (its loss stays finite); every rank must skip that step, or
-none may. ``python nonfinite_grad_worker.py OUT [CASE...]`` (Lightning's launcher re-runs it for rank 1) runs each of
+none may. ``python nonfinite_grad_worker.py OUT [CASE...]`` (on 2 ranks: ``helpers.dist.run_ranks``) runs each of
 :data:`CASES` (or those named) in turn in the same pair of processes and writes ``OUT/<case>.rank<r>.json``.
 
 The poison is one element of a gradient, on the ranks :data:`POISON` names in an optimizer step: in the rank's own

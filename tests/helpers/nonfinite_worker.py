@@ -1,6 +1,6 @@
 """2-rank worker: the loss turns NaN on one rank only; every rank must take the same decision.
 
-``python nonfinite_worker.py OUT STRATEGY ACTION`` (Lightning's launcher re-runs it for rank 1). Rank 1's loss
+``python nonfinite_worker.py OUT STRATEGY ACTION`` (on 2 ranks: ``helpers.dist.run_ranks``). Rank 1's loss
 is NaN in optimizer step 3 (global_step 2). Each rank writes ``OUT/rank<r>.json``: the error it raised (or None),
 the steps done, the skipped-step count and a checksum of its full weights.
 """

@@ -1,6 +1,6 @@
 """Training worker for multi-rank strategy tests: ``python strategy_worker.py SPEC.json``.
 
-Lightning's launcher re-runs this script for the other local ranks (same argv), so every rank reads the same spec.
+Every local rank runs this script with the same argv (``helpers.dist.run_ranks``), so every rank reads the same spec.
 The spec lists phases that run one after the other in the same processes (one process-group start for several
 assertions): each phase is a ``Trainer.fit`` whose per-micro-batch global losses and final full weights (gathered
 through ``helpers.full_state.full_model_state_dict``) are written by global rank 0.

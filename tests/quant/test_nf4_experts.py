@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 import torch
-from helpers.dist import HELPERS, run_python
+from helpers.dist import HELPERS, run_ranks
 from helpers.families import MOE_FAMILIES, PROBE_IDS, make_family_folder
 from helpers.nf4_experts_worker import FloatFactories
 from transformers import AutoModelForCausalLM
@@ -200,7 +200,7 @@ def test_two_rank_loads_and_resumes_give_one_process_codes(folders: dict[str, Pa
     phases.append({"name": "zero3-16bit", "strategy": strategies["zero3"], **control})
     spec = {"out": str(tmp_path), "folder": str(folders["qwen3_moe"]), "quantization": {"block_size": 32}}
     (tmp_path / "spec.json").write_text(json.dumps({**spec, "phases": phases}))
-    run_python([str(HELPERS / "nf4_experts_worker.py"), str(tmp_path / "spec.json")], timeout=600)
+    run_ranks([str(HELPERS / "nf4_experts_worker.py"), str(tmp_path / "spec.json")], timeout=600)
     results = json.loads((tmp_path / "results.json").read_text())
     one = {
         family: build_causal_lm(str(folders[family]), quantization=BOTH, dtype="float32").state_dict()

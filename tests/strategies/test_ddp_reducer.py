@@ -17,7 +17,7 @@ import lightning.pytorch as pl
 import pytest
 import torch
 import torch.distributed as dist
-from helpers.dist import HELPERS, free_port, rank_env, run_python
+from helpers.dist import HELPERS, free_port, rank_env, run_python, run_ranks
 from lightning.pytorch.strategies import DDPStrategy
 from torch.nn.parallel import DistributedDataParallel
 
@@ -132,7 +132,7 @@ def test_one_rank_keeps_ddp_for_a_communication_hook(one_rank: None) -> None:
 # ------------------------------------------------------------------------------------------------ two ranks
 @pytest.mark.slow
 def test_gradients_stay_in_ddps_buckets_through_accumulation(tmp_path: Path) -> None:
-    run_python([str(HELPERS / "ddp_bucket_worker.py"), str(tmp_path)], timeout=300, env=rank_env())
+    run_ranks([str(HELPERS / "ddp_bucket_worker.py"), str(tmp_path)], timeout=300, env=rank_env())
     fixed, control = (json.loads((tmp_path / f"{phase}.json").read_text()) for phase in ("fixed", "control"))
     whole = [fixed["trainable_bytes"]]
     assert len(fixed["micro_batches"]) == 4  # 2 optimizer steps x 2 micro-batches

@@ -88,7 +88,7 @@ def test_vocabulary_units_train_as_the_root_unit_did_gather_once_a_step_and_resu
     their own, train bit for bit as they did in the root unit, gather as often under a chunked loss (13 LM-head
     calls a step) as under one call, and a checkpoint written with them in the root unit resumes into the new
     layout with its weights and optimizer state (distributed checkpoints are keyed by parameter name)."""
-    from helpers.dist import HELPERS, run_python
+    from helpers.dist import HELPERS, run_ranks
     from helpers.fsdp_units_worker import UNTIED
 
     from gym_lightning.models.loading import build_causal_lm
@@ -98,7 +98,7 @@ def test_vocabulary_units_train_as_the_root_unit_did_gather_once_a_step_and_resu
     torch.manual_seed(0)
     build_causal_lm("tiny-llama", config_overrides=UNTIED).save_pretrained(folder)
     load_tokenizer(None).save_pretrained(folder)
-    run_python([str(HELPERS / "fsdp_units_worker.py"), str(folder), str(tmp_path)], timeout=600)
+    run_ranks([str(HELPERS / "fsdp_units_worker.py"), str(folder), str(tmp_path)], timeout=600)
     runs = {name: json.loads((tmp_path / f"{name}.json").read_text()) for name in CASES}
     vocabulary = {"model.model.embed_tokens", "model.lm_head"}
     assert vocabulary <= set(runs["fsdp"]["units"]) and not vocabulary & set(runs["old_layout"]["units"])

@@ -11,7 +11,7 @@ from typing import Any
 import lightning.pytorch as pl
 import pytest
 import torch
-from helpers.dist import HELPERS, run_python
+from helpers.dist import HELPERS, run_ranks
 from helpers.strategy_worker import TINY_OVERRIDES
 from safetensors.torch import load_file, save_file
 
@@ -68,7 +68,7 @@ def runs(bf16_folder: Path, tmp_path_factory: pytest.TempPathFactory) -> dict[st
         (out / name).mkdir()
     spec = {"model_dir": str(bf16_folder), "dataset_size": 16, "batch_size": 4, "phases": phases, "out": str(out)}
     (out / "spec.json").write_text(json.dumps(spec))
-    run_python([str(HELPERS / "loading_worker.py"), str(out / "spec.json")], timeout=900)
+    run_ranks([str(HELPERS / "loading_worker.py"), str(out / "spec.json")], timeout=900)
     return {"out": out, "results": json.loads((out / "results.json").read_text())}
 
 

@@ -16,7 +16,7 @@ from typing import Any, ClassVar
 
 import pytest
 import torch
-from helpers.dist import HELPERS, run_python
+from helpers.dist import HELPERS, run_ranks
 from helpers.families import MOE_FAMILIES, family_config
 from helpers.moe_worker import PerExpertMoE, reference_state
 from torch import nn
@@ -143,7 +143,7 @@ def divergent_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     phases = [{"name": "leaf", "leaf": True}, {"name": "without_leaf", "leaf": False}]
     spec_path = out / "spec.json"
     spec_path.write_text(json.dumps({"out": str(out), "steps": STEPS, "timeout_s": 60, "phases": phases}))
-    run_python([str(HELPERS / "moe_worker.py"), str(spec_path)], timeout=300)
+    run_ranks([str(HELPERS / "moe_worker.py"), str(spec_path)], timeout=300)
     return torch.load(Path(out) / "result.pt", weights_only=True)
 
 
