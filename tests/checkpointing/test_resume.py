@@ -1,8 +1,9 @@
 """Exact mid-epoch resume after a rank is SIGKILLed, on 2 real CPU ranks, for DDP, FSDP and ZeRO-3.
 
 This file is also the worker: ``python tests/checkpointing/test_resume.py SPEC.json`` runs one phase list (or the
-phase lists of several runs) in one pair of processes (Lightning's launcher re-runs the same command line for rank
-1). Each case's killed run is a launch of its own; the resumes and the uninterrupted runs of all cases share one.
+phase lists of several runs) in one pair of processes. Each case's killed run is a launch of its own, started as a
+user starts it (Lightning's launcher re-runs the same command line for rank 1); the resumes and the uninterrupted runs
+of all cases share one, started as torchrun starts ranks (``helpers.dist.run_ranks``).
 
 Scenario (2 ranks x 6 micro-batches of 2 per epoch, accumulate 2, 2 epochs = 6 optimizer steps, linear schedule
 with warm-up, AdamW with weight decay): ``crash`` checkpoints every step and SIGKILLs rank 1 in the middle of the
@@ -182,10 +183,12 @@ def killed_and_resumed(
 
 
 def results_of_runs(runs: list[dict[str, Any]], out: Path) -> list[dict[str, Any]]:
-    """Each run's results, all runs in one launch."""
-    spec = {"out": str(out), "runs": runs, "phases": ["runs"]}
-    proc = launch(spec, ["runs"], timeout=900)
-    assert proc.returncode == 0, f"the resume launch failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    """Each run's results, all runs in one launch (2 ranks as torchrun starts them: ``helpers.dist.run_ranks``)."""
+    from helpers.dist import run_ranks
+
+    spec_path = out / "spec-runs.json"
+    spec_path.write_text(json.dumps({"out": str(out), "runs": runs, "phases": ["runs"]}))
+    run_ranks([__file__, str(spec_path)], timeout=900)
     return [json.loads((Path(run["out"]) / "results-resume-full.json").read_text()) for run in runs]
 
 

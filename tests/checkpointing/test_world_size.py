@@ -1,7 +1,7 @@
 """A checkpoint resumed on another number of ranks continues as if the run had never changed: 2 -> 1 and 1 -> 2.
 
 This file is also the worker: ``python tests/checkpointing/test_world_size.py SPEC.json`` runs one list of phases
-in one set of processes (Lightning's launcher re-runs it for rank 1).
+in one set of processes (``helpers.dist.run_ranks`` starts as many as the phases' devices).
 
 Scenario (the data and model of checkpointing/test_resume.py): 24 prompt/completion pairs, 2 samples per rank and
 micro-batch, the same global batch of 8 samples on both layouts (2 ranks x accumulate 2, or 1 rank x accumulate 4), 3
@@ -22,7 +22,6 @@ two more AdamW steps. Random states (dropout; none in this model) continue only 
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 from typing import Any
@@ -87,15 +86,13 @@ def worker_main(spec_path: str) -> None:
 
 # ------------------------------------------------------------------------------------------------------ tests
 def launch(out: Path, name: str, runs: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One set of processes (2 ranks when the runs' phases ask for 2 devices) for ``runs``; their results."""
-    from helpers.dist import rank_env
+    """One set of processes (as many ranks as the runs' phases ask devices) for ``runs``; their results."""
+    from helpers.dist import run_ranks
 
     path = out / f"spec-{name}.json"
     path.write_text(json.dumps({"launch": name, "runs": runs}))
-    proc = subprocess.run(
-        [sys.executable, __file__, str(path)], env=rank_env(), capture_output=True, text=True, timeout=900
-    )
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"
+    (devices,) = {phase["devices"] for run in runs for phase in run["phases"]}
+    run_ranks([__file__, str(path)], timeout=900, nproc=devices)
     return [json.loads((Path(run["out"]) / f"results-{name}.json").read_text()) for run in runs]
 
 

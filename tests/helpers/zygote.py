@@ -20,6 +20,7 @@ failure tests) and ``gym ...`` as a subprocess (tests/test_cli.py).
 
 from __future__ import annotations
 
+import atexit
 import faulthandler
 import multiprocessing
 import multiprocessing.forkserver
@@ -80,13 +81,16 @@ def _rank_main(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stde
     faulthandler.enable()  # PYTHONFAULTHANDLER's effect: a rank that aborts in C++ still shows its stacks
     if env.get("PYTHONWARNINGS") == "ignore":
         warnings.simplefilter("ignore")
-    if argv[0] == "-m":
-        sys.argv = [argv[1], *argv[2:]]
-        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-    else:
-        sys.argv = list(argv)
-        sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` puts the script's folder
-        runpy.run_path(argv[0], run_name="__main__")
+    try:
+        if argv[0] == "-m":
+            sys.argv = [argv[1], *argv[2:]]
+            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+        else:
+            sys.argv = list(argv)
+            sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` puts the script's folder
+            runpy.run_path(argv[0], run_name="__main__")
+    finally:
+        atexit._run_exitfuncs()  # as an interpreter's exit does; multiprocessing ends its children with os._exit
 
 
 def run_ranks(argv: list[str], env: dict[str, str], cwd: Path, nproc: int, logs: Path, timeout: float) -> list[int]:

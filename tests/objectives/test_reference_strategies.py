@@ -26,14 +26,12 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-from helpers.dist import free_port, rank_env
+from helpers.dist import free_port, run_ranks
 from objective_harness import save_folder
 from reference_strategy_worker import run, write_pairs
 
@@ -93,27 +91,8 @@ def specs(root: Path) -> dict[str, Any]:
 
 
 def launch(spec_path: Path, timeout: float = 900) -> None:
-    """Both ranks started here (torchrun's variables: Lightning starts no process), each with its output in a file."""
-    env = rank_env(WORLD_SIZE="2", NODE_RANK="0")
-    logs = [spec_path.with_name(f"rank{rank}.log") for rank in (0, 1)]
-    procs = []
-    for rank, log in enumerate(logs):
-        ranked = {**env, "RANK": str(rank), "LOCAL_RANK": str(rank)}
-        command = [sys.executable, str(WORKER), str(spec_path)]
-        procs.append(subprocess.Popen(command, env=ranked, stdout=log.open("w"), stderr=subprocess.STDOUT))
-    try:
-        codes = [proc.wait(timeout=timeout) for proc in procs]
-    finally:
-        for proc in procs:  # never leave a rank behind (its peer died and it waits in a collective)
-            if proc.poll() is None:
-                proc.kill()
-                proc.wait()
-    if any(codes):
-        tails = [
-            f"--- rank {r} (exit {c}) ---\n{log.read_text()[-6000:]}"
-            for r, (c, log) in enumerate(zip(codes, logs, strict=True))
-        ]
-        raise AssertionError("the two-rank launch failed\n" + "\n".join(tails))
+    """Both ranks started as torchrun starts them (Lightning starts no process; ``helpers.dist.run_ranks``)."""
+    run_ranks([str(WORKER), str(spec_path)], timeout=timeout)
 
 
 @pytest.fixture(scope="module")

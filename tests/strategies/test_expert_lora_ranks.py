@@ -3,7 +3,7 @@ like one process, a SIGKILLed run resumes exactly, each MoE block (adapters incl
 decoder layer (adapters included) one FSDP unit.
 
 This file is also the worker: ``python tests/strategies/test_expert_lora_ranks.py SPEC.json`` runs the spec's runs
-one after the other in one set of processes (Lightning's launcher re-runs it for rank 1).
+one after the other in one set of processes (see ``launch``).
 
 Models (``helpers.families``, loaded in fp32): Qwen3-MoE with the experts alone adapted (``all-experts``: 8 routed
 experts, top-2, both fused 3-D weights of each block), and DeepSeek-V3 with the experts and its attention adapted
@@ -193,19 +193,20 @@ def family_folder(family: str, folder: Path) -> Path:
 
 def launch(out: Path, name: str, runs: list[dict[str, Any]], check: bool = True) -> list[dict[str, Any]] | None:
     """One set of processes (2 ranks when a phase asks for 2) for ``runs``; their results (``check``: it must end
-    well; else the killed launch's results are not read)."""
-    from helpers.dist import rank_env
+    well; else the killed launch's results are not read). A killed run starts its ranks as users do (Lightning's
+    launcher re-runs this file for rank 1), the others as torchrun would (``helpers.dist.run_ranks``)."""
+    from helpers.dist import rank_env, run_ranks
 
     path = out / f"spec-{name}.json"
     path.write_text(json.dumps({"launch": name, "runs": runs}))
+    if check:
+        run_ranks([__file__, str(path)], timeout=900, nproc=1 if name == "one" else 2)
+        return [json.loads((Path(run["out"]) / f"results-{name}.json").read_text()) for run in runs]
     proc = subprocess.run(
         [sys.executable, __file__, str(path)], env=rank_env(), capture_output=True, text=True, timeout=900
     )
-    if not check:
-        assert proc.returncode != 0, f"{name}: the killed run should fail"
-        return None
-    assert proc.returncode == 0, f"{name} failed:\n{proc.stdout[-3000:]}\n{proc.stderr[-8000:]}"
-    return [json.loads((Path(run["out"]) / f"results-{name}.json").read_text()) for run in runs]
+    assert proc.returncode != 0, f"{name}: the killed run should fail"
+    return None
 
 
 @pytest.fixture(scope="module")
