@@ -145,12 +145,20 @@ TWO_NODE_STRATEGIES: dict[str, Any] = {
 }
 
 
+@pytest.fixture(scope="module")
+def two_node_runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    """Every strategy of :data:`TWO_NODE_STRATEGIES` in one 2-node launch (a phase each, one process-group start)."""
+    phases = [{"name": name, "max_epochs": 1, "strategy": strategy} for name, strategy in TWO_NODE_STRATEGIES.items()]
+    spec = {"model": "mlp", "dataset_size": 32, "batch_size": 4, "phases": phases}
+    return run_worker_two_nodes(spec, tmp_path_factory.mktemp("two_nodes"), timeout=600)
+
+
 @pytest.mark.parametrize("name", list(TWO_NODE_STRATEGIES))
-def test_two_nodes_one_process_each_on_loopback(mlp_runs: dict[str, Any], name: str, tmp_path: Path) -> None:
+def test_two_nodes_one_process_each_on_loopback(
+    mlp_runs: dict[str, Any], two_node_runs: dict[str, Any], name: str
+) -> None:
     # num_nodes=2 through Lightning's cluster environment (NODE_RANK, MASTER_ADDR, MASTER_PORT), as on 2 machines.
-    phase = {"name": name, "max_epochs": 1, "strategy": TWO_NODE_STRATEGIES[name]}
-    spec = {"model": "mlp", "dataset_size": 32, "batch_size": 4, "phases": [phase]}
-    result = run_worker_two_nodes(spec, tmp_path, timeout=600)[name]
+    result = two_node_runs[name]
     torch.testing.assert_close(result["losses"], mlp_runs["ref_losses"], rtol=LOSS_RTOL, atol=LOSS_ATOL)
     # Hybrid shards within a node (1 process here) and replicates across nodes: each rank stores everything.
     sharded_over_nodes = name in ("gym_fsdp", "zero3")
