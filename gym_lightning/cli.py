@@ -23,7 +23,6 @@ import json
 import os
 import shlex
 import sys
-import threading
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,7 +35,7 @@ from lightning.pytorch import Trainer
 from lightning.pytorch.cli import LightningArgumentParser, LightningCLI
 from typing_extensions import override
 
-from gym_lightning._compat import rank_zero_info, run_exit_handlers
+from gym_lightning._compat import rank_zero_info, run_exit_handlers, stop_threads_as_at_exit
 from gym_lightning.callbacks import CurvesCallback, GymProgressBar, HFExport, NonFiniteGuard
 from gym_lightning.checkpointing.loader_state import ResumeLoaderPositions
 from gym_lightning.checkpointing.manifest import damaged_checkpoint_error, file_problems
@@ -556,7 +555,8 @@ def end_process(status: int) -> None:
     destroy_process_group_at_exit``), and need the GIL while the interpreter finalises: a run that had finished
     then exited -6 ("terminate called without an active exception"; pytorch #179291, #190489), now and then, so a
     job scheduler saw a failure. Everything Python's own exit does before finalising is done here, in its order:
-    non-daemon threads are joined, the ``atexit`` handlers run (the process group's destruction, ``logging``'s and
+    threading's exit callbacks run and non-daemon threads are joined (``_compat.stop_threads_as_at_exit``), the
+    ``atexit`` handlers run (the process group's destruction, ``logging``'s and
     the loggers' flushes) and the standard streams are flushed; then ``os._exit`` skips the finalisation itself.
     Objects that only finalisation would collect get no ``__del__``: a file must be closed or flushed by its
     owner (Lightning's loggers are, in ``teardown``), as anywhere a process can be killed.
@@ -565,9 +565,7 @@ def end_process(status: int) -> None:
 
     if not (dist.is_available() and dist.is_initialized()):
         return
-    for thread in threading.enumerate():
-        if thread is not threading.current_thread() and not thread.daemon:
-            thread.join()
+    stop_threads_as_at_exit()
     run_exit_handlers()
     for stream in (sys.stdout, sys.stderr):
         with contextlib.suppress(Exception):  # a closed or broken stream must not turn success into a failure

@@ -6,7 +6,9 @@ called without an active exception", exit -6) after a run that succeeded, now an
 race cannot be had on demand, so the child process here holds an object whose finaliser aborts the process, as
 those threads do, in a module's globals, where only the finalisation reaches it. Beside it: an ``atexit``
 handler (a logger's flush) and a non-daemon thread still writing (a writer thread) that must both finish before
-the process ends, and a 1-rank gloo process group, which is what makes ``end_process`` take over. The 20-run loop of
+the process ends, an idle ``ThreadPoolExecutor`` (torch inductor compiles through one; its workers end only when
+``concurrent.futures``' exit callback stops them, which the interpreter runs before it joins threads: joining first
+waited forever), and a 1-rank gloo process group, which is what makes ``end_process`` take over. The 20-run loop of
 real 2-rank ``gym fit`` runs is ``benchmarks/exit_loop.py``.
 """
 
@@ -23,6 +25,7 @@ from gym_lightning import _compat
 
 CHILD = """
 import atexit, os, sys, threading, time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 import torch.distributed as dist
@@ -45,7 +48,9 @@ def command(args, from_sys_argv):  # a command that trains on a process group, t
     dist.init_process_group("gloo", init_method="tcp://127.0.0.1:{port}", rank=0, world_size=1)
     writer = threading.Thread(target=lambda: (time.sleep(0.5), (out / "thread").write_text("done")))
     writer.start()
-    print("trained", flush=True)
+    global EXECUTOR  # kept, as inductor keeps its pool: an executor collected earlier stops its workers itself
+    EXECUTOR = ThreadPoolExecutor(2)
+    EXECUTOR.submit(print, "trained", flush=True).result()  # its worker threads stay, idle
     if args[0] == "refused":
         raise cli.GymUserError("a user error")
 
@@ -79,6 +84,7 @@ def test_a_finished_command_exits_with_its_status_after_its_exit_handlers(tmp_pa
 
 def test_the_exit_handlers_runner_exists_upstream() -> None:
     import atexit
+    import threading
 
-    assert callable(getattr(atexit, "_run_exitfuncs", None))
-    assert callable(_compat.run_exit_handlers)
+    assert callable(getattr(atexit, "_run_exitfuncs", None)) and callable(getattr(threading, "_shutdown", None))
+    assert callable(_compat.run_exit_handlers) and callable(_compat.stop_threads_as_at_exit)

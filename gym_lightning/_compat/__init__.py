@@ -79,6 +79,7 @@ from gym_lightning._compat.torch import (
     set_collective_timeout,
     set_dynamo_ddp_mode,
     start_grad_scaler_on,
+    stop_threads_as_at_exit,
 )
 from gym_lightning._compat.transformers import (
     TRANSFORMERS_MEMBERS,
@@ -149,6 +150,7 @@ __all__ = [
     "set_zero3_hook_handles",
     "skip_same_device_result_moves",
     "start_grad_scaler_on",
+    "stop_threads_as_at_exit",
     "training_dataloader",
     "weight_conversions_of",
     "wrapped_optimizer",

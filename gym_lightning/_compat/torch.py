@@ -119,6 +119,16 @@ def grad_scaler_found_infs(scaler: Any, optimizer: Any) -> dict[torch.device, to
 
 
 # ------------------------------------------------------------------------------------------- interpreter exit
+def stop_threads_as_at_exit() -> None:
+    """Do now what the interpreter's exit does with threads (``threading._shutdown``, CPython's, private; in every
+    CPython 3): the callbacks registered with ``threading._register_atexit`` first (``concurrent.futures`` stops its
+    executors' idle workers there), then every non-daemon thread joined. Joining first waits forever on an idle
+    ``ThreadPoolExecutor`` worker (torch inductor compiles through one)."""
+    import threading
+
+    threading._shutdown()
+
+
 def run_exit_handlers() -> None:
     """Run (and clear) every ``atexit`` handler now, as the interpreter's exit would (``atexit._run_exitfuncs``,
     CPython's, private; in every CPython 3): ``cli.end_process`` runs them before it skips the finalisation."""
@@ -143,4 +153,5 @@ __all__ = [
     "set_collective_timeout",
     "set_dynamo_ddp_mode",
     "start_grad_scaler_on",
+    "stop_threads_as_at_exit",
 ]

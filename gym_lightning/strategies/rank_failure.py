@@ -44,6 +44,7 @@ from gym_lightning.strategies._common import leave_process_group_at_exit
 from gym_lightning.strategies.roll_call import PING_SECONDS, Responder, for_each, roll_call, send_verdict
 
 ROLL_CALL_SECONDS = 30.0  # longest wait for the other live ranks (they time out at about the same moment)
+KILL_WAIT_SECONDS = 5.0  # how long a kill waits for the killed rank to be gone (SIGKILL is delivered asynchronously)
 NOTE_PREFIX = "gym_lightning: "  # the note this module adds begins so; the command line prints it alone
 QUIET_PREFIX = "gym_lightning (reported by rank 0): "  # a rank with nothing to add: the command line prints nothing
 # Messages of a collective that failed because of another rank: gloo's timeout, a peer that closed its connection
@@ -137,14 +138,19 @@ def process_state(process: RankProcess) -> str:
     return {psutil.STATUS_STOPPED: "stopped (SIGSTOP)", psutil.STATUS_ZOMBIE: "exited"}.get(status, status)
 
 
-def kill_if_same(process: RankProcess) -> bool:
-    """SIGKILL ``process`` if it is still the process the rank was (same pid and start time); True if it was."""
+def kill_if_same(process: RankProcess, wait_seconds: float = KILL_WAIT_SECONDS) -> bool:
+    """SIGKILL ``process`` if it is still the process the rank was (same pid and start time), then wait until it
+    has exited (at most ``wait_seconds``): a signal is delivered asynchronously, and whoever sees the job end (a
+    scheduler, a test of its process group) must not find the killed rank still there. True if it was killed."""
     if process_state(process) == "exited":
         return False
     try:
         os.kill(process.pid, signal.SIGKILL)  # also ends a stopped process
     except ProcessLookupError:
         return False
+    deadline = time.monotonic() + wait_seconds
+    while process_state(process) != "exited" and time.monotonic() < deadline:  # a zombie counts as exited
+        time.sleep(0.02)
     return True
 
 

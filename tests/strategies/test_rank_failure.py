@@ -28,6 +28,7 @@ from gym_lightning.strategies.rank_failure import (
     StallWatch,
     failed_collective,
     is_collective_failure,
+    kill_if_same,
     process_state,
     roll_call,
     send_verdict,
@@ -128,6 +129,21 @@ def test_process_states_tell_stopped_from_exited_and_a_reused_pid() -> None:
     child.kill()
     child.wait()
     assert process_state(state) == "exited"
+
+
+def test_a_kill_returns_once_the_killed_rank_is_gone(monkeypatch: pytest.MonkeyPatch) -> None:
+    # SIGKILL is delivered asynchronously: here the "process" stays running for 3 reads after the signal.
+    import gym_lightning.strategies.rank_failure as rank_failure
+
+    signals, states = [], iter(["running", "running", "running", "running", "exited"])
+    monkeypatch.setattr(rank_failure.os, "kill", lambda pid, sig: signals.append((pid, sig)))
+    monkeypatch.setattr(rank_failure, "process_state", lambda process: next(states))
+    gone = this_process()
+    assert kill_if_same(gone, wait_seconds=10) and len(signals) == 1
+    assert next(states, "read") == "read", "it returned before it saw the rank exited"
+    states = iter(["running"] * 1000)
+    start = time.monotonic()
+    assert kill_if_same(gone, wait_seconds=0.2) and time.monotonic() - start < 5  # bounded: a rank that never ends
 
 
 def test_gym_train_ddp_timeout_sets_the_strategy_timeout() -> None:
