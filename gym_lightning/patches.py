@@ -11,9 +11,9 @@ sides):
   moves (``_compat.skip_same_device_result_moves`` has the upstream issue; docs/benchmarks-history.md, "Lightning's
   self.log device walk", what it cost). Probe: ``_compat.result_moves_walk_when_nothing_moves``.
 - ``cpu_info_once``: py-cpuinfo's ``get_cpu_info`` starts a new Python process at every call (its
-  ``get_cpu_info_json``), ~0.7 s of CPU and ~1.3 s of wall each on a small machine, and DeepSpeed calls it again and
-  again in one process (each op builder's ``cpu_arch`` and ``simd_width``, so each op key of
-  ``strategies.zero.ops``; each ``DeepSpeedCPUAdam``): 2-5 processes per rank at a ZeRO run's start. The first
+  ``get_cpu_info_json``), and DeepSpeed calls it again and again in one process (each op builder's ``cpu_arch`` and
+  ``simd_width``, so each op key of ``strategies.zero.ops``; each ``DeepSpeedCPUAdam``): several processes per rank
+  at a ZeRO run's start (docs/benchmarks-history.md, "the test suite's time on 2 cores", what it cost). The first
   successful answer is kept for the process (the CPU does not change under it). Probe: :func:`cpu_info_spawns`.
 
 Not here because they are not process-wide: DeepSpeed engines get a ``weights_only=True`` checkpoint loader
