@@ -14,8 +14,9 @@ starts no processes itself), working directory, ``sys.argv`` and output files. W
 preloaded libraries took from the environment at import: the server starts with this worker's environment (one
 intra-op thread) and the launches that use it change nothing read at import. Real launchers stay covered where they
 are the subject: torchrun (tests/commands/test_train.py, tests/checkpointing/test_elastic.py,
-tests/commands/test_launch_lines.py), Lightning's own launcher (tests/helpers/dist.py's ``run_worker``, the rank
-failure tests) and ``gym ...`` as a subprocess (tests/test_cli.py).
+tests/commands/test_launch_lines.py, tests/test_host_syncs.py), Lightning's own launcher (the SIGKILLed runs, the
+rank failure and damaged-checkpoint tests, ``gym train --devices 2``) and ``gym ...`` as a subprocess
+(tests/test_cli.py, the notebooks).
 """
 
 from __future__ import annotations
