@@ -3,7 +3,7 @@ import of torch, Lightning and gym_lightning once: one interpreter imports them,
 
 A plain subprocess per command spends ~6-8 s of its life importing (Lightning alone ~5 s on this 2-core machine);
 ``--help`` and a bad flag are answered in milliseconds after that. The child runs the command as ``python SCRIPT
-ARGS`` or ``python -m MODULE ARGS`` would (``runpy``, ``__main__``), with its own stdout, stderr and exit status.
+ARGS`` or ``python -m MODULE ARGS`` would (``helpers.zygote.run_as_main``), with its own stdout, stderr and exit status.
 """
 
 from __future__ import annotations
@@ -17,8 +17,9 @@ from helpers.dist import REPO_ROOT, rank_env
 
 # Runs in the parent interpreter: argv[1] is a JSON list of commands, each ["-m", module, *args] or [script, *args].
 DRIVER = r"""
-import json, os, runpy, sys, tempfile
+import json, os, sys, tempfile
 import torch, lightning.pytorch, gym_lightning  # the imports every command shares
+from helpers.zygote import run_as_main
 results = []
 for command in json.loads(sys.argv[1]):
     out, err = tempfile.TemporaryFile(), tempfile.TemporaryFile()
@@ -28,13 +29,7 @@ for command in json.loads(sys.argv[1]):
         os.dup2(out.fileno(), 1); os.dup2(err.fileno(), 2)
         code = 0
         try:
-            if command[0] == "-m":
-                sys.argv = [command[1], *command[2:]]
-                runpy.run_module(command[1], run_name="__main__", alter_sys=True)
-            else:
-                sys.argv = list(command)
-                sys.path.insert(0, os.path.dirname(os.path.abspath(command[0])))
-                runpy.run_path(command[0], run_name="__main__")
+            run_as_main(command)
         except SystemExit as exit:
             code = exit.code if isinstance(exit.code, int) else (0 if exit.code is None else 1)
             if not isinstance(exit.code, int | None):

@@ -67,8 +67,7 @@ def torchrun_env(env: dict[str, str], rank: int, nproc: int, run_id: str) -> dic
 
 
 def _rank_main(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stderr: str) -> None:
-    """In the forked rank: its output files, environment, directory and ``sys.argv``, then the script or module as
-    ``__main__`` (``argv[0]`` a path, or ``-m`` and a module name)."""
+    """In the forked rank: its output files, environment and directory, then ``argv`` (:func:`run_as_main`)."""
     for fd, path in ((1, stdout), (2, stderr)):
         target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
         os.dup2(target, fd)
@@ -83,15 +82,21 @@ def _rank_main(argv: list[str], env: dict[str, str], cwd: str, stdout: str, stde
     if env.get("PYTHONWARNINGS") == "ignore":
         warnings.simplefilter("ignore")
     try:
-        if argv[0] == "-m":
-            sys.argv = [argv[1], *argv[2:]]
-            runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
-        else:
-            sys.argv = list(argv)
-            sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` puts the script's folder
-            runpy.run_path(argv[0], run_name="__main__")
+        run_as_main(argv)
     finally:
         atexit._run_exitfuncs()  # as an interpreter's exit does; multiprocessing ends its children with os._exit
+
+
+def run_as_main(argv: list[str]) -> None:
+    """Run ``python ARGV`` in this process, as ``__main__``: ``argv[0]`` a script's path, or ``-m`` and a module name
+    (also the forked commands of ``helpers.forked``)."""
+    if argv[0] == "-m":
+        sys.argv = [argv[1], *argv[2:]]
+        runpy.run_module(argv[1], run_name="__main__", alter_sys=True)
+    else:
+        sys.argv = list(argv)
+        sys.path.insert(0, str(Path(argv[0]).resolve().parent))  # as `python script.py` puts the script's folder
+        runpy.run_path(argv[0], run_name="__main__")
 
 
 def run_ranks(argv: list[str], env: dict[str, str], cwd: Path, nproc: int, logs: Path, timeout: float) -> list[int]:
